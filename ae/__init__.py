@@ -1,0 +1,1 @@
+"""ae: a streaming autoencoder trainer with per-rank observability."""

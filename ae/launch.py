@@ -1,0 +1,136 @@
+"""The launcher behind ./train_ae.sh: validate flags, prepare data, then run torchrun.
+
+Everything a user can get wrong is checked here, in about a second and before any worker process
+exists: flags, the config file, shard specs. Then one torchrun per node starts the ranks:
+`--nproc_per_node` from `--devices` (auto: all GPUs, else 2 CPU processes), and NNODES /
+NODE_RANK / MASTER_ADDR / MASTER_PORT from the environment for multi-node runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from loguru import logger
+
+import logging_cfg
+from ae.config import Config, ConfigError, help_text, parse_config
+from ae.demo_data import demo_shard_specs
+from ae.shard_spec import ShardSpecError, resolve_shards
+
+TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train_ae.py"
+CPU_PROCESSES = 2
+
+
+def visible_gpus() -> int:
+    """GPU count without importing torch (keeps the launcher fast)."""
+    if (cvd := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return len([d for d in cvd.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+
+
+def processes_per_node(cfg: Config) -> tuple[int, list[str]]:
+    problems = []
+    gpus = visible_gpus() if cfg.accelerator != "cpu" else 0
+    if cfg.accelerator == "gpu" and gpus == 0:
+        problems.append("accelerator: gpu requested but no GPU is visible")
+    if cfg.devices != "auto":
+        n = int(cfg.devices)
+        if gpus and cfg.accelerator != "cpu" and n > gpus:
+            problems.append(f"devices: {n} requested but only {gpus} GPU(s) visible")
+        return n, problems
+    return (gpus if gpus else CPU_PROCESSES), problems
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_topology(cfg: Config) -> tuple[int, int, list[str]]:
+    env = os.environ
+    nnodes = int(env.get("NNODES", env.get("SLURM_NNODES", cfg.num_nodes)))
+    node_rank = int(env.get("NODE_RANK", env.get("SLURM_NODEID", 0)))
+    problems = []
+    if nnodes > 1 and "MASTER_ADDR" not in env:
+        problems.append("MASTER_ADDR: must be set (to node 0's address) for a multi-node run")
+    if not 0 <= node_rank < nnodes:
+        problems.append(f"NODE_RANK: must be in [0, {nnodes}); got {node_rank}")
+    return nnodes, node_rank, problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging_cfg.configure_console()
+    if "--help" in argv or "-h" in argv:
+        logger.info(help_text())
+        return 0
+    try:
+        cfg = parse_config(argv)
+        nproc, problems = processes_per_node(cfg)
+        nnodes, node_rank, topo_problems = node_topology(cfg)
+        if problems + topo_problems:
+            raise ConfigError(problems + topo_problems)
+    except ConfigError as e:
+        logger.error(e.render())
+        return 2
+    if cfg.print_config:
+        logger.info(cfg.to_yaml().rstrip())
+        return 0
+    try:
+        train_urls, _ = resolve_shards(cfg.train_shards, cfg.val_shards)
+    except ShardSpecError as e:
+        logger.error(ConfigError(str(e).splitlines()).render())
+        return 2
+
+    extra = [f"--devices={nproc}", f"--num_nodes={nnodes}"]
+    if cfg.train_shards is None or cfg.val_shards is None:  # the demo data, built once above
+        demo_train, demo_val = demo_shard_specs()
+        extra += [f"--train_shards={cfg.train_shards or demo_train}"]
+        extra += [f"--val_shards={cfg.val_shards or demo_val}"]
+    env = dict(os.environ)
+    ts = env.setdefault("AE_RUN_TS", time.strftime("%Y%m%d_%H%M%S"))
+    addr = env.get("MASTER_ADDR", "127.0.0.1")
+    port = env.get("MASTER_PORT") or str(free_port() if nnodes == 1 else 29500)
+    logs = cfg.logs_dir
+    where = f"node {node_rank}/{nnodes}, " if nnodes > 1 else ""
+    logger.info(
+        f"Training on {where}{nproc} process(es) per node, {len(train_urls)} train shards"
+        f"\n  train log : {logs}/train_{ts}.log"
+        f"\n  rank logs : {logs}/debug_rank*_{ts}.log"
+        f"\n  follow    : tail -f {logs}/debug_rank*_{ts}.log"
+    )
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--nproc_per_node={nproc}",
+        f"--master_addr={addr}", f"--master_port={port}",
+        str(TRAIN_SCRIPT), *argv, *extra,
+    ]  # fmt: skip
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    try:
+        rc = subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        rc = 130
+    if rc == 0:
+        logger.info(f"Done. Logs: {logs}/ (run {ts})")
+    else:
+        logger.error(
+            f"Training failed (exit {rc}). Errors of every rank: grep ERROR {logs}/train_{ts}.log"
+        )
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

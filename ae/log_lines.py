@@ -1,0 +1,81 @@
+"""Greppable log lines, defined once: the writers (callbacks, data) format them with `.format()`,
+the reader (`ae-diagnose`) parses them with `.parse()`, so the two cannot drift.
+
+The SPEC fixes the wording; see the grep table in SPEC.md and README.md.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from loguru import logger
+
+# Records bound with main=True are summary lines: they also go to train_<TS>.log and the console.
+main_log = logger.bind(main=True)
+
+_FIELD_PATTERNS = {
+    "int": r"-?\d+",
+    "float": r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)",
+    "word": r"\S+",
+    "text": r".*?",
+}
+
+
+@dataclass(frozen=True)
+class LineFormat:
+    """A message template like `Training step {step}, loss={loss}` with typed fields."""
+
+    template: str
+    types: dict[str, str] = field(default_factory=dict)
+
+    def format(self, **values: Any) -> str:
+        return self.template.format(**values)
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        parts = re.split(r"\{(\w+)(?::[^}]*)?\}", self.template)
+        out = []
+        for i, part in enumerate(parts):
+            if i % 2 == 0:
+                out.append(re.escape(part))
+            else:
+                out.append(f"(?P<{part}>{_FIELD_PATTERNS[self.types.get(part, 'word')]})")
+        return re.compile("".join(out))
+
+    def parse(self, line: str) -> dict[str, str] | None:
+        m = self.regex.search(line)
+        return None if m is None else m.groupdict()
+
+
+# `========== EPOCH 0 TRAINING START ==========`, `========== CHECKPOINT SAVE END ==========` ...
+MARKER = LineFormat("========== {name} {edge} ==========", {"name": "text", "edge": "word"})
+
+
+def epoch_marker(epoch: int, stage: str, edge: str) -> str:
+    return MARKER.format(name=f"EPOCH {epoch} {stage}", edge=edge)
+
+
+EPOCH_MARKER_NAME = re.compile(r"EPOCH (?P<epoch>\d+) (?P<stage>TRAINING|VALIDATION)")
+
+PROCESSING_FILES = LineFormat(
+    "Processing {n}/{total} files from {split}_shards ({samples} samples planned, epoch {epoch})",
+    {"n": "int", "total": "int", "samples": "int", "epoch": "int"},
+)
+COMPLETED_ITERATION = LineFormat(
+    "COMPLETED iteration, total samples: {samples} ({split}, epoch {epoch})",
+    {"samples": "int", "epoch": "int"},
+)
+PROCESSED_TRAIN = LineFormat(
+    "Processed {batches} training batches (epoch {epoch}, {rate} batches/s)",
+    {"batches": "int", "epoch": "int", "rate": "float"},
+)
+TRAIN_STEP = LineFormat(
+    "Training step {step}, loss={loss}{detail}",
+    {"step": "int", "loss": "float", "detail": "text"},
+)
+VAL_STEP = LineFormat(
+    "Validation step {step}, loss={loss}{detail}",
+    {"step": "int", "loss": "float", "detail": "text"},
+)
