@@ -1,0 +1,46 @@
+import random
+
+import pytest
+
+from ae.shard_plan import plan_epoch
+
+
+def _read(plan, rank: int, worker: int) -> list[tuple[int, int]]:
+    """(shard, index) pairs a slot reads."""
+    return [(s.shard, i) for s in plan.slot_slices(rank, worker) for i in range(s.start, s.stop)]
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_random_plans_are_even_and_complete(mode: str) -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        counts = [rng.randint(0, 40) for _ in range(rng.randint(1, 12))]
+        world, workers, batch = rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 8)
+        plan = plan_epoch(
+            counts, world_size=world, num_workers=workers, batch_size=batch, mode=mode,
+            seed=rng.randint(0, 9), epoch=rng.randint(0, 3),
+        )  # fmt: skip
+        per_rank, seen = [], []
+        for r in range(world):
+            n = 0
+            for w in range(workers):
+                got = _read(plan, r, w)
+                assert len(got) == plan.worker_batches(w) * batch  # whole batches only
+                n += len(got)
+                seen += got
+            per_rank.append(n)
+        assert len(set(per_rank)) == 1
+        total = sum(counts)
+        if mode == "drop":
+            assert len(seen) == len(set(seen))  # no sample twice
+            assert plan.dropped == total - len(seen) < world * batch
+        else:
+            assert len(set(seen)) == total or total == 0
+            assert plan.repeated == len(seen) - total < world * batch or total == 0
+
+
+def test_shard_order_changes_per_epoch_and_is_reproducible() -> None:
+    kw = dict(world_size=2, num_workers=2, batch_size=2, seed=7)
+    a0, a1 = plan_epoch([5] * 20, epoch=0, **kw), plan_epoch([5] * 20, epoch=1, **kw)
+    assert a0.order != a1.order
+    assert plan_epoch([5] * 20, epoch=1, **kw).order == a1.order
