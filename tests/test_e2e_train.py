@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -54,8 +55,8 @@ def test_two_rank_debug_run_writes_every_spec_line(launch, make_shards) -> None:
                 assert f"[Rank {rank}/2" in line, line
         assert re.search(rf"\[Rank {rank}/2 Worker [01]/2\] Processing \d+/4 files", text)
         assert re.search(r"pid=\d+ host=", text) and "nccl_available=" in text
-        # equal split: both ranks run the same number of batches per epoch
-        assert re.findall(r"Processed (\d+) training batches \(epoch 0", text)[-1] == "8"  # 130 // (2*8)
+        # equal split: both ranks run 130 // (2 * 8) = 8 batches per epoch
+        assert re.findall(r"Processed (\d+) training batches \(epoch 0", text)[-1] == "8"
     main = train_log.read_text()
     assert "Setup: distributed, world size 2" in main and "Resolved config:" in main
     assert "Training step" not in main  # details stay in the rank logs
@@ -100,8 +101,6 @@ def test_two_nodes_on_localhost(tmp_path: Path, make_shards) -> None:
     env = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     args = [f"--output_dir={out}", f"--train_shards={train}", f"--val_shards={val}",
             "--devices=1", "--max_epochs=1", "--batch_size=4", "--num_workers=1"]  # fmt: skip
-    import os
-
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "ae.launch", *args],
