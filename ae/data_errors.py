@@ -18,6 +18,13 @@ from ae.log_lines import BAD_SAMPLE, BAD_SHARD_READ, DATA_ERRORS
 class DataError(RuntimeError):
     """The data cannot be trained on (no readable sample, too few for one batch per rank...)."""
 
+    def brief(self) -> str:
+        """The message alone. Raised in a dataloader worker, the error reaches the rank with the
+        worker's traceback folded into its text (the worker logged it already). Not named
+        `message`: torch re-raises worker errors as `cls(message=...)` when it has that."""
+        last = str(self).rstrip().splitlines()[-1]
+        return last.removeprefix(f"{__name__}.{type(self).__name__}: ")
+
 
 BAD_SAMPLES, BAD_SHARDS, REPLACED = range(3)
 

@@ -74,7 +74,7 @@ def read_slices(
         finally:
             reader.close()
         if reason is None and got < want:
-            reason = "shard ended early (its index or cached count is out of date?)"
+            reason = "shard ended early: truncated, or its index or cached count is out of date"
         if reason is not None:
             errors.bad_shard(url, reason, last_key, want - got, want)
         elif debug:
@@ -213,10 +213,12 @@ class ShardStream(IterableDataset):
                         return pool
         if pool:
             return pool
-        raise DataError(
+        error = DataError(
             f"{self.split}_shards: no readable sample in any of {len(self.urls)} shards "
             f"(rank {self.rank} worker {worker} has nothing to train on)"
         )
+        logger.error(str(error))  # from the worker itself, before torch wraps it
+        raise error
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         info = get_worker_info()

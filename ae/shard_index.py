@@ -87,8 +87,9 @@ def _read_lines(url: str, with_offsets: bool) -> list[bytes] | None:
     return data.split(b"\n", 2)[:2] if data else None
 
 
-def read_index(url: str, with_offsets: bool = False) -> ShardIndex | None:
-    """The shard's index, or None when it has none, or a malformed or stale one (warned)."""
+def read_index(url: str, with_offsets: bool = False, warn: bool = True) -> ShardIndex | None:
+    """The shard's index, or None when it has none, or a malformed or stale one (warned about
+    unless `warn` is false: readers look again each epoch, the planner has said it once)."""
     lines = _read_lines(url, with_offsets)
     if not lines or not lines[0].strip():
         return None
@@ -103,12 +104,15 @@ def read_index(url: str, with_offsets: bool = False) -> ShardIndex | None:
             if len(offsets) != samples:
                 raise ValueError(f"{len(offsets)} offsets for {samples} samples")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        logger.warning(f"Ignoring malformed index {index_url(url)}: {e}")
+        if warn:
+            logger.warning(f"Ignoring malformed index {index_url(url)}: {e}")
         return None
     if not is_remote(url) and (actual := os.path.getsize(url)) != size:
-        logger.warning(
-            f"Ignoring stale index {index_url(url)}: shard has {actual} bytes, index says {size}"
-        )
+        if warn:
+            logger.warning(
+                f"Ignoring stale index {index_url(url)}: shard has {actual} bytes, index says "
+                f"{size}"
+            )
         return None
     return ShardIndex(samples, size, offsets)
 
@@ -119,7 +123,7 @@ def sample_offset(url: str, sample: int) -> int | None:
         return 0
     if is_remote(url):
         return None
-    index = read_index(url, with_offsets=True)
+    index = read_index(url, with_offsets=True, warn=False)
     if index is None or index.offsets is None or sample >= len(index.offsets):
         return None
     return index.offsets[sample]

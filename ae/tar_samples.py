@@ -100,6 +100,7 @@ def scan_shard(url: str) -> ShardScan:
 def _scan(tar: tarfile.TarFile, with_offsets: bool) -> ShardScan:
     offsets: list[int] = []
     last_key: str | None = None
+    error = None
     try:
         for info in _files(tar):
             parts = split_name(info.name)
@@ -108,8 +109,20 @@ def _scan(tar: tarfile.TarFile, with_offsets: bool) -> ShardScan:
             if parts[0] != last_key:
                 last_key = parts[0]
                 offsets.append(info.offset)
+        if with_offsets and not _ends_cleanly(tar):
+            # tarfile ends silently on a header cut short: only the missing end marker tells
+            error = "no end-of-archive marker: truncated"
     except (tarfile.TarError, OSError, EOFError, ValueError) as e:
-        # The sample being read when the data ended may be incomplete: it does not count.
-        whole = offsets[:-1]
-        return ShardScan(len(whole), whole if with_offsets else None, f"{type(e).__name__}: {e}")
-    return ShardScan(len(offsets), offsets if with_offsets else None)
+        error = f"{type(e).__name__}: {e}"
+    if error is None:
+        return ShardScan(len(offsets), offsets if with_offsets else None)
+    # The sample being read when the data ended may be incomplete: it does not count.
+    whole = offsets[:-1]
+    return ShardScan(len(whole), whole if with_offsets else None, error)
+
+
+def _ends_cleanly(tar: tarfile.TarFile) -> bool:
+    """After the last member, a seekable tar must hold a zero block (the end marker)."""
+    assert tar.fileobj is not None
+    tar.fileobj.seek(tar.offset)
+    return tar.fileobj.read(tarfile.BLOCKSIZE) == tarfile.NUL * tarfile.BLOCKSIZE
