@@ -75,10 +75,11 @@ def _read_lines(url: str, with_offsets: bool) -> list[bytes] | None:
     if side is None:
         return None
     if not is_remote(url):
-        if not os.path.isfile(side):
+        try:
+            with open(side, "rb") as f:
+                return [f.readline(), f.readline()] if with_offsets else [f.readline()]
+        except FileNotFoundError:
             return None
-        with open(side, "rb") as f:
-            return [f.readline(), f.readline()] if with_offsets else [f.readline()]
     try:
         with gopen(side, "rb") as f:  # remote sidecars are small: read them whole
             data = f.read()
