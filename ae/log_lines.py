@@ -6,11 +6,21 @@ The SPEC fixes the wording; see the grep table in SPEC.md and README.md.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from loguru import logger
+
+# Every record line: `2026-11-21 22:15:38.039 | INFO     | [Rank 1/2 Worker 0/2] message`.
+# RECORD_FORMAT is the loguru format the sinks use; RECORD_PATTERN reads such lines back.
+RECORD_FORMAT = "{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <8} | {extra[tag]} {message}"
+RECORD_PATTERN = re.compile(
+    r"^(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) \| (?P<level>[A-Z]+)\s*\| "
+    r"\[Rank (?P<rank>\d+)/(?P<world>\d+)(?: Worker (?P<worker>\d+)/(?P<workers>\d+))?\] "
+    r"(?P<message>.*)$"
+)
 
 # Records bound with main=True are summary lines: they also go to train_<TS>.log and the console.
 main_log = logger.bind(main=True)
@@ -34,15 +44,18 @@ class LineFormat:
     def format(self, **values: Any) -> str:
         return self.template.format(**values)
 
-    @property
+    @functools.cached_property
     def regex(self) -> re.Pattern[str]:
         parts = re.split(r"\{(\w+)(?::[^}]*)?\}", self.template)
         out = []
         for i, part in enumerate(parts):
             if i % 2 == 0:
                 out.append(re.escape(part))
-            else:
-                out.append(f"(?P<{part}>{_FIELD_PATTERNS[self.types.get(part, 'word')]})")
+                continue
+            pattern = _FIELD_PATTERNS[self.types.get(part, "word")]
+            if pattern == _FIELD_PATTERNS["text"] and i == len(parts) - 2 and not parts[-1]:
+                pattern = ".*"  # a text field that ends the line takes the rest of it
+            out.append(f"(?P<{part}>{pattern})")
         return re.compile("".join(out))
 
     def parse(self, line: str) -> dict[str, str] | None:

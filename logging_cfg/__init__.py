@@ -26,6 +26,7 @@ from types import TracebackType
 
 from loguru import logger
 
+from ae.log_lines import RECORD_FORMAT
 from logging_cfg.rank_context import RankContext, rank_tag, resolve_run_ts
 from logging_cfg.sinks import AppendFileSink, ConsoleSink
 
@@ -38,8 +39,8 @@ __all__ = [
     "resolve_run_ts",
 ]
 
-# loguru appends "\n{exception}" to a string format.
-LINE_FORMAT = "{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <8} | {extra[tag]} {message}"
+# loguru appends "\n{exception}" to a string format. Defined beside its reader in ae.log_lines.
+LINE_FORMAT = RECORD_FORMAT
 
 
 @dataclass(frozen=True)
