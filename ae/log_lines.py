@@ -30,7 +30,6 @@ _FIELD_PATTERNS = {
     "float": r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)",
     "word": r"\S+",
     "text": r".*?",
-    "rest": r".*",  # the rest of the line
 }
 
 
@@ -87,7 +86,7 @@ COMPLETED_ITERATION = LineFormat(
 SHARD_COUNTS = LineFormat(
     "Shard counts {split}_shards: {shards} shards, {samples} samples ({indexed} from index, "
     "{scanned} scanned) {source}",
-    {"shards": "int", "samples": "int", "indexed": "int", "scanned": "int", "source": "rest"},
+    {"shards": "int", "samples": "int", "indexed": "int", "scanned": "int", "source": "text"},
 )
 SHARD_PLAN = LineFormat(
     "Shard plan {split}: {shards} shards, {samples} samples -> {batches} batches x {batch_size} "
@@ -100,7 +99,7 @@ SHARD_PLAN = LineFormat(
 # Bad data, logged at ERROR (SPEC: `grep "ERROR.*shard"`). The shard is always named.
 BAD_SAMPLE = LineFormat(
     "Bad sample {key} in shard {url}: {reason}",
-    {"key": "word", "url": "text", "reason": "rest"},
+    {"key": "word", "url": "text", "reason": "text"},
 )
 BAD_SHARD_READ = LineFormat(
     "Bad shard {url}: {reason} (after sample {key}; {lost} of {planned} planned samples lost)",
