@@ -10,15 +10,13 @@ a fresh child process so that peak RSS belongs to that case alone, measures what
 Peak RSS is reported above the child's RSS after imports. It should grow with the shard count
 and stay flat with the sample count.
 
-    .venv/bin/python bench/plan_bench.py            # writes bench/results/plan_bench.json
+Usage: python -m bench.plan_bench   (writes bench/results/plan_bench.json)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import subprocess
 import sys
@@ -27,8 +25,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from bench.common import write_record
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # this checkout's `ae`, whatever the venv has installed
 # (shards, samples per shard): 10x and 30x the shards at 100 samples; 100x the samples at 10k
 CASES = [(1_000, 100), (10_000, 100), (30_000, 100), (10_000, 10_000)]
 WORLD, WORKERS, BATCH = 64, 8, 256
@@ -101,9 +100,17 @@ def child(folder: Path, run_dir: Path) -> dict:
     }
 
 
+def run_case(folder: Path, shards: int, per_shard: int) -> dict:
+    t0 = time.perf_counter()
+    build(folder, shards, per_shard)
+    print(f"built {shards} shards x {per_shard} samples in {time.perf_counter() - t0:.0f}s")
+    cmd = [sys.executable, "-m", "bench.plan_bench", "--child", str(folder), str(folder / "run")]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "samples_per_shard": per_shard}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "plan_bench.json"))
     parser.add_argument("--child", nargs=2, metavar=("FOLDER", "RUN_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -112,16 +119,7 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="plan_bench_") as tmp:
         for shards, per_shard in CASES:
-            folder = Path(tmp) / f"{shards}x{per_shard}"
-            t0 = time.perf_counter()
-            build(folder, shards, per_shard)
-            print(f"built {shards} shards x {per_shard} samples in {time.perf_counter() - t0:.0f}s")
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", str(folder), str(folder / "run")],
-                cwd=ROOT, capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            row = json.loads(out.stdout.strip().splitlines()[-1])
-            row["samples_per_shard"] = per_shard
+            row = run_case(Path(tmp) / f"{shards}x{per_shard}", shards, per_shard)
             results.append(row)
             print(
                 f"{shards:>6} shards x {per_shard:>6} samples: count {row['count_s']:.3f}s, "
@@ -143,17 +141,15 @@ def main() -> int:
     }
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}")
-    report = {
-        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}",
-        "date": time.strftime("%Y-%m-%d"),
-        "plan": {"world_size": WORLD, "workers": WORKERS, "batch_size": BATCH},
-        "cases": results,
-        "ratios": {k: round(v, 2) for k, v in ratios.items()},
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(f"written: {args.out}")
+    path = write_record(
+        "plan_bench",
+        {
+            "plan": {"world_size": WORLD, "workers": WORKERS, "batch_size": BATCH},
+            "cases": results,
+            "ratios": {k: round(v, 2) for k, v in ratios.items()},
+        },
+    )
+    print(f"written: {path}")
     return 0
 
 
