@@ -2,8 +2,8 @@
 
 `setup()` is where the ranks agree on the data: the node's local rank 0 counts the samples of
 every shard (`ae.shard_counts`, cached in `<output_dir>/cache/`), the others read its counts after
-a barrier, and all ranks check they hold the same counts (one broadcast and one all-reduce) before
-building the same plan. A data problem that makes training pointless raises `DataError` with a
+a barrier, and all ranks check they hold the same counts (one all-reduce) before building the
+same plan. A data problem that makes training pointless raises `DataError` with a
 message naming the split's flag, on every rank alike.
 """
 
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from loguru import logger
 from torch.utils.data import DataLoader
 
@@ -51,6 +52,19 @@ def probe_input_spec(split: str, urls: list[str]) -> InputSpec:
     )
 
 
+def same_on_all_ranks(values: list[int], device: torch.device, keep: list[torch.Tensor]) -> bool:
+    """One all-reduce: the MAX of (d, -d) over ranks is (max d, -min d), equal iff every rank's
+    digest d of `values` is the same. The reduced tensor is appended to `keep`, which the caller
+    holds until the run ends: were the tensor's last reference dropped while gloo's worker thread
+    still held the op, that thread would take the GIL to free it, and a dataloader worker forked
+    at that moment can hang in fork (seen once here: gloo, CPython 3.11)."""
+    digest = int.from_bytes(hashlib.sha256(json.dumps(values).encode()).digest()[:7])
+    both = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    keep.append(both)
+    return int(both[0]) == -int(both[1])
+
+
 class ShardDataModule(L.LightningDataModule):
     def __init__(self, cfg: Config, train_urls: list[str], val_urls: list[str]) -> None:
         super().__init__()
@@ -65,6 +79,7 @@ class ShardDataModule(L.LightningDataModule):
             )
         self.train_set: ShardStream | None = None
         self.val_set: ShardStream | None = None
+        self._collective_inputs: list[torch.Tensor] = []
 
     def _counts(self, split: str, urls: list[str]) -> list[int]:
         """Counted once per node, then checked to be the same on every rank: different counts
@@ -79,14 +94,17 @@ class ShardDataModule(L.LightningDataModule):
         )
         if counts.total == 0:
             raise DataError(f"{split}_shards: no readable sample in {len(urls)} shards")
-        if trainer is not None and trainer.world_size > 1:
-            digest = hashlib.sha256(json.dumps(counts.counts).encode()).hexdigest()
-            same = trainer.strategy.broadcast(digest, src=0) == digest
-            if not trainer.strategy.reduce_boolean_decision(same, all=True):
-                raise DataError(
-                    f"{split}_shards: ranks counted different samples per shard (do all nodes see"
-                    " the same files?); see the `Shard counts` line in each rank's log"
-                )
+        if (
+            trainer is not None
+            and trainer.world_size > 1
+            and not same_on_all_ranks(
+                counts.counts, trainer.strategy.root_device, self._collective_inputs
+            )
+        ):
+            raise DataError(
+                f"{split}_shards: ranks counted different samples per shard (do all nodes see"
+                " the same files?); see the `Shard counts` line in each rank's log"
+            )
         return counts.counts
 
     def _stream(self, split: str, urls: list[str], shuffle: bool) -> ShardStream:
