@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.error(e.render())
         return 2
     if cfg.print_config:
-        logger.info(cfg.to_yaml().rstrip())
+        # Data, not a log line: plain YAML on stdout, so `--print_config > run.yaml` works.
+        sys.stdout.write(cfg.to_yaml())
         return 0
     try:
         train_urls, _ = resolve_shards(cfg.train_shards, cfg.val_shards)
