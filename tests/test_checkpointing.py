@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ import torch
 
 from ae.checkpoint_files import CheckpointStore, atomic_write, human_size, resolve_resume
 from ae.checkpointing import AtomicCheckpointIO
+from tests.conftest import ROOT
 
 
 def test_atomic_write_failure_leaves_the_previous_file(tmp_path: Path) -> None:
@@ -62,3 +66,39 @@ def test_resolve_resume(tmp_path: Path) -> None:
 def test_human_size() -> None:
     assert [human_size(n) for n in (12, 2048, 3 * 2**20, 5 * 2**30)] == [
         "12 B", "2.0 KB", "3.0 MB", "5.00 GB"]  # fmt: skip
+
+
+def _train(
+    args: list[str], out: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """One training process without torchrun (world size 1): train_ae.py itself."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train_ae.py"), f"--output_dir={out}", *args],
+        cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigkill_during_checkpoint_save_leaves_last_loadable(tmp_path: Path, make_shards) -> None:
+    train = make_shards([32, 32], name="train")
+    val = make_shards([16], name="val")
+    out = tmp_path / "run"
+    args = [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=8", "--num_workers=0",
+            "--max_steps=6", "--checkpointing_period=2", "--save_best=false"]  # fmt: skip
+    # The 2nd checkpoint write (step 4) is killed after its bytes are written, before the rename.
+    killed = _train(args, out, {"AE_FAULT": "kill@checkpoint:2"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    ckpt = out / "checkpoints"
+    assert (ckpt / "step-00000004.ckpt.tmp").exists()  # the save really was cut off
+    assert not (ckpt / "step-00000004.ckpt").exists()
+    state = torch.load(ckpt / "last.ckpt", weights_only=False)
+    assert state["global_step"] == 2 and state["ae_config"]["checkpointing_period"] == 2
+    # ... and a run resumed from it continues from step 2, cleaning up the leftover.
+    resumed = _train([*args, "--resume_from_checkpoint=last"], out)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (log,) = [p for p in (out / "logs").glob("train_*.log") if "Resumed" in p.read_text()]
+    text = log.read_text()
+    assert re.search(r"Removing .*step-00000004\.ckpt\.tmp", text)
+    assert re.search(r"Resumed from .*last\.ckpt at step 2 ", text)
+    assert torch.load(ckpt / "last.ckpt", weights_only=False)["global_step"] == 6
+    assert not list(ckpt.glob("*.tmp"))
