@@ -1,11 +1,13 @@
 """When checkpoints are saved during training, and what goes into them.
 
-- every `--checkpointing_period` optimizer steps, at the end of training, and on preemption
-  (`ae.preemption`): a step checkpoint, which `last.ckpt` then points at;
+- every `--checkpointing_period` optimizer steps, after the last step of training, and on
+  preemption (`ae.preemption`): a step checkpoint, which `last.ckpt` then points at;
 - after a validation that lowers the val loss: `best.ckpt` (`--save_best`).
 Files, atomicity and retention are `ae.checkpoint_files`. Each checkpoint also carries the
 resolved config (`ae_config`), so a checkpoint says how it was trained.
 
+All step checkpoints are saved at the end of a training batch: that is the state Lightning
+resumes exactly (a state saved once the fit loop has finished resumes into an empty epoch).
 Lightning's `trainer.save_checkpoint` is collective under DDP (every rank dumps its state, rank 0
 writes, all meet at a barrier), so every decision to save is taken identically on all ranks: step
 counts are equal on every rank, and the best-loss decision is rank 0's, broadcast.
@@ -43,6 +45,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda f: torch.save(checkpoint, f))
+
+
+def _last_step_of_training(trainer: L.Trainer, batch_idx: int) -> bool:
+    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+        return True
+    last_epoch = (
+        trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
+    )
+    return last_epoch and batch_idx + 1 >= trainer.num_training_batches
 
 
 def current_lr(trainer: L.Trainer) -> float:
@@ -111,6 +122,8 @@ class Checkpointing(L.Callback):
         self._seen_step = step
         if self.cfg.checkpointing_period and step % self.cfg.checkpointing_period == 0:
             self.save_step(trainer, "periodic")
+        if self.saved_step != step and _last_step_of_training(trainer, idx):
+            self.save_step(trainer, "final")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or not self.cfg.save_best:
@@ -122,10 +135,6 @@ class Checkpointing(L.Callback):
             return
         self.best_loss, self.best_step = value, trainer.global_step
         self._save(trainer, self.store.best, f"best, val/loss={value:.6f}")
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.global_step > 0 and trainer.global_step != self.saved_step:
-            self.save_step(trainer, "final")
 
     # --- saving -----------------------------------------------------------------------------
     def save_step(self, trainer: L.Trainer, reason: str) -> Path:
@@ -142,7 +151,10 @@ class Checkpointing(L.Callback):
         step = trainer.global_step
         log = main_log if trainer.is_global_zero else logger
         with in_phase("checkpoint save"):
-            log.info(CHECKPOINT_START.format(step=step, reason=reason, path=path))
+            # START stays off the console (END says it all there); both are in the files.
+            log.bind(console=False).info(
+                CHECKPOINT_START.format(step=step, reason=reason, path=path)
+            )
             t0 = time.perf_counter()
             # Collective: all ranks dump, rank 0 writes, all meet at a barrier. The full state
             # (optimizer, loops, data position), not only the weights.
