@@ -108,8 +108,8 @@ def report_preemption(train_log: Path) -> int:
             f"Preempted (SIGTERM): checkpoint of step {saved[-1]['step']} saved at "
             f"{saved[-1]['path']}; resume with --resume_from_checkpoint=last"
         )
-    else:
-        logger.error(f"Preempted (SIGTERM) before a checkpoint was saved; see {train_log}")
+    else:  # killed before its save, or rank 0 runs on another node with its own train log
+        logger.error(f"Preempted (SIGTERM): no saved checkpoint is reported in {train_log}")
     return PREEMPTED_EXIT_CODE
 
 
