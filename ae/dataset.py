@@ -3,7 +3,10 @@
 Each dataloader worker (or the rank itself with 0 workers) is one slot of the epoch's plan
 (`ae.shard_plan`). Its pipeline is a chain of plain generator stages, WebDataset style:
 
-    read_slices -> decode_samples -> shuffle_samples -> batch_samples
+    read_slices -> shuffle_samples -> (skip, on mid-epoch resume) -> decode_samples -> batch_samples
+
+The shuffle buffer holds raw (encoded) samples: smaller than decoded arrays, and a resumed epoch
+can drop the samples it already trained on without decoding them (`ae.data_resume`).
 
 Workers build whole batches (one preallocated array per batch), so the DataLoader runs with
 `batch_size=None` and every rank yields exactly `plan.batches_per_rank` full batches.
@@ -16,6 +19,7 @@ import random
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -26,6 +30,8 @@ from ae.decode import InputSpec, decode_sample
 from ae.log_lines import COMPLETED_ITERATION, PROCESSING_FILES
 from ae.shard_plan import EpochPlan, ShardSlice, SplitMode, plan_epoch
 from ae.tar_samples import RawSample, iter_samples
+
+T = TypeVar("T")
 
 
 def read_slices(urls: list[str], slices: list[ShardSlice], debug: bool) -> Iterator[RawSample]:
@@ -45,12 +51,12 @@ def decode_samples(samples: Iterable[RawSample]) -> Iterator[np.ndarray]:
         yield decode_sample(sample)
 
 
-def shuffle_samples(items: Iterable[np.ndarray], bufsize: int, rng: random.Random) -> Iterator:
+def shuffle_samples(items: Iterable[T], bufsize: int, rng: random.Random) -> Iterator[T]:
     """Reservoir-style shuffle buffer: yields a random element of the last `bufsize` seen."""
     if bufsize <= 1:
         yield from items
         return
-    buf: list[np.ndarray] = []
+    buf: list[T] = []
     for item in items:
         if len(buf) < bufsize:
             buf.append(item)
@@ -76,6 +82,24 @@ def batch_samples(items: Iterable[np.ndarray], batch_size: int, spec: InputSpec)
             i = 0
 
 
+def worker_skip(skip_batches: int, num_workers: int, worker: int) -> int:
+    """How many of a rank's first `skip_batches` batches come from `worker`'s slot.
+
+    The DataLoader takes batches from its workers round-robin, and the plan gives the first
+    workers the extra batches (`EpochPlan.worker_batches`), so batch i is slot i % K's."""
+    k = max(1, num_workers)
+    return skip_batches // k + (worker < skip_batches % k)
+
+
+def resumed_slot(skip_batches: int, num_workers: int, worker: int) -> int:
+    """The plan slot that `worker` reads when the epoch resumes after `skip_batches` batches.
+
+    A new DataLoader iterator starts its round-robin at worker 0, but the next batch due is slot
+    `skip % K`'s: rotating the worker -> slot mapping by that much keeps the order unchanged."""
+    k = max(1, num_workers)
+    return (worker + skip_batches) % k
+
+
 @dataclass
 class ShardStream(IterableDataset):
     """Batches of one split for one rank; `epoch` selects the shuffle and the plan."""
@@ -94,6 +118,7 @@ class ShardStream(IterableDataset):
     seed: int = 0
     debug: bool = False
     epoch: int = 0
+    skip_batches: int = 0  # a resumed epoch starts after this many of the rank's batches
 
     def plan(self) -> EpochPlan:
         return plan_epoch(
@@ -113,6 +138,7 @@ class ShardStream(IterableDataset):
     def __iter__(self) -> Iterator[torch.Tensor]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
+        worker = resumed_slot(self.skip_batches, self.num_workers, worker)
         plan = self.plan()
         slices = plan.slot_slices(self.rank, worker)
         planned = sum(s.stop - s.start for s in slices)
@@ -123,11 +149,14 @@ class ShardStream(IterableDataset):
             )
         )
         rng = random.Random(hash((self.seed, self.epoch, self.rank, worker)))
-        stream = decode_samples(read_slices(self.urls, slices, self.debug))
+        raw: Iterator[RawSample] = read_slices(self.urls, slices, self.debug)
         if self.shuffle:
-            stream = shuffle_samples(stream, self.shuffle_buffer, rng)
+            raw = shuffle_samples(raw, self.shuffle_buffer, rng)
+        if skip := worker_skip(self.skip_batches, self.num_workers, worker) * self.batch_size:
+            logger.info(f"Skipping {skip} samples already trained on (epoch {self.epoch})")
+            raw = itertools.islice(raw, skip, None)
         n = 0
-        for batch in batch_samples(stream, self.batch_size, self.spec):
+        for batch in batch_samples(decode_samples(raw), self.batch_size, self.spec):
             n += len(batch)
             yield batch
         logger.info(COMPLETED_ITERATION.format(samples=n, split=self.split, epoch=self.epoch))
