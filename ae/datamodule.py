@@ -22,9 +22,11 @@ from torch.utils.data import DataLoader
 
 from ae.config import Config
 from ae.data_errors import DataError
+from ae.data_resume import ResumableLoader
 from ae.dataset import ShardStream
 from ae.decode import InputSpec, decode_sample, spec_of
 from ae.log_lines import SHARD_PLAN, main_log
+from ae.preemption import PreemptibleLoader
 from ae.progress import in_phase
 from ae.shard_counts import shared_counts
 from ae.tar_samples import iter_samples
@@ -168,9 +170,11 @@ class ShardDataModule(L.LightningDataModule):
         if self.train_set is not None:
             self.train_set.epoch = epoch
 
-    def _loader(self, dataset: ShardStream) -> DataLoader:
+    def _loader(
+        self, dataset: ShardStream, cls: type[PreemptibleLoader] = PreemptibleLoader
+    ) -> DataLoader:
         workers = self.cfg.num_workers
-        return DataLoader(
+        return cls(
             dataset,
             batch_size=None,  # workers yield whole batches
             num_workers=workers,
@@ -182,7 +186,8 @@ class ShardDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         assert self.train_set is not None
         self.set_epoch(self.trainer.current_epoch if self.trainer else 0)
-        return self._loader(self.train_set)
+        # On resume, Lightning then restores the loader's position (ae.data_resume).
+        return self._loader(self.train_set, ResumableLoader)
 
     def val_dataloader(self) -> DataLoader:
         assert self.val_set is not None
@@ -192,7 +197,8 @@ class ShardDataModule(L.LightningDataModule):
 class EpochSync(L.Callback):
     """Keeps the data order in step with the trainer's epoch (shuffle and plan per epoch).
 
-    Epoch 0's iterator is created before this hook runs; `train_dataloader()` covers it."""
+    Epoch 0's iterator is created before this hook runs; `train_dataloader()` covers it. A resumed
+    epoch gets no epoch-start hook: the loader's restored state sets its epoch."""
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         dm = trainer.datamodule

@@ -3,7 +3,11 @@
 Each dataloader worker (or the rank itself with 0 workers) is one slot of the epoch's plan
 (`ae.shard_plan`). Its pipeline is a chain of plain generator stages, WebDataset style:
 
-    read_slices -> decode_samples -> fill_quota -> shuffle_samples -> batch_samples
+    read_slices -> shuffle_samples -> (skip, on mid-epoch resume) -> decode_samples
+        -> fill_quota -> batch_samples
+
+The shuffle buffer holds raw (encoded) samples: smaller than decoded arrays, and a resumed epoch
+can drop the samples it already trained on without decoding them (`ae.data_resume`).
 
 Bad data is handled by the stages, not the tar parser: `read_slices` logs a shard that cannot be
 opened or ends early, `decode_samples` a sample that fails to decode or has the wrong shape (both
@@ -22,6 +26,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -38,6 +43,8 @@ from ae.tar_samples import RawSample, iter_samples
 # Replacements for bad samples cycle through a reservoir sample of this many good samples of the
 # slot: enough variety for a few bad samples, bounded memory for a whole bad shard.
 REPLACEMENT_POOL = 64
+
+T = TypeVar("T")
 
 
 def read_shard(url: str, start: int, stop: int) -> Iterator[RawSample]:
@@ -127,12 +134,12 @@ def fill_quota(
         yield pool[i % len(pool)]
 
 
-def shuffle_samples(items: Iterable[np.ndarray], bufsize: int, rng: random.Random) -> Iterator:
+def shuffle_samples(items: Iterable[T], bufsize: int, rng: random.Random) -> Iterator[T]:
     """Reservoir-style shuffle buffer: yields a random element of the last `bufsize` seen."""
     if bufsize <= 1:
         yield from items
         return
-    buf: list[np.ndarray] = []
+    buf: list[T] = []
     for item in items:
         if len(buf) < bufsize:
             buf.append(item)
@@ -158,6 +165,24 @@ def batch_samples(items: Iterable[np.ndarray], batch_size: int, spec: InputSpec)
             i = 0
 
 
+def worker_skip(skip_batches: int, num_workers: int, worker: int) -> int:
+    """How many of a rank's first `skip_batches` batches come from `worker`'s slot.
+
+    The DataLoader takes batches from its workers round-robin, and the plan gives the first
+    workers the extra batches (`EpochPlan.worker_batches`), so batch i is slot i % K's."""
+    k = max(1, num_workers)
+    return skip_batches // k + (worker < skip_batches % k)
+
+
+def resumed_slot(skip_batches: int, num_workers: int, worker: int) -> int:
+    """The plan slot that `worker` reads when the epoch resumes after `skip_batches` batches.
+
+    A new DataLoader iterator starts its round-robin at worker 0, but the next batch due is slot
+    `skip % K`'s: rotating the worker -> slot mapping by that much keeps the order unchanged."""
+    k = max(1, num_workers)
+    return (worker + skip_batches) % k
+
+
 @dataclass
 class ShardStream(IterableDataset):
     """Batches of one split for one rank; `epoch` selects the shuffle and the plan."""
@@ -176,6 +201,7 @@ class ShardStream(IterableDataset):
     seed: int = 0
     debug: bool = False
     epoch: int = 0
+    skip_batches: int = 0  # a resumed epoch starts after this many of the rank's batches
     errors: ErrorCounts = field(init=False)
 
     def __post_init__(self) -> None:
@@ -196,7 +222,7 @@ class ShardStream(IterableDataset):
     def __len__(self) -> int:
         return self.plan().batches_per_rank
 
-    def _fallback_pool(self, worker: int, own: set[int]) -> list[np.ndarray]:
+    def _fallback_pool(self, slot: int, own: set[int]) -> list[np.ndarray]:
         """Good samples from the shards outside this slot's, for a slot whose shards gave none.
         Their errors are not reported again here: they belong to the slots that own them."""
         pool: list[np.ndarray] = []
@@ -215,7 +241,7 @@ class ShardStream(IterableDataset):
             return pool
         error = DataError(
             f"{self.split}_shards: no readable sample in any of {len(self.urls)} shards "
-            f"(rank {self.rank} worker {worker} has nothing to train on)"
+            f"(rank {self.rank} slot {slot} has nothing to train on)"
         )
         logger.error(str(error))  # from the worker itself, before torch wraps it
         raise error
@@ -223,8 +249,9 @@ class ShardStream(IterableDataset):
     def __iter__(self) -> Iterator[torch.Tensor]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
+        slot = resumed_slot(self.skip_batches, self.num_workers, worker)
         plan = self.plan()
-        slices = plan.slot_slices(self.rank, worker)
+        slices = plan.slot_slices(self.rank, slot)
         planned = sum(s.stop - s.start for s in slices)
         own = {s.shard for s in slices}
         logger.info(
@@ -236,20 +263,26 @@ class ShardStream(IterableDataset):
                 epoch=self.epoch,
             )
         )
-        errors = SlotErrors(self.errors, worker)
+        errors = SlotErrors(self.errors, worker)  # one row per worker process
         errors0, replaced0 = errors.snapshot()
-        slot = f"{self.seed}/{self.epoch}/{self.rank}/{worker}"  # str seeds are stable
-        stream = read_slices(self.urls, slices, errors, self.debug)
-        stream = decode_samples(stream, self.spec, errors)
+        raw: Iterator[RawSample] = read_slices(self.urls, slices, errors, self.debug)
+        if self.shuffle:
+            rng = random.Random(hash((self.seed, self.epoch, self.rank, slot)))
+            raw = shuffle_samples(raw, self.shuffle_buffer, rng)
+        skip = worker_skip(self.skip_batches, self.num_workers, slot) * self.batch_size
+        if skip:
+            logger.info(f"Skipping {skip} samples already trained on (epoch {self.epoch})")
+            raw = itertools.islice(raw, skip, None)
+        # After a resume the quota is what is left. Bad samples among the skipped ones were
+        # dropped, not counted, in the first run, so the resumed stream may repeat a few samples
+        # of it; the number of batches stays exact.
         stream = fill_quota(
-            stream,
-            planned,
-            random.Random(f"pool/{slot}"),
-            lambda: self._fallback_pool(worker, own),
+            decode_samples(raw, self.spec, errors),
+            planned - skip,
+            random.Random(f"pool/{self.seed}/{self.epoch}/{self.rank}/{slot}"),
+            lambda: self._fallback_pool(slot, own),
             errors,
         )
-        if self.shuffle:
-            stream = shuffle_samples(stream, self.shuffle_buffer, random.Random(f"shuffle/{slot}"))
         n = 0
         for batch in batch_samples(stream, self.batch_size, self.spec):
             n += len(batch)

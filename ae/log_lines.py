@@ -127,3 +127,51 @@ VAL_STEP = LineFormat(
     "Validation step {step}, loss={loss}{detail}",
     {"step": "int", "loss": "float", "detail": "text"},
 )
+
+# --- training recipe (train log, rank 0) ------------------------------------------------------
+EFFECTIVE_LR = LineFormat(
+    "Base LR: {base}, Effective LR (scaled by {factor}, {mode}): {lr}",
+    {"base": "float", "factor": "float", "lr": "float"},
+)
+EFFECTIVE_BATCH = LineFormat(
+    "Effective batch: {batch} per device x {world} ranks x {accum} accumulation = {total} "
+    "samples per optimizer step",
+    {"batch": "int", "world": "int", "accum": "int", "total": "int"},
+)
+RESUMED = LineFormat(
+    "Resumed from {path} at step {step} (epoch {epoch}, LR {lr})",
+    {"path": "text", "step": "int", "epoch": "int", "lr": "float"},
+)
+
+# --- checkpoints, sampling, preemption (every rank's debug log) -------------------------------
+# `========== CHECKPOINT SAVE START ========== step 100 (periodic) -> /run/checkpoints/...`
+CHECKPOINT_START = LineFormat(
+    MARKER.template.format(name="CHECKPOINT SAVE", edge="START")
+    + " step {step} ({reason}) -> {path}",
+    {"step": "int", "path": "text"},
+)
+CHECKPOINT_END = LineFormat(
+    MARKER.template.format(name="CHECKPOINT SAVE", edge="END")
+    + " step {step} ({reason}): {path}, {size}, {seconds}s",
+    {"step": "int", "path": "text", "size": "text", "seconds": "float"},
+)
+SAMPLING_START = LineFormat(
+    MARKER.template.format(name="SAMPLING", edge="START")
+    + " step {step}: {batches} batch(es) x {batch_size} per device, memory {memory}",
+    {"step": "int", "batches": "int", "batch_size": "int", "memory": "text"},
+)
+SAMPLING_END = LineFormat(
+    MARKER.template.format(name="SAMPLING", edge="END")
+    + " step {step}: {outcome}, {seconds}s, memory {memory}",
+    {"step": "int", "outcome": "text", "seconds": "float", "memory": "text"},
+)
+SAMPLING_OOM = LineFormat(
+    "SAMPLING OOM at step {step} with batch {batch_size} per device: {error}; memory at failure "
+    "{at_failure}, after freeing {after}; {action}",
+    {"step": "int", "batch_size": "int", "error": "text", "at_failure": "text", "after": "text"},
+)
+PREEMPTED = LineFormat(
+    "PREEMPTED by SIGTERM at step {step}: checkpoint {path} saved; stopping (LR {lr})",
+    {"step": "int", "path": "text", "lr": "float"},
+)
+RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})

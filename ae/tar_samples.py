@@ -97,6 +97,11 @@ def scan_shard(url: str) -> ShardScan:
             return ShardScan(0, None, f"not a readable tar: {type(e).__name__}: {e}")
 
 
+def count_samples(url: str) -> int:
+    """Whole samples of a shard, by one pass over its headers (no index, no logging)."""
+    return scan_shard(url).samples
+
+
 def _scan(tar: tarfile.TarFile, with_offsets: bool) -> ShardScan:
     offsets: list[int] = []
     last_key: str | None = None
