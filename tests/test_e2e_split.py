@@ -142,4 +142,4 @@ def test_a_rank_whose_data_vanishes_fails_the_job_without_hanging(
     assert re.search(r"ERROR .*\[Rank 1/2 Worker 0/1\] Bad shard pipe:", rank1)
     no_data = "train_shards: no readable sample in any of 2 shards"
     assert re.search(rf"ERROR .*\[Rank 1/2 Worker 0/1\] {no_data}", rank1)  # said by the worker
-    assert re.search(rf"ERROR .*\[Rank 1/2\] {no_data} \(rank 1 worker 0", rank1)  # one line
+    assert re.search(rf"ERROR .*\[Rank 1/2\] {no_data} \(rank 1 slot 0", rank1)  # one line
