@@ -59,6 +59,8 @@ def main(argv: list[str]) -> int:
     except (ConfigError, ShardSpecError, DataError) as e:
         # User mistakes: one clear message, no traceback (the launcher catches most earlier).
         text = e.render() if isinstance(e, ConfigError) else str(e)
+        if isinstance(e, DataError):
+            text = e.brief()
         if not logging_cfg.is_configured():
             logging_cfg.configure_console()
         logger.error(text)

@@ -77,8 +77,43 @@ PROCESSING_FILES = LineFormat(
     {"n": "int", "total": "int", "samples": "int", "epoch": "int"},
 )
 COMPLETED_ITERATION = LineFormat(
-    "COMPLETED iteration, total samples: {samples} ({split}, epoch {epoch})",
-    {"samples": "int", "epoch": "int"},
+    "COMPLETED iteration, total samples: {samples} ({split}, epoch {epoch}, "
+    "{errors} data errors, {replaced} replaced)",
+    {"samples": "int", "epoch": "int", "errors": "int", "replaced": "int"},
+)
+
+# Data plan (ae.shard_counts, ae.datamodule): where the counts came from, and the split.
+SHARD_COUNTS = LineFormat(
+    "Shard counts {split}_shards: {shards} shards, {samples} samples ({indexed} from index, "
+    "{scanned} scanned) {source}",
+    {"shards": "int", "samples": "int", "indexed": "int", "scanned": "int", "source": "text"},
+)
+SHARD_PLAN = LineFormat(
+    "Shard plan {split}: {shards} shards, {samples} samples -> {batches} batches x {batch_size} "
+    "per rank on {ranks} ranks x {workers} workers ({mode}: {dropped} dropped, {repeated} "
+    "repeated); this rank: {rank_samples} samples, worker batches {worker_batches}",
+    {"shards": "int", "samples": "int", "batches": "int", "batch_size": "int", "ranks": "int",
+     "workers": "int", "dropped": "int", "repeated": "int", "rank_samples": "int"},
+)  # fmt: skip
+
+# Bad data, logged at ERROR (SPEC: `grep "ERROR.*shard"`). The shard is always named.
+BAD_SAMPLE = LineFormat(
+    "Bad sample {key} in shard {url}: {reason}",
+    {"key": "word", "url": "text", "reason": "text"},
+)
+BAD_SHARD_READ = LineFormat(
+    "Bad shard {url}: {reason} (after sample {key}; {lost} of {planned} planned samples lost)",
+    {"url": "text", "reason": "text", "lost": "int", "planned": "int"},
+)
+BAD_SHARD_SCAN = LineFormat(
+    "Bad shard {url}: {reason} (counted {samples} whole samples)",
+    {"url": "text", "reason": "text", "samples": "int"},
+)
+# Per rank and split, at the end of the run (WARNING when there were errors).
+DATA_ERRORS = LineFormat(
+    "Data errors {split}_shards: {bad_samples} bad samples, {bad_shards} bad shard reads, "
+    "{replaced} samples replaced",
+    {"bad_samples": "int", "bad_shards": "int", "replaced": "int"},
 )
 PROCESSED_TRAIN = LineFormat(
     "Processed {batches} training batches (epoch {epoch}, {rate} batches/s)",

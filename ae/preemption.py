@@ -16,6 +16,8 @@ and taking the rank's clean save with them (`PreemptibleLoader`).
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
 import signal
 import time
 from collections.abc import Iterator
@@ -57,6 +59,21 @@ def ignore_sigterm_in_worker(worker_id: int) -> None:
     """DataLoader `worker_init_fn`: replaces torch's worker SIGTERM handler (which dies)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def _kill_leftover_workers() -> None:
+    """At exit, kill the dataloader workers still running. They ignore SIGTERM, and
+    multiprocessing's own exit handler stops daemonic children with SIGTERM and then joins them:
+    a rank leaving on an exception (its loader iterator still alive in the traceback) would wait
+    for them forever, and its peers with it, in their next all-reduce."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would report the kills
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+
+
+# Registered after multiprocessing's exit handler (imported with torch above): runs before it.
+atexit.register(_kill_leftover_workers)
 
 
 class PreemptibleLoader(DataLoader):

@@ -27,6 +27,7 @@ from loguru import logger
 from torch import nn
 
 from ae.config import Config
+from ae.data_errors import ErrorCounts, SlotErrors
 from ae.dataset import decode_samples, read_slices
 from ae.fault_injection import fault_point
 from ae.log_lines import SAMPLING_END, SAMPLING_OOM, SAMPLING_START, main_log
@@ -79,9 +80,10 @@ class Sampling(L.Callback):
             stream = trainer.datamodule.val_set
             plan = stream.plan()
             wanted = self.num_batches * self.batch_size
-            samples = decode_samples(
-                read_slices(stream.urls, plan.slot_slices(trainer.global_rank, 0), False)
-            )
+            # A table of its own: the val workers already count this slot's bad data.
+            errors = SlotErrors(ErrorCounts.create(1), 0)
+            slices = plan.slot_slices(trainer.global_rank, 0)
+            samples = decode_samples(read_slices(stream.urls, slices, errors), stream.spec, errors)
             arrays = list(itertools.islice(samples, wanted))
             self._inputs = torch.from_numpy(np.stack(arrays)) if arrays else torch.empty(0)
         return self._inputs[: self.num_batches * self.batch_size]

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ae.dataset import ShardStream
 from ae.decode import InputSpec
-from ae.tar_samples import count_samples
+from ae.shard_counts import count_shards
 from bench.common import synthetic_shards, write_record
 
 BATCH = 256
@@ -64,7 +64,7 @@ def _ours(urls: list[str], kind: str, workers: int) -> DataLoader:
     stream = ShardStream(
         split="bench",
         urls=urls,
-        counts=[count_samples(u) for u in urls],
+        counts=count_shards(urls).counts,
         spec=spec,
         batch_size=BATCH,
         rank=0,
