@@ -54,6 +54,9 @@ class Config:
         "drop", "even split across ranks: drop the remainder, or pad by repeating samples"
     )
     shuffle_buffer: int = _opt(1000, "samples in each worker's shuffle buffer (0 = off)", lo=0)
+    tar_reader: Literal["fast", "tarfile"] = _opt(
+        "fast", "tar parsing: fast (header cutting) or tarfile (Python's module, the reference)"
+    )
     devices: str = _opt("auto", "processes per node: a number, or auto (all GPUs, else 2 CPU)")
     num_nodes: int = _opt(1, "number of nodes", lo=1)
     accelerator: Literal["auto", "cpu", "gpu"] = _opt("auto", "auto picks gpu when CUDA is present")

@@ -123,6 +123,7 @@ class ShardDataModule(L.LightningDataModule):
             mode=cfg.shard_split,
             shuffle=shuffle,
             shuffle_buffer=cfg.shuffle_buffer,
+            tar_reader=cfg.tar_reader,
             seed=cfg.seed,
             debug=cfg.debug,
         )

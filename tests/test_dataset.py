@@ -101,8 +101,12 @@ def test_order_changes_per_epoch_and_repeats_per_epoch(tmp_path: Path, monkeypat
     assert order(0) != order(1) and sorted(order(0)) == sorted(order(1))
 
 
+@pytest.mark.parametrize(
+    ("reader", "expected_error"),
+    [("fast", "TruncatedTar: stream ends inside a member"), ("tarfile", "ReadError")],
+)
 def test_bad_samples_and_truncated_shard_are_logged_and_replaced(
-    tmp_path: Path, monkeypatch, errors: list[str]
+    tmp_path: Path, monkeypatch, errors: list[str], reader: str, expected_error: str
 ) -> None:
     urls = _write(tmp_path, [10, 10, 10])
     bad = [_sample(i) for i in range(10, 20)]
@@ -112,7 +116,7 @@ def test_bad_samples_and_truncated_shard_are_logged_and_replaced(
     data = Path(urls[2]).read_bytes()
     Path(urls[2]).write_bytes(data[: 6 * 1024 + 600])  # cut in sample 6: planned 10, 6 left
 
-    stream = _stream(urls, [10, 10, 10], batch_size=5)
+    stream = _stream(urls, [10, 10, 10], batch_size=5, tar_reader=reader)
     got = _read(stream, 0, monkeypatch)
     assert len(got) == 30  # the planned 6 batches of 5, whatever broke
     good = set(range(26)) - {15, 17}
@@ -120,7 +124,7 @@ def test_bad_samples_and_truncated_shard_are_logged_and_replaced(
     assert len(errors) == 3
     assert errors[0].startswith(f"Bad sample 00000015 in shard {urls[1]}: cannot decode .npy")
     assert errors[1] == f"Bad sample 00000017 in shard {urls[1]}: shape (5,), expected (4,)"
-    assert errors[2].startswith(f"Bad shard {urls[2]}: ReadError")
+    assert errors[2].startswith(f"Bad shard {urls[2]}: {expected_error}")
     assert errors[2].endswith("(after sample 00000025; 4 of 10 planned samples lost)")
     assert stream.errors.totals() == (2, 1, 6)  # bad samples, bad shard reads, replaced
 
