@@ -42,8 +42,8 @@ class CorruptTar(TarError):
 def _octal(field: bytes) -> int:
     if field[:1] == b"\x80":  # GNU base-256 for sizes >= 8 GiB
         return int.from_bytes(field[1:], "big")
-    text = field.rstrip(b"\0")  # int() itself skips surrounding spaces
-    return int(text, 8) if text.strip() else 0
+    text = field.rstrip(b" \0")  # int() itself skips leading spaces
+    return int(text, 8) if text else 0
 
 
 def _checksum_ok(header: bytes, stored: int) -> bool:
