@@ -6,6 +6,7 @@ import io
 import json
 import os
 import platform
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -71,3 +72,26 @@ def synthetic_shards(
                 samples.append({"__key__": key, "png": _png(img)})
         write_shard(Path(url), samples)
     return urls
+
+
+def tiny_shard_set(root: Path, shards: int, per_shard: int, dim: int = 64) -> str:
+    """A brace spec over `shards` small .npy shards with index sidecars (cached on disk)."""
+    urls = synthetic_shards(root, "npy", shards, per_shard, dim=dim)
+    return str(Path(urls[0]).parent / f"shard-{{000000..{shards - 1:06d}}}.tar")
+
+
+def launch_run(args: list[str], out_dir: Path) -> subprocess.Popen:
+    """Start the real launcher (what ./train_ae.sh execs) in its own process group."""
+    import shutil
+    import sys
+
+    shutil.rmtree(out_dir, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "ae.launch", f"--output_dir={out_dir}", *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
