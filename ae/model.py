@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ae.decode import InputSpec
+from ae.fault_injection import fault_point
 from ae.lr import lr_factor
 
 
@@ -81,6 +82,7 @@ class AutoEncoder(L.LightningModule):
         return nn.functional.mse_loss(self(batch), batch)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        fault_point("train", self.global_step)
         loss = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True)
         return loss
