@@ -23,9 +23,11 @@ from loguru import logger
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ae.decode import InputSpec, decode_sample
+from ae.fault_injection import fault_point
 from ae.log_lines import COMPLETED_ITERATION, PROCESSING_FILES
 from ae.shard_plan import EpochPlan, ShardSlice, SplitMode, plan_epoch
 from ae.tar_samples import RawSample, iter_samples
+from logging_cfg import log_worker_exceptions
 
 
 def read_slices(urls: list[str], slices: list[ShardSlice], debug: bool) -> Iterator[RawSample]:
@@ -110,6 +112,7 @@ class ShardStream(IterableDataset):
     def __len__(self) -> int:
         return self.plan().batches_per_rank
 
+    @log_worker_exceptions
     def __iter__(self) -> Iterator[torch.Tensor]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
@@ -127,7 +130,10 @@ class ShardStream(IterableDataset):
         if self.shuffle:
             stream = shuffle_samples(stream, self.shuffle_buffer, rng)
         n = 0
-        for batch in batch_samples(stream, self.batch_size, self.spec):
+        # The rank's batch index in the run, as the DataLoader takes batches round-robin.
+        step0, stride = self.epoch * plan.batches_per_rank + worker, max(1, self.num_workers)
+        for i, batch in enumerate(batch_samples(stream, self.batch_size, self.spec)):
+            fault_point("data", step0 + i * stride)
             n += len(batch)
             yield batch
         logger.info(COMPLETED_ITERATION.format(samples=n, split=self.split, epoch=self.epoch))
