@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy
 
+from ae.beats import ProgressBeats
 from ae.config import Config
 from ae.datamodule import EpochSync
 from ae.debug_callback import DebugCallback
@@ -30,7 +31,9 @@ def build_trainer(cfg: Config, ctx: RankContext) -> L.Trainer:
     if ctx.world_size > 1:
         strategy = DDPStrategy(
             process_group_backend="nccl" if accelerator == "gpu" else "gloo",
-            timeout=timedelta(minutes=30),
+            # Ranks waiting in a collective for a dead or stuck peer fail after this, rather
+            # than the 30 minutes of Lightning's default.
+            timeout=timedelta(seconds=cfg.pg_timeout),
         )
     callbacks: list[L.Callback] = [
         EpochSync(),
@@ -40,6 +43,8 @@ def build_trainer(cfg: Config, ctx: RankContext) -> L.Trainer:
             every_val=cfg.log_every_n_val_batches,
         ),
     ]
+    if cfg.stall_timeout > 0:
+        callbacks.append(ProgressBeats())
     if cfg.checkpointing_period > 0:
         callbacks.append(
             ModelCheckpoint(
