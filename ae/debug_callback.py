@@ -17,6 +17,7 @@ from loguru import logger
 
 from ae.log_lines import PROCESSED_TRAIN, TRAIN_STEP, VAL_STEP, epoch_marker, main_log
 from ae.memory import memory_summary
+from logging_cfg import debug_line
 
 
 class DebugCallback(L.Callback):
@@ -44,8 +45,8 @@ class DebugCallback(L.Callback):
         if self.debug or on_cadence:
             # .item() syncs with the device: only on the lines that print the loss.
             loss = outputs["loss"].item() if isinstance(outputs, dict) else float("nan")
-            if self.debug:
-                logger.debug(self._step_line(trainer, loss, self._debug_detail(trainer, batch)))
+            if self.debug:  # per batch: the cheap path, not logger.debug
+                debug_line(self._step_line(trainer, loss, self._debug_detail(trainer, batch)))
             if on_cadence:
                 logger.info(self._processed_line(trainer))
                 if not self.debug:
@@ -108,7 +109,7 @@ class DebugCallback(L.Callback):
         if self._val_batches % self.every_val == 0 or self.debug:
             loss = outputs.item() if isinstance(outputs, torch.Tensor) else float("nan")
             detail = f" (global step {trainer.global_step})"
-            log = logger.debug if self._val_batches % self.every_val else logger.info
+            log = debug_line if self._val_batches % self.every_val else logger.info
             log(VAL_STEP.format(step=self._val_batches, loss=f"{loss:.6f}", detail=detail))
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

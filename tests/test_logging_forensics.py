@@ -194,3 +194,25 @@ def test_dataloader_worker_exception_logged_from_the_worker(tmp_path: Path, make
     assert re.search(r"Worker 0/1\] FATAL.*\nTraceback.*in _injected_raise", text, re.S)
     assert "[Rank 1/2] FATAL uncaught exception InjectedFault in main thread" in text
     assert text.index("dataloader worker 0/1:") < text.index("in main thread:")
+
+
+def test_debug_line_is_the_line_loguru_writes(tmp_path: Path) -> None:
+    proc = run_rank(
+        tmp_path,
+        """
+        logger.debug("Training step 3, loss=0.5")
+        logging_cfg.debug_line("Training step 3, loss=0.5")
+        """,
+        debug=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    by_loguru, by_hot_path = (tmp_path / "debug_rank1_TS.log").read_text().splitlines()
+    stamp = len("2026-11-21 22:15:38.039")
+    assert (
+        by_loguru[stamp:]
+        == by_hot_path[stamp:]
+        == " | DEBUG    | [Rank 1/2] Training step 3, loss=0.5"
+    )
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}", by_hot_path[:stamp])
+    quiet = run_rank(tmp_path / "info", 'logging_cfg.debug_line("dropped")', debug=False)
+    assert quiet.returncode == 0 and (tmp_path / "info" / "debug_rank1_TS.log").read_text() == ""
