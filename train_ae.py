@@ -10,6 +10,7 @@ import sys
 import lightning as L
 import torch.distributed as dist
 from loguru import logger
+from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
 from ae.checkpoint_files import resolve_resume
@@ -18,16 +19,22 @@ from ae.datamodule import DataError, ShardDataModule
 from ae.log_lines import RANK_EXIT, main_log
 from ae.model import AutoEncoder
 from ae.preemption import preempted_at
+from ae.progress import progress
 from ae.run_info import log_model_summary, log_rank_header, log_run_setup
 from ae.shard_spec import ShardSpecError, resolve_shards
 from ae.trainer import build_trainer
+from ae.watchdog import start_watchdog, stop_watchdog
 from logging_cfg import RankContext
 
 
 def fit(cfg: Config, ctx: RankContext) -> str:
     """Train; returns how training ended."""
     run_ts = logging_cfg.resolve_run_ts(ctx)
-    paths = logging_cfg.configure(cfg.logs_dir, run_ts, ctx, debug=cfg.debug)
+    paths = logging_cfg.configure(
+        cfg.logs_dir, run_ts, ctx, debug=cfg.debug, rotate_mb=cfg.log_rotate_mb,
+        rotate_keep=cfg.log_rotate_keep, native_output=True,
+    )  # fmt: skip
+    start_watchdog(cfg, ctx, paths, run_ts)
     log_rank_header(ctx, cfg)
     train_urls, val_urls = resolve_shards(cfg.train_shards, cfg.val_shards)
     log_run_setup(ctx, cfg, paths, len(train_urls), len(val_urls))
@@ -47,6 +54,7 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     return "training finished"
 
 
+@record  # the traceback goes into torchrun's error file, so its failure report shows it
 def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         logging_cfg.configure_console()
@@ -66,8 +74,10 @@ def main(argv: list[str]) -> int:
         logger.error(text)
         return 2
     finally:
+        progress.enter("teardown")
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+        stop_watchdog()
     logger.info(RANK_EXIT.format(code=0, why=outcome))
     return 0
 

@@ -26,6 +26,7 @@ from typing import BinaryIO
 from loguru import logger
 
 from ae.fault_injection import fault_point
+from ae.progress import progress
 
 LAST = "last.ckpt"
 BEST = "best.ckpt"
@@ -46,7 +47,8 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     try:
         with open(tmp, "wb") as f:
             write(f)
-            fault_point("checkpoint")  # tests: a kill here is a kill in the middle of a save
+            # tests: a kill here is a kill in the middle of a save
+            fault_point("checkpoint", progress.step)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -94,7 +94,14 @@ class Config:
     precision: Literal["32", "bf16-mixed", "16-mixed"] = _opt("32", "numeric precision")
     log_every_n_train_batches: int = _opt(500, "progress line cadence in training", lo=1)
     log_every_n_val_batches: int = _opt(20, "progress line cadence in validation", lo=1)
-    stall_timeout: float = _opt(300.0, "seconds without progress before a STALL report", lo=1)
+    stall_timeout: float = _opt(
+        300.0, "seconds without progress before a STALL report (0 = no watchdog)", lo=0
+    )
+    pg_timeout: float = _opt(
+        600.0, "collective timeout (s): ranks waiting on a dead or stuck peer then fail", lo=1
+    )
+    log_rotate_mb: float = _opt(0.0, "rotate each log file at this size in MB (0 = never)", lo=0)
+    log_rotate_keep: int = _opt(3, "rotated files kept per log (name.log.1 .. .N)", lo=1)
     seed: int = _opt(42, "random seed (data order, init)", lo=0)
 
     @property
@@ -248,6 +255,12 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
         not (cfg.precision == "16-mixed" and cfg.accelerator == "cpu"),
         ("precision",),
         "16-mixed needs a GPU; use 32 or bf16-mixed on CPU",
+    )
+    need(
+        cfg.pg_timeout <= 0 or cfg.stall_timeout <= 0 or cfg.pg_timeout > cfg.stall_timeout,
+        ("pg_timeout",),
+        f"must be above stall_timeout ({cfg.stall_timeout:g}s), or a rank waiting for a stuck"
+        " peer fails before the stall is reported",
     )
     need(
         cfg.sample_period != 0,

@@ -36,10 +36,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ae.data_errors import DataError, ErrorCounts, SlotErrors
 from ae.decode import InputSpec, decode_sample
+from ae.fault_injection import fault_point
 from ae.log_lines import COMPLETED_ITERATION, PROCESSING_FILES
 from ae.shard_index import sample_offset
 from ae.shard_plan import EpochPlan, ShardSlice, SplitMode, plan_epoch
 from ae.tar_samples import RawSample, TarReader, iter_samples
+from logging_cfg import log_worker_exceptions
 
 # Replacements for bad samples cycle through a reservoir sample of this many good samples of the
 # slot: enough variety for a few bad samples, bounded memory for a whole bad shard.
@@ -269,6 +271,7 @@ class ShardStream(IterableDataset):
         logger.error(str(error))  # from the worker itself, before torch wraps it
         raise error
 
+    @log_worker_exceptions
     def __iter__(self) -> Iterator[torch.Tensor]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
@@ -309,7 +312,10 @@ class ShardStream(IterableDataset):
             errors,
         )
         n = 0
-        for batch in batch_samples(stream, self.batch_size, self.spec):
+        # The rank's batch index in the run, as the DataLoader takes batches round-robin.
+        step0, stride = self.epoch * plan.batches_per_rank + worker, max(1, self.num_workers)
+        for i, batch in enumerate(batch_samples(stream, self.batch_size, self.spec)):
+            fault_point("data", step0 + i * stride)
             n += len(batch)
             yield batch
         errors1, replaced1 = errors.snapshot()

@@ -1,49 +1,140 @@
-"""Faults on demand, for tests only: `AE_FAULT="kind@point[:n],..."` in the environment.
+"""Fault injection for tests and for building broken runs on purpose: off unless AE_FAULT is set.
 
-Code that tests need to break calls `fault_point("name")` at the spot. With `AE_FAULT` unset (every
-real run) it returns at once: one dict lookup. Kinds:
-- `oom`: raise `torch.cuda.OutOfMemoryError` (also exists in CPU builds), as a real CUDA OOM would;
-- `kill`: SIGKILL this process (no handler, no cleanup: what the OOM killer or a node loss does);
-- `raise`: raise RuntimeError.
-`:n` fires only at the n-th time this process reaches the point (1-based); without it, every time.
-Example: `AE_FAULT="oom@sampling:1,kill@checkpoint:2"`.
+Syntax (several faults separated by `,`)::
+
+    AE_FAULT="<action>@<point>[:key=value]..."
+
+actions:
+  sleep   block in `_injected_sleep` for `secs` seconds (default 3600): a hang
+  raise   raise `InjectedFault` from `_injected_raise`: an exception
+  segv    SIGSEGV to the process itself from `_injected_segv`: a native crash
+  kill    SIGKILL to the process itself from `_injected_kill`: the OOM killer
+  oom     raise `torch.cuda.OutOfMemoryError` from `_injected_oom` (exists in CPU builds too)
+points (who calls `fault_point`):
+  data        in the dataset iteration (the dataloader worker, or the rank with 0 workers),
+              before the rank's batch `step` of the run (epoch * batches per epoch + batch);
+              fires in the one process that produces that batch
+  train       in `training_step`, at optimizer step `step` (trainer.global_step)
+  checkpoint  in a checkpoint write, after its bytes and before the rename (rank 0 writes)
+  sampling    in reconstruction sampling, before each sampling batch
+keys:
+  rank=R   only on global rank R (default: every rank)
+  step=N   data: at batch N exactly; other points: the first call with step >= N (default 0)
+  secs=S   sleep duration (default 3600)
+
+Examples::
+
+    AE_FAULT="sleep@data:rank=1:step=3:secs=60"      rank 1 hangs while loading batch 3
+    AE_FAULT="raise@train:rank=1:step=2"             rank 1 raises in training step 2
+    AE_FAULT="sleep@checkpoint:rank=0:secs=600"      rank 0 hangs in its first checkpoint save
+    AE_FAULT="segv@train:rank=1:step=2,kill@train:rank=0:step=2"
+
+Each fault fires at most once per process. A `FAULT injected: ...` WARNING is logged first, so
+the fault is placed in the logs. With AE_FAULT unset, `fault_point` is one `None` check.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections import Counter
+import time
+from dataclasses import dataclass
 
-_hits: Counter[str] = Counter()
+from loguru import logger
+
+from ae.log_lines import FAULT_INJECTED
+
+ACTIONS = ("sleep", "raise", "segv", "kill", "oom")
+POINTS = ("data", "train", "checkpoint", "sampling")
 
 
-def _armed(name: str, spec: str) -> list[tuple[str, int | None]]:
-    """The (kind, nth) faults of `spec` that target point `name`."""
-    out = []
+class InjectedFault(RuntimeError):
+    """Raised by a `raise@...` fault."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    point: str
+    rank: int | None = None
+    step: int = 0
+    secs: float = 3600.0
+
+    def __str__(self) -> str:
+        return f"{self.action}@{self.point}"
+
+
+def parse_faults(spec: str) -> list[Fault]:
+    """`sleep@data:rank=1:step=3:secs=60,raise@train` -> Faults; ValueError names the bad part."""
+    faults = []
     for item in filter(None, (s.strip() for s in spec.split(","))):
-        kind, _, where = item.partition("@")
-        point, _, nth = where.partition(":")
-        if point == name:
-            out.append((kind, int(nth) if nth else None))
-    return out
+        head, *pairs = item.split(":")
+        action, _, point = head.partition("@")
+        if action not in ACTIONS or point not in POINTS:
+            raise ValueError(
+                f"AE_FAULT: {item!r}: expected <{'|'.join(ACTIONS)}>@<{'|'.join(POINTS)}>"
+            )
+        kwargs: dict[str, float | int] = {}
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if key not in ("rank", "step", "secs"):
+                raise ValueError(f"AE_FAULT: {item!r}: unknown key {key!r} (rank, step, secs)")
+            try:
+                kwargs[key] = float(value) if key == "secs" else int(value)
+            except ValueError:
+                raise ValueError(f"AE_FAULT: {item!r}: {key} needs a number") from None
+        faults.append(Fault(action, point, **kwargs))  # type: ignore[arg-type]
+    return faults
 
 
-def fault_point(name: str) -> None:
-    spec = os.environ.get("AE_FAULT")
-    if not spec:
+_spec = os.environ.get("AE_FAULT")
+_faults: list[Fault] | None = parse_faults(_spec) if _spec else None
+_fired: set[int] = set()
+
+
+def fault_point(point: str, step: int) -> None:
+    """A place where a fault may be injected; free when AE_FAULT is unset."""
+    if _faults is None:
         return
-    _hits[name] += 1
-    for kind, nth in _armed(name, spec):
-        if nth is not None and nth != _hits[name]:
+    rank = int(os.environ.get("RANK", 0))
+    for i, fault in enumerate(_faults):
+        if i in _fired or fault.point != point or fault.rank not in (None, rank):
             continue
-        message = f"injected by AE_FAULT at {name} (hit {_hits[name]})"
-        if kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if kind == "oom":
-            import torch  # only here: this module is imported by torch-free code too
+        if step == fault.step or (point != "data" and step > fault.step):
+            _fired.add(i)
+            logger.warning(
+                FAULT_INJECTED.format(action=fault.action, point=point, step=step, rank=rank)
+            )
+            _ACT[fault.action](fault.secs)
 
-            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory ({message})")
-        if kind == "raise":
-            raise RuntimeError(message)
-        raise ValueError(f"AE_FAULT: unknown fault kind {kind!r} in {spec!r}")
+
+# Named functions, so a stack dump shows which fault is acting.
+def _injected_sleep(secs: float) -> None:
+    time.sleep(secs)
+
+
+def _injected_raise(secs: float) -> None:
+    raise InjectedFault("raise fault injected by AE_FAULT")
+
+
+def _injected_segv(secs: float) -> None:
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def _injected_kill(secs: float) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _injected_oom(secs: float) -> None:
+    import torch  # only here: fault points sit in torch-free modules too
+
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory (oom fault injected by AE_FAULT)")
+
+
+_ACT = {
+    "sleep": _injected_sleep,
+    "raise": _injected_raise,
+    "segv": _injected_segv,
+    "kill": _injected_kill,
+    "oom": _injected_oom,
+}

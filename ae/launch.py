@@ -33,6 +33,19 @@ CPU_PROCESSES = 2
 # Exit code after a SIGTERM (preemption): 128 + SIGTERM, what schedulers expect of a terminated job.
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
 
+# With --debug, the distributed libraries' own debug output, into each rank's native log; unless
+# the user set them. Not TORCH_DISTRIBUTED_DEBUG=DETAIL: it checks every collective (slow).
+DEBUG_ENV = {"NCCL_DEBUG": "INFO", "TORCH_CPP_LOG_LEVEL": "INFO", "TORCH_DISTRIBUTED_DEBUG": "INFO"}
+
+
+def rank_command(debug: bool) -> list[str]:
+    """torchrun's arguments naming what each rank runs. The debug variables are set for the ranks
+    only (through `env`): in torchrun's own process they would flood the console."""
+    debug_env = [f"{k}={v}" for k, v in DEBUG_ENV.items() if debug and k not in os.environ]
+    if not debug_env:
+        return [str(TRAIN_SCRIPT)]
+    return ["--no-python", "env", *debug_env, sys.executable, "-u", str(TRAIN_SCRIPT)]
+
 
 def visible_gpus() -> int:
     """GPU count without importing torch (keeps the launcher fast)."""
@@ -153,13 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         f"Training on {where}{nproc} process(es) per node, {len(train_urls)} train shards"
         f"\n  train log : {logs}/train_{ts}.log"
         f"\n  rank logs : {logs}/debug_rank*_{ts}.log"
+        f"\n  native    : {logs}/native_rank*_{ts}.log (NCCL, gloo, C extensions)"
         f"\n  follow    : tail -f {logs}/debug_rank*_{ts}.log"
     )
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--nproc_per_node={nproc}",
         f"--master_addr={addr}", f"--master_port={port}",
-        str(TRAIN_SCRIPT), *argv, *extra,
+        *rank_command(cfg.debug), *argv, *extra,
     ]  # fmt: skip
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     proc = subprocess.Popen(cmd, env=env)

@@ -175,3 +175,42 @@ PREEMPTED = LineFormat(
     {"step": "int", "path": "text", "lr": "float"},
 )
 RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})
+
+# --- forensics (ae.watchdog, logging_cfg hooks, ae.fault_injection) ------------------------------
+# The one-line stall WARNING (also in train_<TS>.log); `frame` is the innermost frame of the main
+# thread, `function (file:line)`; `collective` is `no` or `yes (<what>)` -- a rank blocked in a
+# collective is usually waiting for the rank that stalls, not the cause.
+STALL = LineFormat(
+    "STALL detected: no progress for {idle}s in phase {phase} (epoch {epoch}, step {step}); "
+    "report {report}; main thread in {frame}; collective wait: {collective}",
+    {"idle": "float", "phase": "text", "epoch": "int", "step": "int", "report": "int",
+     "frame": "text", "collective": "text"},
+)  # fmt: skip
+# First line of the full report (debug log only); stacks and process table follow on more lines.
+STALL_REPORT = LineFormat(
+    "STALL report {report}: rank {rank}, pid {pid}, idle {idle}s, phase {phase}",
+    {"report": "int", "rank": "int", "pid": "int", "idle": "float", "phase": "text"},
+)
+STALL_RESOLVED = LineFormat(
+    "STALL RESOLVED after {idle}s in phase {phase} (epoch {epoch}, step {step}); now {now}",
+    {"idle": "float", "phase": "text", "epoch": "int", "step": "int", "now": "text"},
+)
+# Uncaught exception, CRITICAL, traceback on the following lines. `where`: `main thread`,
+# `thread <name>`, or `dataloader worker <w>/<K>`.
+FATAL = LineFormat(
+    "FATAL uncaught exception {exc_type} in {where}: {message}",
+    {"exc_type": "word", "where": "text", "message": "text"},
+)
+# Written by ae.fault_injection (tests, broken runs on purpose) right before acting.
+FAULT_INJECTED = LineFormat(
+    "FAULT injected: {action}@{point} at step {step} (rank {rank})",
+    {"step": "int", "rank": "int"},
+)
+
+# Heartbeat file per rank in the logs folder, rewritten atomically every few seconds by the
+# watchdog thread: one JSON object with exactly HEARTBEAT_FIELDS (times are Unix seconds).
+HEARTBEAT_FILE = LineFormat("heartbeat_rank{rank}_{ts}.json", {"rank": "int"})
+HEARTBEAT_FIELDS = (
+    "rank", "world_size", "pid", "host", "phase", "epoch", "step", "time", "last_progress",
+    "idle_s", "rss_mb", "workers", "stalled", "state",
+)  # fmt: skip

@@ -10,6 +10,7 @@ from torch import nn
 
 from ae.config import Config
 from ae.decode import InputSpec
+from ae.fault_injection import fault_point
 from ae.log_lines import main_log
 from ae.lr import lr_factor, scale_lr, schedule_line
 
@@ -99,6 +100,7 @@ class AutoEncoder(L.LightningModule):
         return nn.functional.mse_loss(self(batch), batch)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        fault_point("train", self.global_step)
         loss = self._loss(batch)
         # Per step: rank 0's own loss (a sync across ranks would cost a collective per step).
         self.log("train/loss", loss, prog_bar=True)

@@ -19,7 +19,8 @@ from ae.lr import effective_lr_line
 from logging_cfg import LogPaths, RankContext
 
 _ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "TORCHELASTIC_RUN_ID",
-             "SLURM_JOB_ID", "NCCL_DEBUG", "OMP_NUM_THREADS")  # fmt: skip
+             "SLURM_JOB_ID", "NCCL_DEBUG", "TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG_LEVEL",
+             "OMP_NUM_THREADS")  # fmt: skip
 
 
 def nccl_available() -> bool:

@@ -33,7 +33,7 @@ from ae.fault_injection import fault_point
 from ae.log_lines import SAMPLING_END, SAMPLING_OOM, SAMPLING_START, main_log
 from ae.memory import memory_summary
 from ae.plots import reconstruction_grid
-from ae.progress import in_phase
+from ae.progress import in_phase, progress
 
 
 def is_oom(error: BaseException) -> bool:
@@ -143,7 +143,7 @@ class Sampling(L.Callback):
         try:
             with torch.no_grad(), trainer.precision_plugin.forward_context():
                 for chunk in inputs.split(self.batch_size):
-                    fault_point("sampling")
+                    fault_point("sampling", progress.step)
                     x = chunk.to(pl_module.device)
                     y = pl_module(x).float()
                     losses.append(nn.functional.mse_loss(y, x).item())

@@ -68,7 +68,9 @@ def build_trainer(cfg: Config, ctx: RankContext, run_ts: str) -> L.Trainer:
     if ctx.world_size > 1:
         strategy = DDPStrategy(
             process_group_backend="nccl" if accelerator == "gpu" else "gloo",
-            timeout=timedelta(minutes=30),
+            # Ranks waiting in a collective for a dead or stuck peer fail after this, rather
+            # than the 30 minutes of Lightning's default.
+            timeout=timedelta(seconds=cfg.pg_timeout),
         )
     callbacks = build_callbacks(cfg, ctx)
     return L.Trainer(

@@ -2,40 +2,53 @@
 
 `configure()` installs, for this rank:
 - `debug_rank<N>_<TS>.log`: every record of this rank and its dataloader workers;
+- `native_rank<N>_<TS>.log` (with `native_output=True`): what native code writes to stdout/stderr;
 - `train_<TS>.log` (shared by all ranks): summary lines of rank 0 (records bound with
   `main=True`) and every WARNING/ERROR of any rank;
 - a rich console on rank 0 for summary lines and problems;
 - stdlib logging (Lightning, torch) and `warnings` routed into the same sinks;
 - faulthandler (fatal signals, and `kill -USR1 <pid>` for an on-demand stack dump) on the debug log;
-- hooks that log uncaught exceptions (main thread and other threads) as FATAL with traceback.
+- hooks that log uncaught exceptions (main thread and other threads) as FATAL with traceback;
+  `log_worker_exceptions` does the same inside dataloader workers;
+- `debug_line`: the per-batch DEBUG lines, straight into the debug log (see hot_path).
 Library code in `ae/` only uses `loguru.logger`; it never adds sinks.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import functools
 import logging
 import os
 import signal
 import sys
 import threading
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from loguru import logger
 
-from ae.log_lines import RECORD_FORMAT
-from logging_cfg.rank_context import RankContext, rank_tag, resolve_run_ts
+from ae.log_lines import FATAL, RECORD_FORMAT
+from logging_cfg import hot_path
+from logging_cfg.hot_path import debug_line
+from logging_cfg.native import capture_native_output
+from logging_cfg.rank_context import RankContext, rank_tag, resolve_run_ts, worker_info
 from logging_cfg.sinks import AppendFileSink, ConsoleSink
 
 __all__ = [
     "LogPaths",
     "RankContext",
+    "cancel_dump_stacks_later",
     "configure",
     "configure_console",
+    "debug_line",
+    "dump_stacks_later",
     "is_configured",
+    "log_worker_exceptions",
     "resolve_run_ts",
 ]
 
@@ -48,6 +61,7 @@ class LogPaths:
     logs_dir: Path
     train_log: Path
     debug_log: Path
+    native_log: Path
 
 
 class _InterceptHandler(logging.Handler):
@@ -85,37 +99,72 @@ def _route_stdlib() -> None:
     warnings.simplefilter("default")
 
 
+def _fatal(exc_type: type[BaseException], exc: BaseException, where: str) -> str:
+    return FATAL.format(exc_type=exc_type.__name__, where=where, message=exc)
+
+
 def _install_exception_hooks() -> None:
     def excepthook(
         exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
     ) -> None:
         if issubclass(exc_type, KeyboardInterrupt):
-            logger.warning("FATAL KeyboardInterrupt: stopped by the user")
+            where, message = "main thread", "stopped by the user"
+            logger.warning(FATAL.format(exc_type=exc_type.__name__, where=where, message=message))
             return
-        logger.opt(exception=(exc_type, exc, tb)).critical(
-            f"FATAL uncaught exception {exc_type.__name__}: {exc}"
-        )
+        logger.opt(exception=(exc_type, exc, tb)).critical(_fatal(exc_type, exc, "main thread"))
 
     def thread_hook(args: threading.ExceptHookArgs) -> None:
         if args.exc_type is SystemExit:
             return
-        name = args.thread.name if args.thread else "?"
+        where = f"thread {args.thread.name if args.thread else '?'}"
         logger.opt(exception=(args.exc_type, args.exc_value, args.exc_traceback)).critical(
-            f"FATAL uncaught exception in thread {name} {args.exc_type.__name__}: {args.exc_value}"
+            _fatal(args.exc_type, args.exc_value or args.exc_type(), where)
         )
 
     sys.excepthook = excepthook
     threading.excepthook = thread_hook
 
 
-_fault_file = None  # kept open for the process lifetime: faulthandler writes to its descriptor
+def log_worker_exceptions(iter_fn: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    """Decorates a dataset's `__iter__`. In a dataloader worker, torch catches the exception and
+    raises it again in the rank with the worker's traceback flattened into the message; log it
+    here first, from the worker, as FATAL with its real traceback (then let torch do its part)."""
+
+    @functools.wraps(iter_fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        try:
+            yield from iter_fn(*args, **kwargs)
+        except Exception as e:
+            if (w := worker_info()) is not None:
+                where = f"dataloader worker {w[0]}/{w[1]}"
+                logger.opt(exception=True).critical(_fatal(type(e), e, where))
+            raise
+
+    return wrapper
 
 
-def _install_faulthandler(path: Path) -> None:
-    global _fault_file
-    _fault_file = open(path, "a")  # noqa: SIM115 - must outlive this function
-    faulthandler.enable(file=_fault_file, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=_fault_file, all_threads=True, chain=False)
+# faulthandler writes to the debug log's descriptor: fatal signals (SIGSEGV, SIGABRT, SIGBUS,
+# SIGFPE, SIGILL), `kill -USR1 <pid>`, and dump_stacks_later(). It needs no interpreter lock.
+_fault_fd: int | None = None
+
+
+def _install_faulthandler(fd: int) -> None:
+    global _fault_fd
+    _fault_fd = fd
+    faulthandler.enable(file=fd, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=fd, all_threads=True, chain=False)
+
+
+def dump_stacks_later(seconds: float) -> None:
+    """(Re)arm a native timer that dumps all stacks into the debug log after `seconds`. The
+    watchdog re-arms it on every check: it fires only when the watchdog thread itself cannot
+    run (native code holding the interpreter lock), the one stall the watchdog cannot report."""
+    if _fault_fd is not None:
+        faulthandler.dump_traceback_later(seconds, repeat=False, file=_fault_fd)
+
+
+def cancel_dump_stacks_later() -> None:
+    faulthandler.cancel_dump_traceback_later()
 
 
 _configured = False
@@ -129,6 +178,7 @@ def configure_console(level: str = "INFO") -> None:
     """Console-only logging, for commands that write no run files (launcher, diagnose, tools)."""
     global _configured
     _configured = True
+    hot_path.install(None)
     logger.remove()
     logger.configure(extra={"tag": ""})
     logger.add(ConsoleSink().write, level=level, format="{message}", colorize=False)
@@ -141,8 +191,14 @@ def configure(
     *,
     debug: bool = False,
     rotate_mb: float = 0,
+    rotate_keep: int = 3,
+    native_output: bool = False,
 ) -> LogPaths:
-    """Install this rank's sinks and hooks. Call once, first thing in a training process."""
+    """Install this rank's sinks and hooks. Call once, first thing in a training process.
+
+    `rotate_mb` > 0 rotates the debug and train logs at that size, keeping `rotate_keep` old
+    files. `native_output` sends this process's descriptors 1 and 2 to `native_rank<N>_<TS>.log`
+    (the rank launched by torchrun; not a test process sharing its descriptors)."""
     global _configured
     _configured = True
     logs_dir.mkdir(parents=True, exist_ok=True)
@@ -150,20 +206,27 @@ def configure(
         logs_dir=logs_dir,
         train_log=logs_dir / f"train_{run_ts}.log",
         debug_log=logs_dir / f"debug_rank{ctx.rank}_{run_ts}.log",
+        native_log=logs_dir / f"native_rank{ctx.rank}_{run_ts}.log",
     )
+    if native_output:
+        capture_native_output(paths.native_log, keep_console=ctx.rank == 0)
     ctx.install()
     logger.remove()
     logger.configure(patcher=_patch_tag)
     rotate = int(rotate_mb * 2**20)
-    debug_sink = AppendFileSink(paths.debug_log, rotate_bytes=rotate)
+    debug_sink = AppendFileSink(
+        paths.debug_log, rotate_bytes=rotate, keep=rotate_keep, on_open=_install_faulthandler
+    )
     logger.add(debug_sink.write, level="DEBUG" if debug else "INFO", format=LINE_FORMAT)
+    hot_path.install(debug_sink if debug else None)
 
     def train_filter(record: dict) -> bool:
         return record["level"].no >= logging.WARNING or (
             ctx.rank == 0 and record["extra"].get("main", False)
         )
 
-    logger.add(AppendFileSink(paths.train_log).write, filter=train_filter, format=LINE_FORMAT)
+    train_sink = AppendFileSink(paths.train_log, rotate_bytes=rotate, keep=rotate_keep)
+    logger.add(train_sink.write, filter=train_filter, format=LINE_FORMAT)
     if ctx.rank == 0:
         rank_pid = os.getpid()
 
@@ -180,5 +243,4 @@ def configure(
         logger.add(ConsoleSink().write, filter=console_filter, format="{message}", colorize=False)
     _route_stdlib()
     _install_exception_hooks()
-    _install_faulthandler(paths.debug_log)
     return paths

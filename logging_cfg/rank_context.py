@@ -34,7 +34,7 @@ _current = RankContext()
 _rank_tag_cache: dict[int | None, str] = {}
 
 
-def _worker_info() -> tuple[int, int] | None:
+def worker_info() -> tuple[int, int] | None:
     # Only consult torch when it is already imported: a process without it has no workers.
     data_mod = sys.modules.get("torch.utils.data")
     if data_mod is None:
@@ -45,7 +45,7 @@ def _worker_info() -> tuple[int, int] | None:
 
 def rank_tag() -> str:
     """`[Rank r/W]`, or `[Rank r/W Worker w/K]` inside a dataloader worker process."""
-    w = _worker_info()
+    w = worker_info()
     key = None if w is None else w[0]
     tag = _rank_tag_cache.get(key)
     if tag is None:

@@ -86,7 +86,7 @@ def test_sigkill_during_checkpoint_save_leaves_last_loadable(tmp_path: Path, mak
     args = [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=8", "--num_workers=0",
             "--max_steps=6", "--checkpointing_period=2", "--save_best=false"]  # fmt: skip
     # The 2nd checkpoint write (step 4) is killed after its bytes are written, before the rename.
-    killed = _train(args, out, {"AE_FAULT": "kill@checkpoint:2"})
+    killed = _train(args, out, {"AE_FAULT": "kill@checkpoint:step=4"})
     assert killed.returncode == -9, killed.stderr[-3000:]
     ckpt = out / "checkpoints"
     assert (ckpt / "step-00000004.ckpt.tmp").exists()  # the save really was cut off

@@ -128,3 +128,12 @@ def test_help_shows_one_line_descriptions() -> None:
     text = help_text()
     assert "--encoder_lr_mult" in text and "encoder LR = effective LR x this" in text
     assert "--val_interval" in text and "optimizer steps" in text
+
+
+def test_pg_timeout_must_exceed_stall_timeout() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--stall_timeout=300", "--pg_timeout=120"])
+    assert [p.split(":")[0] for p in err.value.problems] == ["pg_timeout"]
+    assert parse_config(["--stall_timeout=0", "--pg_timeout=120"]).pg_timeout == 120
+    cfg = parse_config(["--log_rotate_mb=0.5", "--log_rotate_keep=7"])
+    assert (cfg.log_rotate_mb, cfg.log_rotate_keep) == (0.5, 7)

@@ -45,7 +45,7 @@ def test_recipe_run(launch, make_shards, tmp_path: Path) -> None:
     )
     res = launch(
         [f"--config={config}", f"--train_shards={train}", f"--val_shards={val}", "--debug=true"],
-        env={"AE_FAULT": "oom@sampling:1"},
+        env={"AE_FAULT": "oom@sampling"},
     )
     assert res.returncode == 0, res.output
     main = res.text("train_*.log")

@@ -12,6 +12,7 @@ from lightning.pytorch.plugins.precision import Precision
 from loguru import logger
 from PIL import Image
 
+from ae import fault_injection
 from ae.config import parse_config
 from ae.dataset import ShardStream
 from ae.decode import InputSpec
@@ -51,7 +52,9 @@ def test_oom_is_logged_batch_halved_and_the_next_sampling_works(
     model = AutoEncoder(InputSpec("image", (1, 8, 8)), hidden_dim=16, latent_dim=4)
     lines: list[str] = []
     sink = logger.add(lines.append, format="{level} {message}")
-    monkeypatch.setenv("AE_FAULT", "oom@sampling:1")
+    # AE_FAULT is read at import; this is what it reads from `AE_FAULT=oom@sampling`.
+    monkeypatch.setattr(fault_injection, "_faults", fault_injection.parse_faults("oom@sampling"))
+    monkeypatch.setattr(fault_injection, "_fired", set())
     try:
         sampling = Sampling(cfg)
         sampling.sample(trainer, model)
