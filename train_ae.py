@@ -15,6 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 import logging_cfg
 from ae.config import Config, ConfigError, help_text, parse_config
 from ae.datamodule import DataError, ShardDataModule
+from ae.log_lines import RANK_EXIT
 from ae.lr import scale_lr
 from ae.model import AutoEncoder
 from ae.progress import progress
@@ -70,13 +71,17 @@ def main(argv: list[str]) -> int:
         if not logging_cfg.is_configured():
             logging_cfg.configure_console()
         logger.error(text)
-        return 2
+        code, why = 2, type(e).__name__
+    else:
+        code, why = 0, "training finished"
     finally:
         progress.enter("teardown")
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         stop_watchdog()
-    return 0
+    # The last line of a rank that ends on its own: ae-diagnose tells it from a killed one.
+    logger.info(RANK_EXIT.format(code=code, why=why))
+    return code
 
 
 if __name__ == "__main__":

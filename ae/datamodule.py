@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from ae.config import Config
 from ae.dataset import ShardStream
 from ae.decode import InputSpec, decode_sample, spec_of
-from ae.log_lines import main_log
+from ae.log_lines import SHARD_PLAN, main_log
 from ae.tar_samples import count_samples, iter_samples
 
 # Lightning warns that an IterableDataset with __len__ may be inaccurate with several workers
@@ -67,11 +67,13 @@ class ShardDataModule(L.LightningDataModule):
                 " or use --shard_split=pad"
             )
         main_log.info(
-            f"Shard plan {split}: {len(urls)} shards, {plan.total_samples} samples -> "
-            f"{plan.batches_per_rank} batches x {cfg.batch_size} per rank on {plan.world_size} "
-            f"ranks x {plan.num_workers} workers ({cfg.shard_split}: {plan.dropped} dropped, "
-            f"{plan.repeated} repeated)"
-        )
+            SHARD_PLAN.format(
+                split=split, shards=len(urls), samples=plan.total_samples,
+                batches=plan.batches_per_rank, batch_size=cfg.batch_size, ranks=plan.world_size,
+                workers=plan.num_workers, mode=cfg.shard_split, dropped=plan.dropped,
+                repeated=plan.repeated,
+            )
+        )  # fmt: skip
         return stream
 
     def setup(self, stage: str) -> None:

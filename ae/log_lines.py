@@ -61,6 +61,11 @@ class LineFormat:
         m = self.regex.search(line)
         return None if m is None else m.groupdict()
 
+    @functools.cached_property
+    def prefix(self) -> str:
+        """The literal text before the first field: a cheap substring test before `.parse()`."""
+        return self.template.split("{", 1)[0]
+
 
 # `========== EPOCH 0 TRAINING START ==========`, `========== CHECKPOINT SAVE END ==========` ...
 MARKER = LineFormat("========== {name} {edge} ==========", {"name": "text", "edge": "word"})
@@ -80,6 +85,13 @@ COMPLETED_ITERATION = LineFormat(
     "COMPLETED iteration, total samples: {samples} ({split}, epoch {epoch})",
     {"samples": "int", "epoch": "int"},
 )
+SHARD_PLAN = LineFormat(
+    "Shard plan {split}: {shards} shards, {samples} samples -> {batches} batches x {batch_size} "
+    "per rank on {ranks} ranks x {workers} workers ({mode}: {dropped} dropped, {repeated} "
+    "repeated)",
+    {"shards": "int", "samples": "int", "batches": "int", "batch_size": "int", "ranks": "int",
+     "workers": "int", "dropped": "int", "repeated": "int"},
+)  # fmt: skip
 PROCESSED_TRAIN = LineFormat(
     "Processed {batches} training batches (epoch {epoch}, {rate} batches/s)",
     {"batches": "int", "epoch": "int", "rate": "float"},
@@ -92,6 +104,11 @@ VAL_STEP = LineFormat(
     "Validation step {step}, loss={loss}{detail}",
     {"step": "int", "loss": "float", "detail": "text"},
 )
+
+# The record whose continuation lines are the resolved config as YAML (train log, rank 0).
+RESOLVED_CONFIG = "Resolved config:"
+# Last line of a rank that left `main` on its own: 0 after training, 2 after a user mistake.
+RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})
 
 # --- forensics (ae.watchdog, logging_cfg hooks, ae.fault_injection) ------------------------------
 # The one-line stall WARNING (also in train_<TS>.log); `frame` is the innermost frame of the main
@@ -124,6 +141,10 @@ FAULT_INJECTED = LineFormat(
     {"step": "int", "rank": "int"},
 )
 
+# Files of a run in the logs folder (rotated ones get `.1`, `.2` ... appended).
+TRAIN_LOG_FILE = LineFormat("train_{ts}.log")
+DEBUG_LOG_FILE = LineFormat("debug_rank{rank}_{ts}.log", {"rank": "int"})
+NATIVE_LOG_FILE = LineFormat("native_rank{rank}_{ts}.log", {"rank": "int"})
 # Heartbeat file per rank in the logs folder, rewritten atomically every few seconds by the
 # watchdog thread: one JSON object with exactly HEARTBEAT_FIELDS (times are Unix seconds).
 HEARTBEAT_FILE = LineFormat("heartbeat_rank{rank}_{ts}.json", {"rank": "int"})

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.model_summary import ModelSummary
 from loguru import logger
 
 from ae.config import Config
-from ae.log_lines import main_log
+from ae.log_lines import RESOLVED_CONFIG, main_log
 from logging_cfg import LogPaths, RankContext
 
 _ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "TORCHELASTIC_RUN_ID",
@@ -57,7 +57,7 @@ def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, va
         f"node(s)), accelerator {cfg.accelerator}, precision {cfg.precision}"
     )
     main_log.info(f"Shards: {train} train, {val} val; logs in {paths.logs_dir}")
-    main_log.bind(console=False).info("Resolved config:\n" + cfg.to_yaml().rstrip())
+    main_log.bind(console=False).info(f"{RESOLVED_CONFIG}\n{cfg.to_yaml().rstrip()}")
 
 
 def log_model_summary(model: L.LightningModule) -> None:
