@@ -109,10 +109,24 @@ class RankWriter:
                  "  rank    pid=1234 status=sleeping rss=400MB cpu=0% cpu_time=3.0s fds=40",
                  "stacks (all threads but the watchdog):", "Thread MainThread (ident 1):",
                  '  File "/x/train_ae.py", line 99, in <module>')  # fmt: skip
-        if worker_frame is not None:
-            self.raw("Current thread 0x00007f0000000001 (most recent call first):",
-                     f'  File "/x/ae/fault_injection.py", line 120 in {worker_frame}',
-                     '  File "/x/ae/dataset.py", line 140 in __iter__')  # fmt: skip
+        if worker_frame is not None:  # an idle worker, then the busy one (faulthandler dumps)
+            self.raw(
+                "Thread 0x00007f0000000002 (most recent call first):",
+                '  File "/x/threading.py", line 327 in wait',
+                "",
+                "Current thread 0x00007f0000000001 (most recent call first):",
+                '  File "/x/selectors.py", line 415 in select',
+                '  File "/x/multiprocessing/queues.py", line 113 in get',
+                '  File "/x/torch/utils/data/_utils/worker.py", line 334 in _worker_loop',
+                "",
+                "Current thread 0x00007f0000000003 (most recent call first):",
+                f'  File "/x/ae/fault_injection.py", line 120 in {worker_frame}',
+                '  File "/x/ae/dataset.py", line 140 in __iter__',
+                '  File "/x/torch/utils/data/_utils/fetch.py", line 33 in fetch',
+                '  File "/x/torch/utils/data/_utils/worker.py", line 349 in _worker_loop',
+            )
+            self.log(f"STALL report {report}: dataloader workers [1, 2] dumped their stacks above "
+                     "(faulthandler)")  # fmt: skip
 
     def resolved(self, phase: str, step: int, idle: float) -> None:
         now = f"phase {phase}, step {step + 1}"

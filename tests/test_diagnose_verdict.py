@@ -193,7 +193,8 @@ def test_stall_outside_a_collective_is_the_culprit_waiters_are_victims(tmp_path:
     doc = run_diagnose(tmp_path)
     assert culprits(doc) == [(1, "data loading", "data loading")]
     texts = [e["text"] for e in doc["culprits"][0]["evidence"]]
-    assert "STALL detected" in texts[0] and "in _injected_sleep" in texts[1]
+    assert "STALL detected" in texts[0] and texts[1].endswith("line 120 in _injected_sleep")
+    assert len(texts) == 2  # the idle worker is left out
     assert [(v["rank"], v["phase"], v["cause"]) for v in doc["victims"]] == [
         (0, "training step", "collective wait")
     ]
@@ -316,3 +317,41 @@ def test_rotated_logs_are_read_in_order(tmp_path: Path) -> None:
     r0 = doc["ranks"][0]
     assert r0["errors"] == 1 and r0["step"] == 7 and r0["state"] == "exited"
     assert r0["logs"] == [f"{w0.path.name}.1", w0.path.name]
+
+
+def test_sigterm_and_second_death_are_not_blamed(tmp_path: Path) -> None:
+    """Rank 0 dies first without trace; rank 1 dies 2 s later; rank 2 got SIGTERM (Lightning logs
+    it) and its dataloader worker died of it: only rank 0 is the culprit."""
+    w0, w1, w2 = writers(tmp_path, 3)
+    for w in (w0, w1, w2):
+        w.steps(1, 4)
+    w1.t = w0.t + 2
+    w1.steps(5, 5)
+    for w in (w0, w1):
+        write_heartbeat(tmp_path, w.rank, 3, pid=dead_pid(), t=w.t, phase="training step", step=4)
+    w2.t = w1.t + 3
+    w2.log("[rank: 2] Received SIGTERM: 15")
+    w2.fatal("RuntimeError", "DataLoader worker (pid 1525) is killed by signal: Terminated.",
+             BACKWARD_FRAMES)  # fmt: skip
+    for w in (w0, w1, w2):
+        w.flush()
+    doc = run_diagnose(tmp_path)
+    assert [c[0::2] for c in culprits(doc)] == [(0, "killed without trace")]
+    assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [
+        (1, "stopped after rank 0 died"),
+        (2, "stopped by SIGTERM"),
+    ]
+
+
+def test_a_chained_exception_that_started_with_a_peer_failure_is_a_victim(tmp_path: Path) -> None:
+    w0, w1 = writers(tmp_path)
+    w1.fatal("ValueError", "bad value", STEP_FRAMES)
+    w0.t = w1.t + 0.2
+    w0.fatal("KeyError", "'state'", BACKWARD_FRAMES)
+    during = "During handling of the above exception, another exception occurred:"
+    w0.lines[-1:-1] = ["", f"RuntimeError: {GLOO}", "", during]
+    w0.flush()
+    w1.flush()
+    doc = run_diagnose(tmp_path)
+    assert [c[0::2] for c in culprits(doc)] == [(1, "exception: ValueError")]
+    assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(0, "peer failure: KeyError")]

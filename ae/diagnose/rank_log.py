@@ -33,6 +33,8 @@ from ae.log_lines import (
 # that fires when the watchdog thread cannot run (see logging_cfg.dump_stacks_later).
 FAULTHANDLER_FATAL = b"Fatal Python error: "
 FAULTHANDLER_TIMEOUT = b"Timeout ("
+# Lightning's signal handler: the rank got SIGTERM (torchrun stopping a failed job, preemption).
+LIGHTNING_SIGTERM = b"Received SIGTERM"
 _SIGNALS = {
     "Segmentation fault": "SIGSEGV",
     "Aborted": "SIGABRT",
@@ -43,7 +45,11 @@ _SIGNALS = {
 }
 # A traceback frame: loguru/traceback `File "x", line 3, in f`; faulthandler `File "x", line 3 in f`
 _FRAME = re.compile(r'^[\s>]*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
-_DUMP_HEAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
+# A worker's dump (faulthandler, SIGUSR1): its main thread is the "Current thread".
+_WORKER_DUMP = "Current thread 0x"
+_FETCHING = "utils/data/_utils/fetch.py"
+# Unindented traceback lines that are not an exception (chained tracebacks have these between).
+_NOT_EXCEPTION = ("Traceback", "During handling of", "The above exception")
 _MEMORY = re.compile(r"\brss=\S+(?: workers=\S+)?(?: cuda=\S+ peak=\S+)?")
 _SHARD = re.compile(r"(\S+\.tar)\b")
 TRACE_LIMIT = 5000  # continuation lines read after a FATAL or a stall report
@@ -86,6 +92,7 @@ class Crash:
     message: str
     phase: str | None
     signal: bool = False
+    chain: list[str] = field(default_factory=list)  # every exception line of a chained traceback
 
 
 @dataclass
@@ -114,6 +121,7 @@ class RankLog:
     shard_errors: list[Record] = field(default_factory=list)
     shard_error_lines: int = 0
     native_dump: Evidence | None = None
+    sigterm: Record | None = None
     heartbeat: Heartbeat | None = None
 
     @property
@@ -186,6 +194,8 @@ class _Scanner:
             s.exit, s.exit_code = rec, int(m["code"])
         if (start := log.last_level_record("ERROR")) is not None:
             s.last_error = log.evidence(start)
+        if (start := log.rfind_record(LIGHTNING_SIGTERM)) is not None:
+            s.sigterm = log.record(start)
         if (pos := log.data.rfind(b"\n" + FAULTHANDLER_TIMEOUT)) >= 0:
             s.native_dump = log.evidence(pos + 1)
 
@@ -216,21 +226,23 @@ class _Scanner:
         s.open_stall = self._stall_state
 
     def _worker_frames(self, log: LogBytes, stall_start: int) -> list[Evidence]:
-        """The innermost frame of each dataloader worker's faulthandler dump after the report:
-        in a data loading stall the rank only waits on a queue, the worker shows where it is."""
+        """The innermost frame of each busy dataloader worker, from the faulthandler dumps that
+        follow the report: in a data loading stall the rank only waits on a queue, the worker
+        shows where it is. A worker is busy when its main thread is fetching a batch; the idle
+        ones wait for work in `_worker_loop` and are left out."""
         report = log.find_records(_needle(STALL_REPORT.prefix), log.line_end(stall_start))
         start = next(report, None)
         if start is None:
             return []
-        out, in_dump = [], False
+        blocks: list[list[int]] = []
         for pos in log.continuation(start, TRACE_LIMIT):
             line = log.text(pos)
-            if _DUMP_HEAD.match(line):
-                in_dump = True
-            elif in_dump and _FRAME.match(line) and " in " in line and ", in " not in line:
-                out.append(log.evidence(pos))
-                in_dump = False
-        return out[:2]
+            if line.startswith(_WORKER_DUMP):
+                blocks.append([])
+            elif blocks and _FRAME.match(line) and ", in " not in line:
+                blocks[-1].append(pos)
+        busy = [b for b in blocks if any(_FETCHING in log.text(p) for p in b)]
+        return [log.evidence(b[0]) for b in busy[:2]]
 
     def _crashes(self, log: LogBytes) -> None:
         for start in log.level_records("CRITICAL"):
@@ -238,14 +250,14 @@ class _Scanner:
             m = None if rec is None else FATAL.parse(rec.message)
             if rec is None or m is None:
                 continue
-            frames, tail = self._trace(log, start)
+            frames, chain = self._trace(log, start)
             where = m["where"]
             phase = "data loading" if where.startswith("dataloader worker") else None
             phase = phase or phase_of_frames([(f[0], f[1]) for f in reversed(frames)])
             shown = [ev for *_, ev in frames[-FRAMES_SHOWN:]]
             self.s.crashes.append(
-                Crash([rec.evidence, *shown, *tail], rec.time, m["exc_type"], where,
-                      m["message"], phase)
+                Crash([rec.evidence, *shown, *chain[-1:]], rec.time, m["exc_type"], where,
+                      m["message"], phase, chain=[e.text for e in chain])
             )  # fmt: skip
         pos = log.data.find(FAULTHANDLER_FATAL)
         while pos >= 0:
@@ -256,16 +268,17 @@ class _Scanner:
     def _trace(
         self, log: LogBytes, start: int
     ) -> tuple[list[tuple[str, str, Evidence]], list[Evidence]]:
-        """Frames (outermost first) and the exception line of the traceback after a FATAL."""
+        """Frames (outermost first) and exception lines (`Type: message`, one per exception of
+        a chain, the last one raised last) of the traceback after a FATAL."""
         frames: list[tuple[str, str, Evidence]] = []
-        last: Evidence | None = None
+        chain: list[Evidence] = []
         for pos in log.continuation(start, TRACE_LIMIT):
             line = log.text(pos)
             if m := _FRAME.match(line):
                 frames.append((m["path"], m["func"], log.evidence(pos)))
-            elif line.strip() and not line[0].isspace() and not line.startswith("Traceback"):
-                last = log.evidence(pos)
-        return frames, [last] if last else []
+            elif line.strip() and not line[0].isspace() and not line.startswith(_NOT_EXCEPTION):
+                chain.append(log.evidence(pos))
+        return frames, chain
 
     def _fatal_signal(self, log: LogBytes, pos: int) -> Crash:
         head = log.evidence(pos)

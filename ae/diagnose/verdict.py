@@ -27,7 +27,9 @@ from ae.diagnose.logscan import Evidence
 from ae.diagnose.rank_log import Crash, RankLog, Stall
 from ae.diagnose.run_state import RunState
 
-GAP_S = 10.0  # a rank gone within this of a peer's failure was stopped by torchrun
+# A rank gone at most this before a peer's failure was stopped by torchrun: its heartbeat (every
+# 5 s at most) or its last line is that old when it dies.
+GAP_S = 6.0
 STALE_S = 30.0  # a heartbeat this much older than the run's newest sign of life: writer gone
 DEFAULT_STALL_TIMEOUT = 300.0  # SPEC default, when the train log does not say
 
@@ -62,15 +64,23 @@ class Verdict:
 
 
 def is_peer_failure(crash: Crash) -> bool:
+    """An exception (any of a chain) that reports a dead, stuck or stopping peer."""
     if crash.signal:
         return False
     return crash.kind in _PEER_TYPES or bool(
-        _PEER_TEXT.search(" ".join([crash.message, *(e.text for e in crash.evidence[-1:])]))
+        _PEER_TEXT.search("\n".join([crash.message, *crash.chain]))
     )
 
 
 def primary_crash(r: RankLog) -> Crash | None:
-    return next((c for c in r.crashes if not is_peer_failure(c)), None)
+    """The rank's first crash of its own: not a peer's, and not after it got SIGTERM (torchrun
+    stopping the job; its dataloader workers die of it too)."""
+    stopped = r.sigterm.time if r.sigterm is not None else None
+    return next(
+        (c for c in r.crashes
+         if not is_peer_failure(c) and (stopped is None or c.time < stopped)),
+        None,
+    )  # fmt: skip
 
 
 def finished(r: RankLog) -> bool:
@@ -95,10 +105,10 @@ def current_phase(r: RankLog) -> str:
         return r.crashes[0].phase or r.log_phase or "setup"
     if (s := open_stall(r)) is not None:
         return s.phase
-    hb = r.heartbeat
-    if hb is not None and (r.marker is None or hb.time >= r.marker.time):
+    hb = r.heartbeat  # the newer of the heartbeat and the log says where the rank is
+    if hb is not None and (r.last_time is None or hb.time >= r.last_time):
         return hb.phase
-    return r.log_phase or "setup"
+    return r.log_phase or (hb.phase if hb is not None else "setup")
 
 
 def _last_words(r: RankLog) -> list[Evidence]:
@@ -131,9 +141,11 @@ class _Judge:
         return min(times) if times else None
 
     def gone(self, first_failure: float | None) -> None:
-        """Rule 2."""
+        """Rule 2. Of the ranks gone without trace, the first to go is the culprit; a rank that
+        got SIGTERM, or went after (or just before) another rank's failure, was stopped."""
         ranks = self.run.ranks.values()
         ended = {r.rank for r in ranks if r.crashes or r.exit is not None or finished(r)}
+        gone: list[tuple[float, RankLog, list[Evidence]]] = []
         for r in ranks:
             if not r.files or r.rank in ended or open_stall(r) is not None:
                 continue
@@ -142,16 +154,23 @@ class _Judge:
             stale = hb is not None and (self.run.reference or 0) - hb.time > STALE_S
             if alive is not False and not (alive is None and (ended or stale)):
                 continue
-            life = r.last_sign_of_life
             evidence = [r.last.evidence] if r.last else []
             if hb is not None and alive is False:
-                evidence.append(Evidence(hb.path, 0, f"pid {hb.pid} on {hb.host} is gone; "
-                                         f"heartbeat state {hb.state}"))  # fmt: skip
-            if first_failure is not None and life is not None and life >= first_failure - GAP_S:
-                failed = ", ".join(str(f.rank) for f in self.culprits)
+                note = f"pid {hb.pid} on {hb.host} is gone; heartbeat state {hb.state}"
+                evidence.append(Evidence(hb.path, 0, note))
+            gone.append((r.last_sign_of_life or 0.0, r, evidence))
+        failed = ", ".join(str(f.rank) for f in self.culprits)
+        first_gone: RankLog | None = None
+        for life, r, evidence in sorted(gone, key=lambda g: g[0]):
+            self.states[r.rank] = "stopped"
+            if r.sigterm is not None:
+                self._victim(r, "stopped by SIGTERM", [r.sigterm.evidence])
+            elif first_failure is not None and life >= first_failure - GAP_S:
                 self._victim(r, f"stopped after rank {failed} failed", evidence[-1:])
-                self.states[r.rank] = "stopped"
+            elif first_gone is not None:
+                self._victim(r, f"stopped after rank {first_gone.rank} died", evidence[-1:])
             else:
+                first_gone = r
                 rule = "log stops with no exit line, no exception, no stall"
                 self._culprit(r, current_phase(r), "killed without trace", rule, evidence, life)
                 self.states[r.rank] = "killed"
@@ -168,8 +187,12 @@ class _Judge:
             peer = [p for p in peer if p[1] is not first]
         for _, r in peer:
             c = r.crashes[0]
-            self._victim(r, f"peer failure: {c.kind}", [c.evidence[0], *c.evidence[-1:]])
-            self.states[r.rank] = "peer failure"
+            if r.sigterm is not None and r.sigterm.time <= c.time:
+                self._victim(r, "stopped by SIGTERM", [r.sigterm.evidence, c.evidence[0]])
+                self.states[r.rank] = "stopped"
+            else:
+                self._victim(r, f"peer failure: {c.kind}", [c.evidence[0], *c.evidence[-1:]])
+                self.states[r.rank] = "peer failure"
 
     def stalls(self, first_failure: float | None) -> None:
         """Rule 3."""
