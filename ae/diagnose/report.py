@@ -15,6 +15,7 @@ from ae.diagnose.logscan import Evidence, LogBytes
 from ae.diagnose.rank_log import RankLog, shard_of
 from ae.diagnose.run_state import RunState
 from ae.diagnose.verdict import Finding, Verdict, current_phase
+from ae.log_lines import RECORD_PATTERN
 
 TEXT_LIMIT = 400  # characters of a log line kept in the JSON (FATAL messages can be huge)
 SHARDS_LISTED = 10
@@ -157,7 +158,8 @@ def _print_evidence(console: Console, evidence: list[dict[str, Any]]) -> None:
     for e in evidence:
         where = f"{e['file']}:{e['line']}" if e["line"] else e["file"]
         line = Text(f"    {where}  ", style="dim")
-        line.append(e["text"].strip()[:200])
+        m = RECORD_PATTERN.match(e["text"])  # a record: its clock time and message are enough
+        line.append(f"{m['time'][11:]} {m['message']}" if m else e["text"].strip())
         console.print(line, overflow="ellipsis", no_wrap=True)
 
 
