@@ -355,3 +355,15 @@ def test_a_chained_exception_that_started_with_a_peer_failure_is_a_victim(tmp_pa
     doc = run_diagnose(tmp_path)
     assert [c[0::2] for c in culprits(doc)] == [(1, "exception: ValueError")]
     assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(0, "peer failure: KeyError")]
+
+
+def test_sigterm_to_every_rank_is_a_preemption_without_culprit(tmp_path: Path) -> None:
+    for w in writers(tmp_path):
+        w.steps(1, 4)
+        w.log(f"[rank: {w.rank}] Received SIGTERM: 15")
+        w.fatal("RuntimeError", "DataLoader worker (pid 9) is killed by signal: Terminated.",
+                BACKWARD_FRAMES)  # fmt: skip
+        w.flush()
+    doc = run_diagnose(tmp_path)
+    assert doc["culprits"] == [] and doc["status"] == "stopped"
+    assert [v["cause"] for v in doc["victims"]] == ["stopped by SIGTERM"] * 2

@@ -52,7 +52,7 @@ _FETCHING = "utils/data/_utils/fetch.py"
 _NOT_EXCEPTION = ("Traceback", "During handling of", "The above exception")
 _MEMORY = re.compile(r"\brss=\S+(?: workers=\S+)?(?: cuda=\S+ peak=\S+)?")
 _SHARD = re.compile(r"(\S+\.tar)\b")
-TRACE_LIMIT = 5000  # continuation lines read after a FATAL or a stall report
+TRACE_LIMIT = 20_000  # continuation lines read after a FATAL or a stall report
 FRAMES_SHOWN = 3
 
 

@@ -177,17 +177,17 @@ class _Judge:
 
     def peers(self) -> None:
         """Victims of rule 1, and rule 5 when no other rule named a culprit."""
-        peer = []
-        for r in self.run.ranks.values():
-            if primary_crash(r) is None and r.crashes:
-                peer.append((r.crashes[0].time, r))
-        if not self.culprits and peer:
-            _, first = min(peer, key=lambda p: p[0])
+        peer = [r for r in self.run.ranks.values() if r.crashes and primary_crash(r) is None]
+        stopped = [r for r in peer if r.sigterm is not None and r.sigterm.time <= r.crashes[0].time]
+        candidates = [r for r in peer if r not in stopped]  # SIGTERM for all: a preemption
+        if not self.culprits and candidates:
+            first = min(candidates, key=lambda r: r.crashes[0].time)
             self._crashed(first, first.crashes[0], "first rank to fail; all failures name a peer")
-            peer = [p for p in peer if p[1] is not first]
-        for _, r in peer:
+            peer.remove(first)
+        for r in peer:
             c = r.crashes[0]
-            if r.sigterm is not None and r.sigterm.time <= c.time:
+            if r in stopped:
+                assert r.sigterm is not None
                 self._victim(r, "stopped by SIGTERM", [r.sigterm.evidence, c.evidence[0]])
                 self.states[r.rank] = "stopped"
             else:
@@ -200,9 +200,13 @@ class _Judge:
         waiting = {rank: s for rank, s in stalls.items() if s.waiting}
         for rank, s in stalls.items():
             self.states.setdefault(rank, "waiting" if s.waiting else "stalled")
-            if not s.waiting and (first_failure is None or s.began < first_failure):
+            if s.waiting:
+                continue
+            if first_failure is None or s.began < first_failure:
                 rule = f"no progress for {s.idle:.0f}s+ outside a collective"
                 self._culprit(self.run.ranks[rank], s.phase, s.phase, rule, s.evidence, s.began)
+            else:  # stuck since a peer failed: in its teardown, or on a dead peer's socket
+                self._victim(self.run.ranks[rank], "stalled after a failure", s.evidence[:1])
         if waiting and not self.culprits:
             self._all_waiting(waiting, stalls)
         blamed = {f.rank for f in self.culprits}
