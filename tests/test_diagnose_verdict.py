@@ -13,6 +13,7 @@ import pytest
 
 from ae.diagnose import diagnose
 from ae.diagnose.run_files import find_run
+from ae.log_lines import MARKER
 from tests.synth_logs import RankWriter, write_heartbeat, write_train_log
 
 GLOO = (
@@ -367,3 +368,21 @@ def test_sigterm_to_every_rank_is_a_preemption_without_culprit(tmp_path: Path) -
     doc = run_diagnose(tmp_path)
     assert doc["culprits"] == [] and doc["status"] == "stopped"
     assert [v["cause"] for v in doc["victims"]] == ["stopped by SIGTERM"] * 2
+
+
+def test_checkpoint_and_sampling_markers_place_a_killed_rank(tmp_path: Path) -> None:
+    """Markers are parsed by name (`CHECKPOINT SAVE START ========== step 4 ...` as the training
+    recipe writes them): a rank killed inside a save is placed in `checkpoint save`."""
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.steps(1, 4)
+        w.log(MARKER.format(name="SAMPLING", edge="START") + " step 4: 1 batch(es)")
+        w.log(MARKER.format(name="SAMPLING", edge="END") + " step 4: ok, 0.1s")
+        w.log(MARKER.format(name="CHECKPOINT SAVE", edge="START") + " step 4 (periodic) -> /c")
+    w1.t += 1
+    w1.fatal("RuntimeError", GLOO, [("/x/torch/distributed/distributed_c10d.py", "barrier")])
+    w0.flush()
+    w1.flush()
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(0, "checkpoint save", "killed without trace")]
+    assert doc["ranks"][0]["last_marker"] == "CHECKPOINT SAVE START"

@@ -19,6 +19,8 @@ from ae.log_lines import RECORD_PATTERN
 
 TEXT_LIMIT = 400  # characters of a log line kept in the JSON (FATAL messages can be huge)
 SHARDS_LISTED = 10
+PLAN_KEYS = ("shards", "samples", "batches", "batch_size", "ranks", "workers", "mode", "dropped",
+             "repeated")  # fmt: skip
 _STATE_STYLE = {
     "crashed": "bold red", "killed": "bold red", "error exit": "bold red", "stalled": "bold red",
     "stuck": "bold red", "waiting": "yellow", "peer failure": "yellow", "stopped": "yellow",
@@ -79,16 +81,18 @@ def _rank(run: RunState, r: RankLog, state: str, tail: int) -> dict[str, Any]:
 
 
 def _plan_mismatch(run: RunState) -> dict[str, dict[str, str]]:
-    """Split -> {rank: plan line} when the ranks logged different shard plans."""
+    """Split -> {rank: plan} when the ranks logged different global shard plans (the fields
+    every rank must agree on; a line may go on with this rank's own share)."""
     out: dict[str, dict[str, str]] = {}
     splits = {split for r in run.ranks.values() for split in r.shard_plans}
     for split in sorted(splits):
-        plans = {r.rank: r.shard_plans.get(split) for r in run.ranks.values() if r.files}
-        if len({tuple(sorted(p.items())) if p else None for p in plans.values()}) > 1:
-            out[split] = {
-                str(rank): " ".join(f"{k}={v}" for k, v in p.items()) if p else "no plan line"
-                for rank, p in sorted(plans.items())
-            }
+        plans = {}
+        for r in run.ranks.values():
+            if r.files:
+                p = r.shard_plans.get(split)
+                plans[r.rank] = " ".join(f"{k}={p[k]}" for k in PLAN_KEYS) if p else "no plan line"
+        if len(set(plans.values())) > 1:
+            out[split] = {str(rank): plan for rank, plan in sorted(plans.items())}
     return out
 
 
