@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from ae.log_lines import STALL, STALL_RESOLVED
-from tests.conftest import ROOT, run_launcher
+from tests.conftest import ROOT, run_launcher, run_processes
 
 pytestmark = pytest.mark.slow
 
@@ -48,15 +48,6 @@ def diagnose_json(logs: Path) -> tuple[dict[str, Any], float]:
 
 def culprits(doc: dict[str, Any]) -> list[tuple[int, str | None, str]]:
     return [(c["rank"], c["phase"], c["cause"]) for c in doc["culprits"]]
-
-
-def run_processes(out_dir: Path) -> list[psutil.Process]:
-    """The launcher, torchrun, the ranks and their workers (ranks run in their own sessions)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if any(str(out_dir) in arg for arg in proc.info["cmdline"] or []):
-            found.append(proc)
-    return found
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from ae.log_lines import FATAL, HEARTBEAT_FIELDS, RECORD_PATTERN, STALL, STALL_RESOLVED
-from tests.conftest import RunResult, run_launcher
+from tests.conftest import RunResult, run_launcher, run_processes
 
 pytestmark = pytest.mark.slow
 
@@ -46,14 +46,6 @@ def read_records(path: Path) -> list[Record]:
         elif out:
             out[-1].more.append(line)
     return out
-
-
-def run_processes(out_dir: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if any(str(out_dir) in arg for arg in proc.info["cmdline"] or []):
-            found.append(proc)
-    return found
 
 
 @pytest.fixture
