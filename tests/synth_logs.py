@@ -128,8 +128,8 @@ class RankWriter:
             self.log(f"STALL report {report}: dataloader workers [1, 2] dumped their stacks above "
                      "(faulthandler)")  # fmt: skip
 
-    def resolved(self, phase: str, step: int, idle: float) -> None:
-        now = f"phase {phase}, step {step + 1}"
+    def resolved(self, phase: str, step: int, idle: float, now: str = "") -> None:
+        now = now or f"phase {phase}, step {step + 1}"
         line = STALL_RESOLVED.format(idle=idle, phase=phase, epoch=0, step=step, now=now)
         self.log(line, "WARNING")
 

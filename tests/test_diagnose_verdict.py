@@ -386,3 +386,25 @@ def test_checkpoint_and_sampling_markers_place_a_killed_rank(tmp_path: Path) -> 
     doc = run_diagnose(tmp_path)
     assert culprits(doc) == [(0, "checkpoint save", "killed without trace")]
     assert doc["ranks"][0]["last_marker"] == "CHECKPOINT SAVE START"
+
+
+def test_stuck_rank_stays_the_culprit_after_its_peer_times_out_and_torchrun_stops_it(
+    tmp_path: Path,
+) -> None:
+    """--pg_timeout: rank 1 is stuck in its step, rank 0 waits, then fails on the collective
+    timeout; torchrun SIGTERMs rank 1, whose stall 'resolves' into teardown on the way out."""
+    w0, w1 = writers(tmp_path)
+    w1.stall("training step", 11, 3.0)
+    w0.stall("training step", 11, 3.2, collective="yes (DDP gradient all-reduce in backward)")
+    w0.t += 9
+    w0.fatal("RuntimeError", "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 12000ms "
+             "for recv operation to complete", BACKWARD_FRAMES)  # fmt: skip
+    w1.t = w0.t + 1
+    w1.log("[rank: 1] Received SIGTERM: 15")
+    w1.resolved("training step", 11, 14.0, now="phase teardown, step 11")
+    w1.fatal("RuntimeError", GLOO, BACKWARD_FRAMES)
+    w0.flush()
+    w1.flush()
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(1, "training step", "training step")]
+    assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(0, "peer failure: RuntimeError")]

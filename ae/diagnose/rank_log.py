@@ -49,6 +49,7 @@ _FRAME = re.compile(r'^[\s>]*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P
 _WORKER_DUMP = "Current thread 0x"
 _FETCHING = "utils/data/_utils/fetch.py"
 # Unindented traceback lines that are not an exception (chained tracebacks have these between).
+_TEARDOWN = "phase teardown"
 _NOT_EXCEPTION = ("Traceback", "During handling of", "The above exception")
 _MEMORY = re.compile(r"\brss=\S+(?: workers=\S+)?(?: cuda=\S+ peak=\S+)?")
 _SHARD = re.compile(r"(\S+\.tar)\b")
@@ -207,7 +208,11 @@ class _Scanner:
         )
         for start, detected in hits:
             if not detected:
-                self._stall_state = None
+                # Leaving the stall for teardown (an exception or SIGTERM on its way out) is no
+                # progress: the stall stays what the rank was doing.
+                m = STALL_RESOLVED.parse(log.text(start))
+                if m is None or not m["now"].startswith(_TEARDOWN):
+                    self._stall_state = None
                 continue
             rec = log.record(start)
             m = None if rec is None else STALL.parse(rec.message)

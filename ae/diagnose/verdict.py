@@ -92,19 +92,24 @@ def finished(r: RankLog) -> bool:
 
 
 def open_stall(r: RankLog) -> Stall | None:
-    """The rank's unresolved stall, unless it crashed or exited after it."""
+    """The rank's unresolved stall, unless it exited or failed of its own after it. A failure
+    that only ends the stall (a peer's error, SIGTERM from torchrun) leaves it open: the stall
+    is what happened."""
     s = r.open_stall
     if s is None or finished(r):
         return None
-    ends = [c.time for c in r.crashes] + ([r.exit.time] if r.exit else [])
+    c = primary_crash(r)
+    ends = ([c.time] if c else []) + ([r.exit.time] if r.exit else [])
     return None if any(t >= s.time for t in ends) else s
 
 
 def current_phase(r: RankLog) -> str:
-    if r.crashes:
-        return r.crashes[0].phase or r.log_phase or "setup"
+    if finished(r):
+        return "teardown"
     if (s := open_stall(r)) is not None:
         return s.phase
+    if r.crashes:
+        return r.crashes[0].phase or r.log_phase or "setup"
     hb = r.heartbeat  # the newer of the heartbeat and the log says where the rank is
     if hb is not None and (r.last_time is None or hb.time >= r.last_time):
         return hb.phase
@@ -177,7 +182,11 @@ class _Judge:
 
     def peers(self) -> None:
         """Victims of rule 1, and rule 5 when no other rule named a culprit."""
-        peer = [r for r in self.run.ranks.values() if r.crashes and primary_crash(r) is None]
+        blamed = {f.rank for f in self.culprits} | {f.rank for f in self.victims}
+        peer = [
+            r for r in self.run.ranks.values()
+            if r.crashes and primary_crash(r) is None and r.rank not in blamed
+        ]  # fmt: skip
         stopped = [r for r in peer if r.sigterm is not None and r.sigterm.time <= r.crashes[0].time]
         candidates = [r for r in peer if r not in stopped]  # SIGTERM for all: a preemption
         if not self.culprits and candidates:
@@ -196,23 +205,27 @@ class _Judge:
 
     def stalls(self, first_failure: float | None) -> None:
         """Rule 3."""
-        stalls = {r.rank: s for r in self.run.ranks.values() if (s := open_stall(r))}
-        waiting = {rank: s for rank, s in stalls.items() if s.waiting}
+        ranks = self.run.ranks
+        stalls = {r.rank: s for r in ranks.values() if (s := open_stall(r))}
+        # A waiting rank that then failed (its collective timed out) is a peer failure (peers()).
+        waiting = {rank: s for rank, s in stalls.items() if s.waiting and not ranks[rank].crashes}
         for rank, s in stalls.items():
-            self.states.setdefault(rank, "waiting" if s.waiting else "stalled")
             if s.waiting:
+                if rank in waiting:
+                    self.states.setdefault(rank, "waiting")
                 continue
+            self.states.setdefault(rank, "stalled")
             if first_failure is None or s.began < first_failure:
                 rule = f"no progress for {s.idle:.0f}s+ outside a collective"
-                self._culprit(self.run.ranks[rank], s.phase, s.phase, rule, s.evidence, s.began)
+                self._culprit(ranks[rank], s.phase, s.phase, rule, s.evidence, s.began)
             else:  # stuck since a peer failed: in its teardown, or on a dead peer's socket
-                self._victim(self.run.ranks[rank], "stalled after a failure", s.evidence[:1])
+                self._victim(ranks[rank], "stalled after a failure", s.evidence[:1])
         if waiting and not self.culprits:
             self._all_waiting(waiting, stalls)
         blamed = {f.rank for f in self.culprits}
         for rank, s in waiting.items():
             if rank not in blamed:
-                self._victim(self.run.ranks[rank], "collective wait", s.evidence[:1])
+                self._victim(ranks[rank], "collective wait", s.evidence[:1])
 
     def _all_waiting(self, waiting: dict[int, Stall], stalls: dict[int, Stall]) -> None:
         run = self.run
