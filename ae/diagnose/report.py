@@ -148,7 +148,7 @@ def _rank_table(doc: dict[str, Any]) -> Table:
         )
     for r in doc["ranks"]:
         memory = r["memory"] or (f"rss={r['rss_mb']:.0f}MB" if r["rss_mb"] is not None else "-")
-        when = (r["last_line_time"] or "-")[11:]
+        when = r["last_line_time"][11:] if r["last_line_time"] else "-"
         table.add_row(
             str(r["rank"]), Text(r["state"], style=_STATE_STYLE.get(r["state"], "")),
             r["phase"] or "-", r["last_marker"] or "-", _num(r["epoch"]), _num(r["step"]), when,
