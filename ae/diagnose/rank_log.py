@@ -48,8 +48,9 @@ _FRAME = re.compile(r'^[\s>]*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P
 # A worker's dump (faulthandler, SIGUSR1): its main thread is the "Current thread".
 _WORKER_DUMP = "Current thread 0x"
 _FETCHING = "utils/data/_utils/fetch.py"
-# Unindented traceback lines that are not an exception (chained tracebacks have these between).
+# STALL RESOLVED `now` (ae.watchdog: `phase <phase>, step <n>`) of a rank gone to teardown.
 _TEARDOWN = "phase teardown"
+# Unindented traceback lines that are not an exception (chained tracebacks have these between).
 _NOT_EXCEPTION = ("Traceback", "During handling of", "The above exception")
 _MEMORY = re.compile(r"\brss=\S+(?: workers=\S+)?(?: cuda=\S+ peak=\S+)?")
 _SHARD = re.compile(r"(\S+\.tar)\b")
