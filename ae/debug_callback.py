@@ -1,9 +1,16 @@
-"""Writes the SPEC markers and progress lines into each rank's debug log.
+"""Follows Lightning's loop on each rank: SPEC markers and progress lines into the debug log, and
+progress beats for the stall watchdog.
 
 Markers (`========== EPOCH e TRAINING START ==========` ...) are INFO: they are in every run.
 Progress lines come every `log_every_n_*_batches`; with `--debug` a `Training step` line comes
 for every batch, with throughput and memory. `TRAINING END` is written after the epoch's last
 training batch, *before* the epoch-end validation, so a hang between the two is placed.
+
+Beats (`ae.progress`): a batch handed to the training step is progress in phase "training step"
+(with the optimizer step); from the end of a step until the next batch arrives the rank is in
+"data loading" (the fetch, and Lightning's per-step SIGTERM broadcast); validation batches beat in
+"validation". They live here rather than in a callback of their own: Lightning calls every hook
+of every callback each step, and one more callback costs more than the beats themselves.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from loguru import logger
 
 from ae.log_lines import PROCESSED_TRAIN, TRAIN_STEP, VAL_STEP, epoch_marker, main_log
 from ae.memory import memory_summary
+from ae.progress import progress
+from logging_cfg import debug_line
 
 
 class DebugCallback(L.Callback):
@@ -34,18 +43,25 @@ class DebugCallback(L.Callback):
         self._epoch_t0 = self._last_t = time.perf_counter()
         self._batches = 0
         self._train_open = True
+        progress.enter("data loading", epoch=trainer.current_epoch)
         logger.info(epoch_marker(trainer.current_epoch, "TRAINING", "START"))
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        progress.enter("training step", step=trainer.global_step)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
+        progress.enter("data loading", step=trainer.global_step)
         self._batches += 1
         on_cadence = self._batches % self.every_train == 0
         if self.debug or on_cadence:
             # .item() syncs with the device: only on the lines that print the loss.
             loss = outputs["loss"].item() if isinstance(outputs, dict) else float("nan")
-            if self.debug:
-                logger.debug(self._step_line(trainer, loss, self._debug_detail(trainer, batch)))
+            if self.debug:  # per batch: the cheap path, not logger.debug
+                debug_line(self._step_line(trainer, loss, self._debug_detail(trainer, batch)))
             if on_cadence:
                 logger.info(self._processed_line(trainer))
                 if not self.debug:
@@ -88,6 +104,7 @@ class DebugCallback(L.Callback):
 
     # --- validation -------------------------------------------------------------------------
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        progress.enter("validation")
         if trainer.sanity_checking:
             return
         self._val_batches = 0
@@ -102,17 +119,28 @@ class DebugCallback(L.Callback):
         idx: int,
         dataloader_idx: int = 0,
     ) -> None:
+        progress.beat()
         if trainer.sanity_checking:
             return
         self._val_batches += 1
         if self._val_batches % self.every_val == 0 or self.debug:
             loss = outputs.item() if isinstance(outputs, torch.Tensor) else float("nan")
             detail = f" (global step {trainer.global_step})"
-            log = logger.debug if self._val_batches % self.every_val else logger.info
+            log = debug_line if self._val_batches % self.every_val else logger.info
             log(VAL_STEP.format(step=self._val_batches, loss=f"{loss:.6f}", detail=detail))
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        progress.enter("data loading")
         if trainer.sanity_checking:
             return
         logger.info(f"Validated {self._val_batches} batches")
         logger.info(epoch_marker(trainer.current_epoch, "VALIDATION", "END"))
+
+    # --- end --------------------------------------------------------------------------------
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        progress.enter("teardown")
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        progress.enter("teardown")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ae.log_lines import HEARTBEAT_FIELDS, HEARTBEAT_FILE
-from ae.memory import children_rss_mb, process_rss_mb
+from ae.memory import RssReader
 from ae.progress import Progress
 from logging_cfg import RankContext
 
@@ -27,11 +27,12 @@ def heartbeat_path(logs_dir: Path, rank: int, run_ts: str) -> Path:
 
 
 def heartbeat_record(
-    ctx: RankContext, progress: Progress, *, stalled: bool, state: str = "running"
+    ctx: RankContext, progress: Progress, rss: RssReader, *, stalled: bool, state: str = "running"
 ) -> dict[str, Any]:
     """The HEARTBEAT_FIELDS of this rank now. `state`: `running`; at the end `exited`, or
     `failed` when the rank left with an exception."""
     now = time.time()
+    rss_mb, workers = rss.sample()
     record = {
         "rank": ctx.rank,
         "world_size": ctx.world_size,
@@ -43,8 +44,8 @@ def heartbeat_record(
         "time": round(now, 3),
         "last_progress": round(progress.last_beat_wall, 3),
         "idle_s": round(progress.idle_s(), 1),
-        "rss_mb": round(process_rss_mb(), 1),
-        "workers": [{"pid": pid, "rss_mb": round(mb, 1)} for pid, mb in children_rss_mb().items()],
+        "rss_mb": round(rss_mb, 1),
+        "workers": [{"pid": pid, "rss_mb": round(mb, 1)} for pid, mb in workers.items()],
         "stalled": stalled,
         "state": state,
     }

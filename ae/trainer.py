@@ -11,7 +11,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy
 
-from ae.beats import ProgressBeats
 from ae.config import Config
 from ae.datamodule import EpochSync
 from ae.debug_callback import DebugCallback
@@ -43,8 +42,6 @@ def build_trainer(cfg: Config, ctx: RankContext) -> L.Trainer:
             every_val=cfg.log_every_n_val_batches,
         ),
     ]
-    if cfg.stall_timeout > 0:
-        callbacks.append(ProgressBeats())
     if cfg.checkpointing_period > 0:
         callbacks.append(
             ModelCheckpoint(

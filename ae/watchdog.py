@@ -26,6 +26,7 @@ import logging_cfg
 from ae.config import Config
 from ae.heartbeat import heartbeat_path, heartbeat_record, write_heartbeat
 from ae.log_lines import STALL, STALL_REPORT, STALL_RESOLVED
+from ae.memory import RssReader
 from ae.progress import Progress, progress
 from ae.stall_report import (
     collective_wait,
@@ -58,6 +59,7 @@ class Watchdog(threading.Thread):
         # A stall is noticed at most `poll_s` late; the heartbeat is a few seconds old at most.
         self.poll_s = min(1.0, timeout / 4)
         self.heartbeat_s = min(5.0, max(1.0, timeout / 2))
+        self._rss = RssReader()
         self._stop_event = threading.Event()
         self._last_heartbeat = float("-inf")
         self._stall_beat: float | None = None  # progress.last_beat when the stall began
@@ -95,9 +97,8 @@ class Watchdog(threading.Thread):
 
     def write_heartbeat(self, state: str = "running") -> None:
         assert self.heartbeat is not None
-        record = heartbeat_record(
-            self.ctx, self.progress, stalled=self._stall_beat is not None, state=state
-        )
+        stalled = self._stall_beat is not None
+        record = heartbeat_record(self.ctx, self.progress, self._rss, stalled=stalled, state=state)
         write_heartbeat(self.heartbeat, record)
         self._last_heartbeat = time.monotonic()
 
@@ -144,6 +145,8 @@ class Watchdog(threading.Thread):
         self._stop_event.set()
         if self.is_alive():
             self.join(timeout=10)
+        if self.is_alive():  # stuck in a report: leave its state alone
+            return
         self.check()
         if self.heartbeat is not None:
             self.write_heartbeat(state=state)

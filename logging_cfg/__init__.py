@@ -9,7 +9,8 @@
 - stdlib logging (Lightning, torch) and `warnings` routed into the same sinks;
 - faulthandler (fatal signals, and `kill -USR1 <pid>` for an on-demand stack dump) on the debug log;
 - hooks that log uncaught exceptions (main thread and other threads) as FATAL with traceback;
-  `log_worker_exceptions` does the same inside dataloader workers.
+  `log_worker_exceptions` does the same inside dataloader workers;
+- `debug_line`: the per-batch DEBUG lines, straight into the debug log (see hot_path).
 Library code in `ae/` only uses `loguru.logger`; it never adds sinks.
 """
 
@@ -38,6 +39,8 @@ from ae.log_lines import (
     RECORD_FORMAT,
     TRAIN_LOG_FILE,
 )
+from logging_cfg import hot_path
+from logging_cfg.hot_path import debug_line
 from logging_cfg.native import capture_native_output
 from logging_cfg.rank_context import RankContext, rank_tag, resolve_run_ts, worker_info
 from logging_cfg.sinks import AppendFileSink, ConsoleSink
@@ -48,6 +51,7 @@ __all__ = [
     "cancel_dump_stacks_later",
     "configure",
     "configure_console",
+    "debug_line",
     "dump_stacks_later",
     "is_configured",
     "log_worker_exceptions",
@@ -180,6 +184,7 @@ def configure_console(level: str = "INFO") -> None:
     """Console-only logging, for commands that write no run files (launcher, diagnose, tools)."""
     global _configured
     _configured = True
+    hot_path.install(None)
     logger.remove()
     logger.configure(extra={"tag": ""})
     logger.add(ConsoleSink().write, level=level, format="{message}", colorize=False)
@@ -219,6 +224,7 @@ def configure(
         paths.debug_log, rotate_bytes=rotate, keep=rotate_keep, on_open=_install_faulthandler
     )
     logger.add(debug_sink.write, level="DEBUG" if debug else "INFO", format=LINE_FORMAT)
+    hot_path.install(debug_sink if debug else None)
 
     def train_filter(record: dict) -> bool:
         return record["level"].no >= logging.WARNING or (

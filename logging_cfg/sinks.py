@@ -78,9 +78,9 @@ class AppendFileSink:
         with self._lock:
             if self.rotate_bytes and os.fstat(self.fd).st_size + len(data) > self.rotate_bytes:
                 self._rotate()
-            view = memoryview(data)
-            while view:  # a regular file takes it all at once; loop only for the pathological case
-                view = view[os.write(self.fd, view) :]
+            written = os.write(self.fd, data)
+            while written < len(data):  # a regular file takes it all at once; not on a full disk
+                written += os.write(self.fd, data[written:])
 
     # Picklable for spawn-started dataloader workers: reopen the same file on the other side.
     def __getstate__(self) -> dict[str, Any]:

@@ -56,3 +56,12 @@ def test_help_lists_every_field() -> None:
     text = help_text()
     for name in Config.__dataclass_fields__:
         assert f"--{name}" in text
+
+
+def test_pg_timeout_must_exceed_stall_timeout() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--stall_timeout=300", "--pg_timeout=120"])
+    assert [p.split(":")[0] for p in err.value.problems] == ["pg_timeout"]
+    assert parse_config(["--stall_timeout=0", "--pg_timeout=120"]).pg_timeout == 120
+    cfg = parse_config(["--log_rotate_mb=0.5", "--log_rotate_keep=7"])
+    assert (cfg.log_rotate_mb, cfg.log_rotate_keep) == (0.5, 7)

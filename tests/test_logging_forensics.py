@@ -194,3 +194,49 @@ def test_dataloader_worker_exception_logged_from_the_worker(tmp_path: Path, make
     assert re.search(r"Worker 0/1\] FATAL.*\nTraceback.*in _injected_raise", text, re.S)
     assert "[Rank 1/2] FATAL uncaught exception InjectedFault in main thread" in text
     assert text.index("dataloader worker 0/1:") < text.index("in main thread:")
+
+
+def test_debug_line_is_the_line_loguru_writes(tmp_path: Path) -> None:
+    proc = run_rank(
+        tmp_path,
+        """
+        logger.debug("Training step 3, loss=0.5")
+        logging_cfg.debug_line("Training step 3, loss=0.5")
+        """,
+        debug=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    by_loguru, by_hot_path = (tmp_path / "debug_rank1_TS.log").read_text().splitlines()
+    stamp = len("2026-11-21 22:15:38.039")
+    assert (
+        by_loguru[stamp:]
+        == by_hot_path[stamp:]
+        == " | DEBUG    | [Rank 1/2] Training step 3, loss=0.5"
+    )
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}", by_hot_path[:stamp])
+    quiet = run_rank(tmp_path / "info", 'logging_cfg.debug_line("dropped")', debug=False)
+    assert quiet.returncode == 0 and (tmp_path / "info" / "debug_rank1_TS.log").read_text() == ""
+
+
+def test_stacks_dumped_when_the_watchdog_itself_is_starved(tmp_path: Path) -> None:
+    """Native code holding the interpreter lock: the watchdog thread cannot run, the native
+    timer it keeps re-arming fires and faulthandler dumps the stacks."""
+    proc = run_rank(
+        tmp_path,
+        """
+        from ae.watchdog import Watchdog
+        dog = Watchdog(1.0, ctx)
+        dog.start()
+        time.sleep(0.6)
+        t0 = time.perf_counter()
+        sum(range(10**6))
+        n = int(10**6 * 3.0 / (time.perf_counter() - t0))
+        def holding_the_gil():
+            sum(range(n))  # one C loop of ~3 s: no bytecode, so no GIL hand-over
+        holding_the_gil()
+        dog.stop()
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "debug_rank1_TS.log").read_text()
+    assert "Timeout (0:00:01.500000)!" in text and "in holding_the_gil" in text

@@ -15,6 +15,7 @@ from loguru import logger
 from ae.fault_injection import _injected_sleep
 from ae.heartbeat import heartbeat_record, write_heartbeat
 from ae.log_lines import HEARTBEAT_FIELDS, STALL, STALL_RESOLVED
+from ae.memory import RssReader
 from ae.progress import Progress
 from ae.stall_report import collective_wait, describe_frame, thread_stacks
 from ae.watchdog import Watchdog
@@ -124,15 +125,15 @@ def test_thread_stacks_name_every_thread() -> None:
 def test_heartbeat_rewrite_is_atomic(tmp_path: Path) -> None:
     """A reader polling the file while it is rewritten always reads one whole JSON object."""
     path = tmp_path / "heartbeat_rank0_TS.json"
-    prog = Progress()
-    write_heartbeat(path, heartbeat_record(RankContext(), prog, stalled=False))
+    prog, rss = Progress(), RssReader()
+    write_heartbeat(path, heartbeat_record(RankContext(), prog, rss, stalled=False))
     done = threading.Event()
     seen: list[int] = []
 
     def writer() -> None:
         for step in range(300):
             prog.beat(step=step)
-            write_heartbeat(path, heartbeat_record(RankContext(), prog, stalled=False))
+            write_heartbeat(path, heartbeat_record(RankContext(), prog, rss, stalled=False))
         done.set()
 
     t = threading.Thread(target=writer)
