@@ -1,6 +1,6 @@
 """Training throughput with the stall watchdog + debug logging on, versus both off.
 
-    .venv/bin/python bench/watchdog_overhead.py [--pairs 3] [--batches 1500] [--segments 200]
+    .venv/bin/python bench/watchdog_overhead.py [--pairs 2] [--batches 1500] [--segments 200]
 
 On: `--debug=true --stall_timeout=300`: the watchdog thread and its heartbeat file, and a
 `Training step` line per batch (loss, LR, samples/s, RSS of rank and workers).
@@ -15,7 +15,8 @@ bookkeeping and almost no math. Training runs in this process through the real c
 - interleaved (the figure): one run with everything on, in which segments of 37 batches
   alternate between on and off (off: the `Training step` lines switched off; the watchdog
   thread, asleep between its once-a-second checks, stays). Adjacent segments
-  see the same load from other processes, so this holds on a busy machine.
+  see the same load from other processes, so this holds on a busy machine. A control run
+  labels segments on/off without switching anything: its "overhead" is the noise floor.
 - whole runs: off and on runs alternate (`--pairs` of each); each is timed from batch 300 on.
   Honest end to end, but noisy where other processes compete for the CPUs.
 
@@ -35,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +98,11 @@ class Stopwatch(L.Callback):
 
 
 class Toggle(L.Callback):
-    """Switches the per-batch forensics off and on every SEGMENT batches, timing each segment."""
+    """Switches the per-batch forensics off and on every SEGMENT batches, timing each segment.
+    With switch=False it only labels the segments (the control: measures the noise)."""
 
-    def __init__(self, trainer: L.Trainer) -> None:
-        self.trainer = trainer
+    def __init__(self, trainer: L.Trainer, switch: bool = True) -> None:
+        self.switch = switch
         self.debug_cb = next(c for c in trainer.callbacks if isinstance(c, DebugCallback))
         self.on = True
         self.last = -1
@@ -115,11 +118,14 @@ class Toggle(L.Callback):
         if self.mark is not None:
             self.segments.append((self.on, now[0] - self.mark[0], now[1] - self.mark[1]))
         self.on = not self.on
-        self.debug_cb.debug = self.on
+        if self.switch:
+            self.debug_cb.debug = self.on
         self.mark = (time.perf_counter(), time.process_time())
 
 
-def fit(mode: str, urls: tuple[list[str], list[str]], out: Path, spy: type[L.Callback]) -> Any:
+def fit(
+    mode: str, urls: tuple[list[str], list[str]], out: Path, spy: Callable[[L.Trainer], Any]
+) -> Any:
     """Train once in this process as train_ae.py does; `spy(trainer)` is added to the callbacks."""
     cfg = parse_config([
         f"--output_dir={out}", f"--batch_size={BATCH}", "--hidden_dim=8", "--latent_dim=4",
@@ -133,7 +139,7 @@ def fit(mode: str, urls: tuple[list[str], list[str]], out: Path, spy: type[L.Cal
         dm = ShardDataModule(cfg, *urls)
         model = AutoEncoder(dm.spec, hidden_dim=cfg.hidden_dim, latent_dim=cfg.latent_dim)
         trainer = build_trainer(cfg, ctx)
-        watch = spy(trainer) if spy is Toggle else spy()
+        watch = spy(trainer)
         trainer.callbacks.append(watch)
         trainer.fit(model, datamodule=dm)
     finally:
@@ -143,7 +149,7 @@ def fit(mode: str, urls: tuple[list[str], list[str]], out: Path, spy: type[L.Cal
 
 def whole_run(mode: str, urls: tuple[list[str], list[str]], out: Path) -> tuple[float, float]:
     """(batches per second, CPU milliseconds per batch) after the warm-up."""
-    (b0, w0, c0), (b1, w1, c1) = fit(mode, urls, out, Stopwatch).marks
+    (b0, w0, c0), (b1, w1, c1) = fit(mode, urls, out, lambda _: Stopwatch()).marks
     return (b1 - b0) / (w1 - w0), 1000 * (c1 - c0) / (b1 - b0)
 
 
@@ -151,9 +157,16 @@ def pct(off: float, on: float) -> float:
     return 100 * (on - off) / off
 
 
+def interleaved(segments: list[tuple[bool, float, float]], k: int) -> float:
+    """Median of (on - off) / off over every two adjacent segments, in both orders (off-on,
+    on-off): slow drift cancels, and a hiccup of one segment weighs on one side only."""
+    adjacent = [(a, b) if not a[0] else (b, a) for a, b in itertools.pairwise(segments)]
+    return statistics.median(pct(off[k], on[k]) for off, on in adjacent)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=3, help="off/on whole-run pairs")
+    parser.add_argument("--pairs", type=int, default=2, help="off/on whole-run pairs")
     parser.add_argument("--batches", type=int, default=1500, help="batches per whole run")
     parser.add_argument("--segments", type=int, default=200, help="interleaved segments")
     args = parser.parse_args()
@@ -165,19 +178,13 @@ def main() -> int:
         folder = Path(tmp)
         long_urls = make_shards(folder / "long", SKIP + (args.segments + 1) * SEGMENT)
         segments = fit("on", long_urls, folder / "interleaved", Toggle).segments
+        control = fit("on", long_urls, folder / "control", lambda t: Toggle(t, False)).segments
         urls = make_shards(folder / "short", args.batches)
         for i in range(args.pairs):
             for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
                 r, c = whole_run(mode, urls, folder / f"{mode}{i}")
                 rate[mode].append(round(r, 1))
                 cpu[mode].append(round(c, 3))
-    # Every two adjacent segments, in both orders (off-on, on-off): slow drift cancels, and a
-    # hiccup of one segment weighs on one side only.
-    adjacent = [(a, b) if not a[0] else (b, a) for a, b in itertools.pairwise(segments)]
-
-    def interleaved(k: int) -> float:
-        return statistics.median(pct(off[k], on[k]) for off, on in adjacent)
-
     whole = [pct(1 / off, 1 / on) for off, on in zip(rate["off"], rate["on"], strict=True)]
     result = {
         "date": time.strftime("%Y-%m-%d"),
@@ -185,8 +192,11 @@ def main() -> int:
         f"{platform.python_version()}, torch {torch.__version__}",
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "interleaved_segments": len(segments),
-        "overhead_percent": round(interleaved(1), 2),
-        "overhead_cpu_percent": round(interleaved(2), 2),
+        "overhead_percent": round(interleaved(segments, 1), 2),
+        "overhead_cpu_percent": round(interleaved(segments, 2), 2),
+        # the same run and statistic with nothing switched: the noise of the measurement
+        "control_percent": round(interleaved(control, 1), 2),
+        "control_cpu_percent": round(interleaved(control, 2), 2),
         "segment_ms_per_batch": {  # medians
             mode: round(1000 * statistics.median(s[1] for s in segments if s[0] == on) / SEGMENT, 3)
             for mode, on in (("off", False), ("on", True))
