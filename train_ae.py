@@ -13,10 +13,12 @@ from loguru import logger
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
+from ae.checkpoint_files import resolve_resume
 from ae.config import Config, ConfigError, help_text, parse_config
 from ae.datamodule import DataError, ShardDataModule
-from ae.lr import scale_lr
+from ae.log_lines import RANK_EXIT, main_log
 from ae.model import AutoEncoder
+from ae.preemption import preempted_at
 from ae.progress import progress
 from ae.run_info import log_model_summary, log_rank_header, log_run_setup
 from ae.shard_spec import ShardSpecError, resolve_shards
@@ -25,7 +27,8 @@ from ae.watchdog import start_watchdog, stop_watchdog
 from logging_cfg import RankContext
 
 
-def fit(cfg: Config, ctx: RankContext) -> None:
+def fit(cfg: Config, ctx: RankContext) -> str:
+    """Train; returns how training ended."""
     run_ts = logging_cfg.resolve_run_ts(ctx)
     paths = logging_cfg.configure(
         cfg.logs_dir, run_ts, ctx, debug=cfg.debug, rotate_mb=cfg.log_rotate_mb,
@@ -38,20 +41,17 @@ def fit(cfg: Config, ctx: RankContext) -> None:
     L.seed_everything(cfg.seed, verbose=False)
 
     datamodule = ShardDataModule(cfg, train_urls, val_urls)
-    model = AutoEncoder(
-        datamodule.spec,
-        hidden_dim=cfg.hidden_dim,
-        latent_dim=cfg.latent_dim,
-        learning_rate=scale_lr(cfg.learning_rate, ctx.world_size, cfg.lr_scale),
-        weight_decay=cfg.weight_decay,
-        warmup_steps=cfg.warmup_steps,
-        lr_scheduler=cfg.lr_scheduler,
-    )
+    model = AutoEncoder.from_config(datamodule.spec, cfg, ctx.world_size)
     if ctx.rank == 0:
         log_model_summary(model)
-    trainer = build_trainer(cfg, ctx)
-    trainer.fit(model, datamodule=datamodule)
-    logger.bind(main=True).info(f"Training finished at step {trainer.global_step}")
+    trainer = build_trainer(cfg, ctx, run_ts)
+    ckpt = resolve_resume(cfg.resume_from_checkpoint, cfg.checkpoints_dir)
+    # Our own checkpoints: they hold the config and loop state, not only tensors.
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
+    if (step := preempted_at(trainer)) is not None:
+        return f"preempted at step {step}; resume with --resume_from_checkpoint=last"
+    main_log.info(f"Training finished at step {trainer.global_step}")
+    return "training finished"
 
 
 @record  # the traceback goes into torchrun's error file, so its failure report shows it
@@ -63,10 +63,12 @@ def main(argv: list[str]) -> int:
     ctx = RankContext.from_env()
     try:
         cfg = parse_config(argv)
-        fit(cfg, ctx)
+        outcome = fit(cfg, ctx)
     except (ConfigError, ShardSpecError, DataError) as e:
         # User mistakes: one clear message, no traceback (the launcher catches most earlier).
         text = e.render() if isinstance(e, ConfigError) else str(e)
+        if isinstance(e, DataError):
+            text = e.brief()
         if not logging_cfg.is_configured():
             logging_cfg.configure_console()
         logger.error(text)
@@ -76,6 +78,7 @@ def main(argv: list[str]) -> int:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         stop_watchdog()
+    logger.info(RANK_EXIT.format(code=0, why=outcome))
     return 0
 
 

@@ -9,6 +9,7 @@ worker process exists.
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -53,6 +54,9 @@ class Config:
         "drop", "even split across ranks: drop the remainder, or pad by repeating samples"
     )
     shuffle_buffer: int = _opt(1000, "samples in each worker's shuffle buffer (0 = off)", lo=0)
+    tar_reader: Literal["fast", "tarfile"] = _opt(
+        "fast", "tar parsing: fast (header cutting) or tarfile (Python's module, the reference)"
+    )
     devices: str = _opt("auto", "processes per node: a number, or auto (all GPUs, else 2 CPU)")
     num_nodes: int = _opt(1, "number of nodes", lo=1)
     accelerator: Literal["auto", "cpu", "gpu"] = _opt("auto", "auto picks gpu when CUDA is present")
@@ -63,16 +67,27 @@ class Config:
         "sqrt", "scale the base LR by world size: linear, sqrt (AdamW-friendly) or none"
     )
     warmup_steps: int = _opt(50, "linear LR warmup over this many optimizer steps", lo=0)
-    lr_scheduler: Literal["cosine", "constant"] = _opt("cosine", "LR after warmup")
+    lr_scheduler: Literal["cosine", "constant"] = _opt(
+        "cosine", "LR after warmup: cosine decay to 0 at the last step, or constant"
+    )
+    encoder_lr_mult: float = _opt(1.0, "encoder LR = effective LR x this", lo=0)
+    decoder_lr_mult: float = _opt(1.0, "decoder LR = effective LR x this", lo=0)
     weight_decay: float = _opt(1e-4, "AdamW weight decay", lo=0)
     gradient_accumulation_steps: int = _opt(1, "batches per optimizer step", lo=1)
     gradient_clip_val: float = _opt(1.0, "clip gradient norm to this (0 = off)", lo=0)
     latent_dim: int = _opt(16, "size of the autoencoder bottleneck", lo=1)
     hidden_dim: int = _opt(256, "width of hidden layers (MLP) / base channels x8 (conv)", lo=8)
-    val_interval: int = _opt(0, "validate every N optimizer steps (0 = at epoch end only)", lo=0)
-    checkpointing_period: int = _opt(500, "optimizer steps between checkpoints (0 = off)", lo=0)
+    val_interval: int = _opt(
+        0, "also validate every N optimizer steps (0 = at epoch end only)", lo=0
+    )
+    checkpointing_period: int = _opt(
+        500, "optimizer steps between step checkpoints (0 = only at the end)", lo=0
+    )
     checkpoints_total_limit: int = _opt(3, "keep at most this many step checkpoints", lo=1)
-    resume_from_checkpoint: str | None = _opt(None, "checkpoint path, or last")
+    save_best: bool = _opt(True, "also keep best.ckpt, the one with the lowest val loss")
+    resume_from_checkpoint: str | None = _opt(
+        None, "checkpoint path, or last (<output_dir>/checkpoints/last.ckpt, if any)"
+    )
     sample_period: int = _opt(-1, "reconstruction sampling every N steps (-1 = off)", lo=-1)
     sample_batch_size: int = _opt(16, "per-device batch for sampling", lo=1)
     num_sample_batches: int = _opt(1, "batches reconstructed per sampling", lo=1)
@@ -105,6 +120,13 @@ class Config:
         return yaml.safe_dump(
             {k: v for k, v in self.to_dict().items() if k not in skip}, sort_keys=False
         )
+
+    def write_yaml(self, path: Path) -> None:
+        """The resolved config as a `--config` file; written whole or not at all."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_yaml())
+        os.replace(tmp, path)
 
 
 FIELDS = {f.name: f for f in fields(Config)}
@@ -211,21 +233,57 @@ def _check_range(key: str, value: Any) -> str | None:
     return None
 
 
-def _cross_checks(cfg: Config) -> list[str]:
-    problems = []
-    if cfg.max_epochs == -1 and cfg.max_steps == -1:
-        problems.append("max_epochs/max_steps: at least one stop condition must be set")
-    if cfg.devices != "auto" and not (cfg.devices.isdigit() and int(cfg.devices) >= 1):
-        problems.append(f"devices: must be a positive integer or auto; got {cfg.devices!r}")
-    if cfg.precision == "16-mixed" and cfg.accelerator == "cpu":
-        problems.append("precision: 16-mixed needs a GPU; use 32 or bf16-mixed on CPU")
-    if 0 < cfg.pg_timeout <= cfg.stall_timeout:
-        problems.append(
-            f"pg_timeout: must be above stall_timeout ({cfg.stall_timeout:g}s), or a rank waiting"
-            " for a stuck peer fails before the stall is reported"
-        )
-    if cfg.sample_period == 0:
-        problems.append("sample_period: use -1 to turn sampling off, or a positive step count")
+def _cross_checks(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
+    """Problems between fields (and with the resume path), each with the keys it involves."""
+    problems: list[tuple[tuple[str, ...], str]] = []
+
+    def need(ok: bool, keys: tuple[str, ...], message: str) -> None:
+        if not ok:
+            problems.append((keys, f"{'/'.join(keys)}: {message}"))
+
+    need(
+        cfg.max_epochs != -1 or cfg.max_steps != -1,
+        ("max_epochs", "max_steps"),
+        "at least one stop condition must be set",
+    )
+    need(
+        cfg.devices == "auto" or (cfg.devices.isdigit() and int(cfg.devices) >= 1),
+        ("devices",),
+        f"must be a positive integer or auto; got {cfg.devices!r}",
+    )
+    need(
+        not (cfg.precision == "16-mixed" and cfg.accelerator == "cpu"),
+        ("precision",),
+        "16-mixed needs a GPU; use 32 or bf16-mixed on CPU",
+    )
+    need(
+        cfg.pg_timeout <= 0 or cfg.stall_timeout <= 0 or cfg.pg_timeout > cfg.stall_timeout,
+        ("pg_timeout",),
+        f"must be above stall_timeout ({cfg.stall_timeout:g}s), or a rank waiting for a stuck"
+        " peer fails before the stall is reported",
+    )
+    need(
+        cfg.sample_period != 0,
+        ("sample_period",),
+        "use -1 to turn sampling off, or a positive step count",
+    )
+    need(
+        cfg.max_steps == -1 or cfg.sample_period <= cfg.max_steps,
+        ("sample_period", "max_steps"),
+        f"sampling every {cfg.sample_period} steps never runs in a run of {cfg.max_steps} "
+        "steps; use -1 to turn it off",
+    )
+    need(
+        cfg.encoder_lr_mult > 0 or cfg.decoder_lr_mult > 0,
+        ("encoder_lr_mult", "decoder_lr_mult"),
+        "both 0 would freeze the whole model",
+    )
+    resume = cfg.resume_from_checkpoint
+    need(
+        resume in (None, "last") or Path(resume).is_file(),
+        ("resume_from_checkpoint",),
+        f"no such checkpoint file: {resume} (a path, or last)",
+    )
     return problems
 
 
@@ -254,10 +312,13 @@ def parse_config(argv: list[str]) -> Config:
             continue
         if (msg := _check_range(key, values[key])) is not None:
             problems.append(msg)
-    if problems:
-        raise ConfigError(problems)
+    # Cross-field checks run on the values that parsed (defaults elsewhere), so one message
+    # carries every problem; a check involving a key that is already wrong is skipped.
+    bad = {p.split(":")[0] for p in problems}
+    values = {k: v for k, v in values.items() if k not in bad}
     cfg = Config(**values)
-    if problems := _cross_checks(cfg):
+    problems += [msg for keys, msg in _cross_checks(cfg) if not bad & set(keys)]
+    if problems:
         raise ConfigError(problems)
     return cfg
 

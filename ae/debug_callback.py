@@ -47,9 +47,16 @@ class DebugCallback(L.Callback):
         logger.info(epoch_marker(trainer.current_epoch, "TRAINING", "START"))
 
     def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
     ) -> None:
         progress.enter("training step", step=trainer.global_step)
+        # A resumed epoch gets no epoch-start hook from Lightning: open it at its first batch.
+        if not self._train_open:
+            self._epoch_t0 = self._last_t = time.perf_counter()
+            self._batches = idx
+            self._train_open = True
+            marker = epoch_marker(trainer.current_epoch, "TRAINING", "START")
+            logger.info(f"{marker} (resumed at batch {idx})")
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int

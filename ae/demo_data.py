@@ -19,7 +19,7 @@ from PIL import Image
 
 from ae.shard_writer import Sample, write_shards
 
-VERSION = "digits-v1"
+VERSION = "digits-v2"  # v2: shards carry index sidecars
 NUM_VAL = 297  # 1,500 train / 297 val
 TRAIN_PER_SHARD = 375
 

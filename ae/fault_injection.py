@@ -9,13 +9,14 @@ actions:
   raise   raise `InjectedFault` from `_injected_raise`: an exception
   segv    SIGSEGV to the process itself from `_injected_segv`: a native crash
   kill    SIGKILL to the process itself from `_injected_kill`: the OOM killer
+  oom     raise `torch.cuda.OutOfMemoryError` from `_injected_oom` (exists in CPU builds too)
 points (who calls `fault_point`):
   data        in the dataset iteration (the dataloader worker, or the rank with 0 workers),
               before the rank's batch `step` of the run (epoch * batches per epoch + batch);
               fires in the one process that produces that batch
   train       in `training_step`, at optimizer step `step` (trainer.global_step)
-  checkpoint  in the checkpoint save (`fault_point("checkpoint", step)` in ae/checkpointing.py)
-  sampling    in reconstruction sampling (`fault_point("sampling", step)`)
+  checkpoint  in a checkpoint write, after its bytes and before the rename (rank 0 writes)
+  sampling    in reconstruction sampling, before each sampling batch
 keys:
   rank=R   only on global rank R (default: every rank)
   step=N   data: at batch N exactly; other points: the first call with step >= N (default 0)
@@ -43,7 +44,7 @@ from loguru import logger
 
 from ae.log_lines import FAULT_INJECTED
 
-ACTIONS = ("sleep", "raise", "segv", "kill")
+ACTIONS = ("sleep", "raise", "segv", "kill", "oom")
 POINTS = ("data", "train", "checkpoint", "sampling")
 
 
@@ -124,9 +125,16 @@ def _injected_kill(secs: float) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _injected_oom(secs: float) -> None:
+    import torch  # only here: fault points sit in torch-free modules too
+
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory (oom fault injected by AE_FAULT)")
+
+
 _ACT = {
     "sleep": _injected_sleep,
     "raise": _injected_raise,
     "segv": _injected_segv,
     "kill": _injected_kill,
+    "oom": _injected_oom,
 }

@@ -10,21 +10,29 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from loguru import logger
 
 import logging_cfg
 from ae.config import Config, ConfigError, help_text, parse_config
 from ae.demo_data import demo_shard_specs
+from ae.log_lines import PREEMPTED
 from ae.shard_spec import ShardSpecError, resolve_shards
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train_ae.py"
 CPU_PROCESSES = 2
+# Exit code after a SIGTERM (preemption): 128 + SIGTERM, what schedulers expect of a terminated job.
+PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
+
 # With --debug, the distributed libraries' own debug output, into each rank's native log; unless
 # the user set them. Not TORCH_DISTRIBUTED_DEBUG=DETAIL: it checks every collective (slow).
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "TORCH_CPP_LOG_LEVEL": "INFO", "TORCH_DISTRIBUTED_DEBUG": "INFO"}
@@ -83,6 +91,41 @@ def node_topology(cfg: Config) -> tuple[int, int, list[str]]:
     return nnodes, node_rank, problems
 
 
+@contextmanager
+def forward_sigterm(proc: subprocess.Popen) -> Iterator[list[bool]]:
+    """Pass a SIGTERM on to torchrun once, and keep waiting for it to finish.
+
+    `docker stop` and Kubernetes signal only a container's first process; torchrun then signals
+    every rank, which saves a checkpoint and stops (`ae.preemption`). Yields a one-item list that
+    turns True once a SIGTERM came."""
+    received = [False]
+
+    def handler(signum: int, frame: Any) -> None:
+        if not received[0] and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        received[0] = True
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def report_preemption(train_log: Path) -> int:
+    """After a SIGTERM: say whether the ranks saved a checkpoint (rank 0's PREEMPTED line)."""
+    text = train_log.read_text(errors="replace") if train_log.is_file() else ""
+    saved = [m for line in text.splitlines() if (m := PREEMPTED.parse(line))]
+    if saved:
+        logger.warning(
+            f"Preempted (SIGTERM): checkpoint of step {saved[-1]['step']} saved at "
+            f"{saved[-1]['path']}; resume with --resume_from_checkpoint=last"
+        )
+    else:  # killed before its save, or rank 0 runs on another node with its own train log
+        logger.error(f"Preempted (SIGTERM): no saved checkpoint is reported in {train_log}")
+    return PREEMPTED_EXIT_CODE
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging_cfg.configure_console()
@@ -99,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.error(e.render())
         return 2
     if cfg.print_config:
-        logger.info(cfg.to_yaml().rstrip())
+        # Data, not a log line: plain YAML on stdout, so `--print_config > run.yaml` works.
+        sys.stdout.write(cfg.to_yaml())
         return 0
     try:
         train_urls, _ = resolve_shards(cfg.train_shards, cfg.val_shards)
@@ -132,10 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         *rank_command(cfg.debug), *argv, *extra,
     ]  # fmt: skip
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    proc = subprocess.Popen(cmd, env=env)
     try:
-        rc = subprocess.call(cmd, env=env)
+        with forward_sigterm(proc) as preempted:
+            rc = proc.wait()
     except KeyboardInterrupt:
         rc = 130
+    if preempted[0]:
+        return report_preemption(logs / f"train_{ts}.log")
     if rc == 0:
         logger.info(f"Done. Logs: {logs}/ (run {ts})")
     else:

@@ -77,8 +77,43 @@ PROCESSING_FILES = LineFormat(
     {"n": "int", "total": "int", "samples": "int", "epoch": "int"},
 )
 COMPLETED_ITERATION = LineFormat(
-    "COMPLETED iteration, total samples: {samples} ({split}, epoch {epoch})",
-    {"samples": "int", "epoch": "int"},
+    "COMPLETED iteration, total samples: {samples} ({split}, epoch {epoch}, "
+    "{errors} data errors, {replaced} replaced)",
+    {"samples": "int", "epoch": "int", "errors": "int", "replaced": "int"},
+)
+
+# Data plan (ae.shard_counts, ae.datamodule): where the counts came from, and the split.
+SHARD_COUNTS = LineFormat(
+    "Shard counts {split}_shards: {shards} shards, {samples} samples ({indexed} from index, "
+    "{scanned} scanned) {source}",
+    {"shards": "int", "samples": "int", "indexed": "int", "scanned": "int", "source": "text"},
+)
+SHARD_PLAN = LineFormat(
+    "Shard plan {split}: {shards} shards, {samples} samples -> {batches} batches x {batch_size} "
+    "per rank on {ranks} ranks x {workers} workers ({mode}: {dropped} dropped, {repeated} "
+    "repeated); this rank: {rank_samples} samples, worker batches {worker_batches}",
+    {"shards": "int", "samples": "int", "batches": "int", "batch_size": "int", "ranks": "int",
+     "workers": "int", "dropped": "int", "repeated": "int", "rank_samples": "int"},
+)  # fmt: skip
+
+# Bad data, logged at ERROR (SPEC: `grep "ERROR.*shard"`). The shard is always named.
+BAD_SAMPLE = LineFormat(
+    "Bad sample {key} in shard {url}: {reason}",
+    {"key": "word", "url": "text", "reason": "text"},
+)
+BAD_SHARD_READ = LineFormat(
+    "Bad shard {url}: {reason} (after sample {key}; {lost} of {planned} planned samples lost)",
+    {"url": "text", "reason": "text", "lost": "int", "planned": "int"},
+)
+BAD_SHARD_SCAN = LineFormat(
+    "Bad shard {url}: {reason} (counted {samples} whole samples)",
+    {"url": "text", "reason": "text", "samples": "int"},
+)
+# Per rank and split, at the end of the run (WARNING when there were errors).
+DATA_ERRORS = LineFormat(
+    "Data errors {split}_shards: {bad_samples} bad samples, {bad_shards} bad shard reads, "
+    "{replaced} samples replaced",
+    {"bad_samples": "int", "bad_shards": "int", "replaced": "int"},
 )
 PROCESSED_TRAIN = LineFormat(
     "Processed {batches} training batches (epoch {epoch}, {rate} batches/s)",
@@ -92,6 +127,54 @@ VAL_STEP = LineFormat(
     "Validation step {step}, loss={loss}{detail}",
     {"step": "int", "loss": "float", "detail": "text"},
 )
+
+# --- training recipe (train log, rank 0) ------------------------------------------------------
+EFFECTIVE_LR = LineFormat(
+    "Base LR: {base}, Effective LR (scaled by {factor}, {mode}): {lr}",
+    {"base": "float", "factor": "float", "lr": "float"},
+)
+EFFECTIVE_BATCH = LineFormat(
+    "Effective batch: {batch} per device x {world} ranks x {accum} accumulation = {total} "
+    "samples per optimizer step",
+    {"batch": "int", "world": "int", "accum": "int", "total": "int"},
+)
+RESUMED = LineFormat(
+    "Resumed from {path} at step {step} (epoch {epoch}, LR {lr})",
+    {"path": "text", "step": "int", "epoch": "int", "lr": "float"},
+)
+
+# --- checkpoints, sampling, preemption (every rank's debug log) -------------------------------
+# `========== CHECKPOINT SAVE START ========== step 100 (periodic) -> /run/checkpoints/...`
+CHECKPOINT_START = LineFormat(
+    MARKER.template.format(name="CHECKPOINT SAVE", edge="START")
+    + " step {step} ({reason}) -> {path}",
+    {"step": "int", "path": "text"},
+)
+CHECKPOINT_END = LineFormat(
+    MARKER.template.format(name="CHECKPOINT SAVE", edge="END")
+    + " step {step} ({reason}): {path}, {size}, {seconds}s",
+    {"step": "int", "path": "text", "size": "text", "seconds": "float"},
+)
+SAMPLING_START = LineFormat(
+    MARKER.template.format(name="SAMPLING", edge="START")
+    + " step {step}: {batches} batch(es) x {batch_size} per device, memory {memory}",
+    {"step": "int", "batches": "int", "batch_size": "int", "memory": "text"},
+)
+SAMPLING_END = LineFormat(
+    MARKER.template.format(name="SAMPLING", edge="END")
+    + " step {step}: {outcome}, {seconds}s, memory {memory}",
+    {"step": "int", "outcome": "text", "seconds": "float", "memory": "text"},
+)
+SAMPLING_OOM = LineFormat(
+    "SAMPLING OOM at step {step} with batch {batch_size} per device: {error}; memory at failure "
+    "{at_failure}, after freeing {after}; {action}",
+    {"step": "int", "batch_size": "int", "error": "text", "at_failure": "text", "after": "text"},
+)
+PREEMPTED = LineFormat(
+    "PREEMPTED by SIGTERM at step {step}: checkpoint {path} saved; stopping (LR {lr})",
+    {"step": "int", "path": "text", "lr": "float"},
+)
+RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})
 
 # --- forensics (ae.watchdog, logging_cfg hooks, ae.fault_injection) ------------------------------
 # The one-line stall WARNING (also in train_<TS>.log); `frame` is the innermost frame of the main

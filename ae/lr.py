@@ -1,18 +1,25 @@
-"""Learning-rate scaling by world size and the warmup + decay schedule."""
+"""Learning-rate scaling by world size, the warmup + decay schedule, and the lines stating them."""
 
 from __future__ import annotations
 
 import math
 from typing import Literal
 
+from ae.log_lines import EFFECTIVE_LR
 
-def scale_lr(base_lr: float, world_size: int, mode: Literal["linear", "sqrt", "none"]) -> float:
+ScaleMode = Literal["linear", "sqrt", "none"]
+
+
+def lr_scale_factor(world_size: int, mode: ScaleMode) -> float:
     """Data-parallel ranks multiply the global batch; scale the LR with it.
 
     `linear` (Goyal et al., SGD) multiplies by the world size; `sqrt` (better suited to Adam-type
     optimizers, whose update size is already normalized) by its square root."""
-    factor = {"linear": world_size, "sqrt": math.sqrt(world_size), "none": 1.0}[mode]
-    return base_lr * factor
+    return {"linear": float(world_size), "sqrt": math.sqrt(world_size), "none": 1.0}[mode]
+
+
+def scale_lr(base_lr: float, world_size: int, mode: ScaleMode) -> float:
+    return base_lr * lr_scale_factor(world_size, mode)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, kind: str) -> float:
@@ -26,3 +33,20 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, kind: str) -> floa
         return 1.0
     progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
     return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def effective_lr_line(base_lr: float, world_size: int, mode: ScaleMode) -> str:
+    """`Base LR: 0.0001, Effective LR (scaled by 2, linear): 0.0002`."""
+    factor = lr_scale_factor(world_size, mode)
+    return EFFECTIVE_LR.format(
+        base=f"{base_lr:g}", factor=f"{factor:g}", mode=mode, lr=f"{base_lr * factor:g}"
+    )
+
+
+def schedule_line(warmup_steps: int, total_steps: int, kind: str) -> str:
+    """How the LR moves over the run, with a warning when warmup eats the whole run."""
+    text = f"LR schedule: linear warmup over {warmup_steps} steps, then {kind}"
+    text += f" ({total_steps} optimizer steps in all)"
+    if warmup_steps >= total_steps:
+        text += "; warmup is as long as the run: the LR never reaches its peak"
+    return text

@@ -8,9 +8,11 @@ import lightning as L
 import torch
 from torch import nn
 
+from ae.config import Config
 from ae.decode import InputSpec
 from ae.fault_injection import fault_point
-from ae.lr import lr_factor
+from ae.log_lines import main_log
+from ae.lr import lr_factor, scale_lr, schedule_line
 
 
 def mlp_autoencoder(dim: int, hidden: int, latent: int) -> tuple[nn.Module, nn.Module]:
@@ -67,6 +69,8 @@ class AutoEncoder(L.LightningModule):
         weight_decay: float = 1e-4,
         warmup_steps: int = 0,
         lr_scheduler: str = "cosine",
+        encoder_lr_mult: float = 1.0,
+        decoder_lr_mult: float = 1.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -74,6 +78,20 @@ class AutoEncoder(L.LightningModule):
             self.encoder, self.decoder = mlp_autoencoder(spec.shape[0], hidden_dim, latent_dim)
         else:
             self.encoder, self.decoder = conv_autoencoder(spec.shape, hidden_dim, latent_dim)
+
+    @classmethod
+    def from_config(cls, spec: InputSpec, cfg: Config, world_size: int) -> AutoEncoder:
+        return cls(
+            spec,
+            hidden_dim=cfg.hidden_dim,
+            latent_dim=cfg.latent_dim,
+            learning_rate=scale_lr(cfg.learning_rate, world_size, cfg.lr_scale),
+            weight_decay=cfg.weight_decay,
+            warmup_steps=cfg.warmup_steps,
+            lr_scheduler=cfg.lr_scheduler,
+            encoder_lr_mult=cfg.encoder_lr_mult,
+            decoder_lr_mult=cfg.decoder_lr_mult,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.encoder(x))
@@ -84,7 +102,10 @@ class AutoEncoder(L.LightningModule):
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         fault_point("train", self.global_step)
         loss = self._loss(batch)
+        # Per step: rank 0's own loss (a sync across ranks would cost a collective per step).
         self.log("train/loss", loss, prog_bar=True)
+        # Epoch mean over all ranks: synced once, at the end of the epoch.
+        self.log("train/loss_epoch", loss, on_step=False, on_epoch=True, sync_dist=True)
         return loss
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
@@ -93,11 +114,20 @@ class AutoEncoder(L.LightningModule):
         return loss
 
     def configure_optimizers(self) -> dict:
+        """AdamW with one parameter group per module (`--encoder_lr_mult`, `--decoder_lr_mult`),
+        and the warmup + decay schedule applied to both, stepped once per optimizer step."""
         hp = self.hparams
-        opt = torch.optim.AdamW(
-            self.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay
-        )
+        groups = [
+            {"params": m.parameters(), "lr": hp.learning_rate * mult, "name": name}
+            for name, m, mult in (
+                ("encoder", self.encoder, hp.encoder_lr_mult),
+                ("decoder", self.decoder, hp.decoder_lr_mult),
+            )
+        ]
+        opt = torch.optim.AdamW(groups, lr=hp.learning_rate, weight_decay=hp.weight_decay)
         total = int(self.trainer.estimated_stepping_batches)
+        if self.trainer.is_global_zero:
+            main_log.info(schedule_line(hp.warmup_steps, total, hp.lr_scheduler))
         schedule = functools.partial(
             lr_factor, warmup_steps=hp.warmup_steps, total_steps=total, kind=hp.lr_scheduler
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+from pathlib import Path
 
 import lightning
 import lightning as L
@@ -13,7 +14,8 @@ from lightning.pytorch.utilities.model_summary import ModelSummary
 from loguru import logger
 
 from ae.config import Config
-from ae.log_lines import main_log
+from ae.log_lines import EFFECTIVE_BATCH, main_log
+from ae.lr import effective_lr_line
 from logging_cfg import LogPaths, RankContext
 
 _ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "TORCHELASTIC_RUN_ID",
@@ -25,13 +27,15 @@ def nccl_available() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_nccl_available()
 
 
+def device_name(ctx: RankContext, cfg: Config) -> str:
+    if torch.cuda.is_available() and cfg.accelerator != "cpu":
+        return f"cuda:{ctx.local_rank} ({torch.cuda.get_device_name(ctx.local_rank)})"
+    return "cpu"
+
+
 def log_rank_header(ctx: RankContext, cfg: Config) -> None:
     cuda = torch.cuda.is_available()
-    device = (
-        f"cuda:{ctx.local_rank} ({torch.cuda.get_device_name(ctx.local_rank)})"
-        if (cuda and cfg.accelerator != "cpu")
-        else "cpu"
-    )
+    device = device_name(ctx, cfg)
     lines = [
         f"pid={os.getpid()} host={socket.gethostname()} python={platform.python_version()}",
         f"global_rank={ctx.rank} local_rank={ctx.local_rank} node_rank={ctx.node_rank} "
@@ -47,17 +51,35 @@ def log_rank_header(ctx: RankContext, cfg: Config) -> None:
 
 
 def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, val: int) -> None:
-    """Rank 0: setup and resolved config into the train log."""
+    """Rank 0: setup, effective LR and batch, and the resolved config (train log and
+    `<output_dir>/config.yaml`)."""
     if ctx.rank != 0:
         return
     mode = "distributed" if ctx.world_size > 1 else "single process"
     nodes = ctx.world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)))
     main_log.info(
-        f"Setup: {mode}, world size {ctx.world_size} ({nodes} "
-        f"node(s)), accelerator {cfg.accelerator}, precision {cfg.precision}"
+        f"Setup: {mode}, world size {ctx.world_size} ({nodes} node(s)), rank {ctx.rank}, "
+        f"local rank {ctx.local_rank}, device {device_name(ctx, cfg)}, "
+        f"accelerator {cfg.accelerator}, precision {cfg.precision}"
+    )
+    main_log.info(effective_lr_line(cfg.learning_rate, ctx.world_size, cfg.lr_scale))
+    if (cfg.encoder_lr_mult, cfg.decoder_lr_mult) != (1.0, 1.0):
+        main_log.info(
+            f"Per-module LR: encoder x{cfg.encoder_lr_mult:g}, decoder x{cfg.decoder_lr_mult:g}"
+        )
+    accum = cfg.gradient_accumulation_steps
+    main_log.info(
+        EFFECTIVE_BATCH.format(
+            batch=cfg.batch_size,
+            world=ctx.world_size,
+            accum=accum,
+            total=cfg.batch_size * ctx.world_size * accum,
+        )
     )
     main_log.info(f"Shards: {train} train, {val} val; logs in {paths.logs_dir}")
-    main_log.bind(console=False).info("Resolved config:\n" + cfg.to_yaml().rstrip())
+    config_path = Path(cfg.output_dir) / "config.yaml"
+    cfg.write_yaml(config_path)
+    main_log.bind(console=False).info(f"Resolved config: {config_path}\n" + cfg.to_yaml().rstrip())
 
 
 def log_model_summary(model: L.LightningModule) -> None:

@@ -17,6 +17,7 @@ Memory is O(#shards): a slot's shard slices are computed on demand from cumulati
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,7 +44,7 @@ class EpochPlan:
     mode: SplitMode
     order: tuple[int, ...]  # shard visiting order for this epoch
 
-    @property
+    @functools.cached_property
     def total_samples(self) -> int:
         return sum(self.counts)
 
@@ -78,12 +79,18 @@ class EpochPlan:
         )
         return begin, begin + self.worker_batches(worker) * self.batch_size
 
+    @functools.cached_property
+    def _starts(self) -> np.ndarray:
+        """Where each shard (in this epoch's order) starts in the virtual sequence; T at the end.
+        Computed once per plan: O(#shards) memory, and every slot lookup is a binary search."""
+        ordered = np.asarray(self.counts, dtype=np.int64)[np.asarray(self.order, dtype=np.int64)]
+        return np.concatenate([[0], np.cumsum(ordered)])
+
     def slot_slices(self, rank: int, worker: int) -> list[ShardSlice]:
         """The shard slices a slot reads, in order; positions past T wrap (pad mode)."""
         begin, end = self.slot_range(rank, worker)
         total = self.total_samples
-        ordered = [self.counts[i] for i in self.order]
-        starts = np.concatenate([[0], np.cumsum(ordered)])
+        starts = self._starts
         slices: list[ShardSlice] = []
         pos = begin
         while pos < end:

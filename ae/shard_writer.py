@@ -1,4 +1,5 @@
-"""Write samples into WebDataset `.tar` shards (one tar member per sample field)."""
+"""Write samples into WebDataset `.tar` shards (one tar member per sample field), each with its
+index sidecar (`ae.shard_index`), so training counts samples without reading the shards."""
 
 from __future__ import annotations
 
@@ -7,17 +8,20 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from ae.shard_index import write_index
+
 Sample = dict[str, bytes]  # {"__key__": b"000123", "png": b"...", "cls": b"3"}
 
 
 def write_shard(path: Path, samples: Iterable[Sample]) -> int:
-    """Write one shard atomically (tmp file + rename); return the number of samples written."""
+    """Write one shard atomically (tmp file + rename) and its index; return the sample count."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    n = 0
+    offsets: list[int] = []
     with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
         for sample in samples:
             key = sample["__key__"].decode()
+            offsets.append(tar.offset)  # where this sample's first header goes
             for ext, data in sample.items():
                 if ext == "__key__":
                     continue
@@ -25,16 +29,29 @@ def write_shard(path: Path, samples: Iterable[Sample]) -> int:
                 info.size = len(data)
                 info.mode = 0o444
                 tar.addfile(info, io.BytesIO(data))
-            n += 1
     tmp.replace(path)
-    return n
+    write_index(path, len(offsets), offsets)
+    return len(offsets)
 
 
-def write_shards(out_dir: Path, prefix: str, samples: list[Sample], per_shard: int) -> list[Path]:
-    """Split `samples` into `<prefix>-000000.tar`, ... with at most `per_shard` samples each."""
-    paths = []
-    for i, start in enumerate(range(0, len(samples), per_shard)):
-        path = out_dir / f"{prefix}-{i:06d}.tar"
-        write_shard(path, samples[start : start + per_shard])
+def write_shards(
+    out_dir: Path, prefix: str, samples: Iterable[Sample], per_shard: int
+) -> list[Path]:
+    """Write `<prefix>-000000.tar`, ... with at most `per_shard` samples each (streamed: only one
+    shard's samples are held at a time)."""
+    paths: list[Path] = []
+    chunk: list[Sample] = []
+
+    def flush() -> None:
+        path = out_dir / f"{prefix}-{len(paths):06d}.tar"
+        write_shard(path, chunk)
         paths.append(path)
+        chunk.clear()
+
+    for sample in samples:
+        chunk.append(sample)
+        if len(chunk) == per_shard:
+            flush()
+    if chunk:
+        flush()
     return paths

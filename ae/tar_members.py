@@ -7,7 +7,8 @@ read, a few slices and one data read.
 
 Handles ustar (with the 155-byte name prefix), POSIX pax headers (`path`, `size`), GNU long
 names (`L`), global pax headers (ignored), directories and other non-file entries (skipped).
-A stream that ends inside a header or a member raises `TruncatedTar`; a header whose checksum
+A stream that ends inside a header or a member, or without the end-of-archive marker, raises
+`TruncatedTar`; a header whose checksum
 does not match raises `CorruptTar`: the caller decides what to log and how to carry on.
 """
 
@@ -27,7 +28,11 @@ class TarError(ValueError):
 
 
 class TruncatedTar(TarError):
-    pass
+    """The stream ended early. `member` names the member being read, when its header was."""
+
+    def __init__(self, message: str, member: str | None = None) -> None:
+        super().__init__(message)
+        self.member = member
 
 
 class CorruptTar(TarError):
@@ -37,7 +42,7 @@ class CorruptTar(TarError):
 def _octal(field: bytes) -> int:
     if field[:1] == b"\x80":  # GNU base-256 for sizes >= 8 GiB
         return int.from_bytes(field[1:], "big")
-    text = field.rstrip(b" \0").lstrip(b" ")
+    text = field.rstrip(b" \0")  # int() itself skips leading spaces
     return int(text, 8) if text else 0
 
 
@@ -101,7 +106,9 @@ def iter_members(stream: IO[bytes], chunk: int = 1 << 20) -> Iterator[tuple[str,
     while True:
         if not b.fill(BLOCK):
             if b.available() == 0:
-                return  # EOF without end-of-archive blocks: accepted, as tar(1) does
+                # Every tar writer ends with zero blocks; without them the cut fell exactly
+                # between two members, and the last sample may be missing members.
+                raise TruncatedTar("stream ends without the end-of-archive marker")
             raise TruncatedTar(f"stream ends inside a header ({b.available()} of 512 bytes)")
         buf, pos = b.buf, b.pos
         header = buf[pos : pos + BLOCK]
@@ -118,13 +125,14 @@ def iter_members(stream: IO[bytes], chunk: int = 1 << 20) -> Iterator[tuple[str,
         if "size" in pax:
             size = int(pax["size"])
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
-        if not b.fill(BLOCK + padded) and b.available() - BLOCK < size:
+        if not b.fill(BLOCK + padded):
             raise TruncatedTar(
-                f"stream ends inside a member ({b.available() - BLOCK} of {size} bytes)"
+                f"stream ends inside a member ({b.available() - BLOCK} of {padded} bytes)",
+                _member_name(header, pax, long_name),
             )
         buf, pos = b.buf, b.pos
         data = buf[pos + BLOCK : pos + BLOCK + size]
-        b.pos = min(pos + BLOCK + padded, len(buf))
+        b.pos = pos + BLOCK + padded
         if kind == b"x":
             pax = _pax_records(data)
             continue
@@ -136,14 +144,18 @@ def iter_members(stream: IO[bytes], chunk: int = 1 << 20) -> Iterator[tuple[str,
         if kind not in _REGULAR:
             long_name, pax = None, {}
             continue
-        if "path" in pax:
-            name = pax["path"]
-        elif long_name is not None:
-            name = long_name
-        else:
-            name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            if header[257:263] == b"ustar\x00" and header[345] != 0:
-                prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                name = f"{prefix}/{name}"
+        name = _member_name(header, pax, long_name)
         long_name, pax = None, {}
         yield name, data
+
+
+def _member_name(header: bytes, pax: dict[str, str], long_name: str | None) -> str:
+    if "path" in pax:
+        return pax["path"]
+    if long_name is not None:
+        return long_name
+    name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    if header[257:263] == b"ustar\x00" and header[345] != 0:
+        prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        name = f"{prefix}/{name}"
+    return name

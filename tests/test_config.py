@@ -1,6 +1,9 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ae.config import Config, ConfigError, help_text, parse_config
 
@@ -56,6 +59,75 @@ def test_help_lists_every_field() -> None:
     text = help_text()
     for name in Config.__dataclass_fields__:
         assert f"--{name}" in text
+
+
+def test_three_problems_of_different_kinds_reported_together(tmp_path: Path) -> None:
+    """A range error, a bad choice and a cross-field contradiction: one message, all three."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("batch_size: 0\nlr_scale: cubic\nsample_period: 500\nmax_steps: 100\n")
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={path}"])
+    assert [p.split(":")[0] for p in err.value.problems] == [
+        "batch_size",
+        "lr_scale",
+        "sample_period/max_steps",
+    ]
+    assert err.value.render().startswith("3 problems in the configuration:")
+
+
+def test_cross_check_on_a_key_that_is_already_wrong_is_skipped() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--max_steps=ten", "--sample_period=500"])
+    assert [p.split(":")[0] for p in err.value.problems] == ["max_steps"]
+
+
+def test_cross_field_checks(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            ["--encoder_lr_mult=0", "--decoder_lr_mult=0",
+             f"--resume_from_checkpoint={tmp_path / 'nope.ckpt'}", "--sample_period=0"]
+        )  # fmt: skip
+    keys = [p.split(":")[0] for p in err.value.problems]
+    assert keys == ["sample_period", "encoder_lr_mult/decoder_lr_mult", "resume_from_checkpoint"]
+    assert parse_config(["--resume_from_checkpoint=last"]).resume_from_checkpoint == "last"
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path: Path) -> None:
+    """What --print_config prints and the run folder's config.yaml hold is a valid --config."""
+    cfg = parse_config(["--batch_size=7", "--learning_rate=5e-5", "--lr_scale=linear",
+                        "--precision=bf16-mixed", "--decoder_lr_mult=0.5"])  # fmt: skip
+    path = tmp_path / "run" / "config.yaml"
+    cfg.write_yaml(path)
+    assert not list(path.parent.glob("*.tmp"))
+    again = parse_config([f"--config={path}"])
+    assert again.to_dict() == {**cfg.to_dict(), "config": str(path)}
+
+
+@pytest.mark.parametrize("text", ["5e-5", "1E-3", "2.5e-4"])
+def test_yaml_exponent_floats(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"learning_rate: {text}\nweight_decay: {text}\n")
+    cfg = parse_config([f"--config={path}"])
+    assert cfg.learning_rate == cfg.weight_decay == pytest.approx(float(text))
+
+
+def test_print_config_prints_yaml_without_starting_anything(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "ae.launch", "--print_config", "--batch_size=3",
+         f"--output_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    printed = yaml.safe_load(out.stdout)  # stdout is exactly the YAML
+    expected = parse_config(["--batch_size=3", f"--output_dir={tmp_path / 'run'}"])
+    assert printed == yaml.safe_load(expected.to_yaml()) and printed["batch_size"] == 3
+    assert not (tmp_path / "run").exists()
+
+
+def test_help_shows_one_line_descriptions() -> None:
+    text = help_text()
+    assert "--encoder_lr_mult" in text and "encoder LR = effective LR x this" in text
+    assert "--val_interval" in text and "optimizer steps" in text
 
 
 def test_pg_timeout_must_exceed_stall_timeout() -> None:

@@ -1,7 +1,15 @@
 import subprocess
 import sys
 
-from ae.log_lines import MARKER, RECORD_PATTERN, TRAIN_STEP, epoch_marker
+from ae.log_lines import (
+    BAD_SAMPLE,
+    BAD_SHARD_READ,
+    DATA_ERRORS,
+    MARKER,
+    RECORD_PATTERN,
+    TRAIN_STEP,
+    epoch_marker,
+)
 from tests.conftest import ROOT
 
 
@@ -30,3 +38,26 @@ def test_record_pattern_reads_what_the_sinks_write(tmp_path) -> None:
     m = RECORD_PATTERN.match(line)
     assert m and m["level"] == "INFO" and m["rank"] == "1" and m["world"] == "2"
     assert m["message"] == "hello there" and m["worker"] is None
+
+
+def test_data_lines_round_trip() -> None:
+    """The bad-data lines name the shard even when its URL has spaces (pipe:) or colons."""
+    line = BAD_SAMPLE.format(key="00000016", url="pipe:cat /d/a b.tar", reason="cannot decode: x")
+    assert "shard" in line
+    assert BAD_SAMPLE.parse(line) == {
+        "key": "00000016",
+        "url": "pipe:cat /d/a b.tar",
+        "reason": "cannot decode: x",
+    }
+    line = BAD_SHARD_READ.format(
+        url="https://h/a.tar", reason="ReadError: end (x)", key="-", lost=6, planned=10
+    )
+    assert BAD_SHARD_READ.parse(line) == {
+        "url": "https://h/a.tar",
+        "reason": "ReadError: end (x)",
+        "key": "-",
+        "lost": "6",
+        "planned": "10",
+    }
+    summary = DATA_ERRORS.format(split="val", bad_samples=1, bad_shards=0, replaced=1)
+    assert DATA_ERRORS.parse(summary)["split"] == "val"

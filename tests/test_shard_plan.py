@@ -13,9 +13,10 @@ def _read(plan, rank: int, worker: int) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("mode", ["drop", "pad"])
 def test_random_plans_are_even_and_complete(mode: str) -> None:
     rng = random.Random(0)
-    for _ in range(300):
-        counts = [rng.randint(0, 40) for _ in range(rng.randint(1, 12))]
-        world, workers, batch = rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 8)
+    for _ in range(500):
+        counts = [rng.choice([0, 1, 3, rng.randint(0, 40), rng.randint(50, 300)])
+                  for _ in range(rng.randint(1, 16))]  # fmt: skip
+        world, workers, batch = rng.randint(1, 8), rng.randint(1, 4), rng.randint(1, 8)
         plan = plan_epoch(
             counts, world_size=world, num_workers=workers, batch_size=batch, mode=mode,
             seed=rng.randint(0, 9), epoch=rng.randint(0, 3),
@@ -44,3 +45,29 @@ def test_shard_order_changes_per_epoch_and_is_reproducible() -> None:
     a0, a1 = plan_epoch([5] * 20, epoch=0, **kw), plan_epoch([5] * 20, epoch=1, **kw)
     assert a0.order != a1.order
     assert plan_epoch([5] * 20, epoch=1, **kw).order == a1.order
+
+
+def test_fewer_shards_than_slots_still_even() -> None:
+    """3 shards for 2 ranks x 2 workers: every slot reads part of a shard, ranks stay equal."""
+    plan = plan_epoch([7, 5, 9], world_size=2, num_workers=2, batch_size=2, seed=1)
+    assert plan.batches_per_rank == 5 and plan.dropped == 1
+    for rank in (0, 1):
+        assert [plan.worker_batches(w) for w in (0, 1)] == [3, 2]
+        assert sum(len(_read(plan, rank, w)) for w in (0, 1)) == 10
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_slices_match_the_virtual_sequence(mode: str) -> None:
+    """Slot slices == positions [begin, end) (mod T) of the shards concatenated in plan order."""
+    rng = random.Random(1)
+    for _ in range(100):
+        counts = [rng.randint(0, 20) for _ in range(rng.randint(1, 10))]
+        if sum(counts) == 0:
+            continue
+        plan = plan_epoch(counts, world_size=3, num_workers=2, batch_size=3, mode=mode, seed=5)
+        sequence = [(shard, i) for shard in plan.order for i in range(counts[shard])]
+        for rank in range(3):
+            for worker in range(2):
+                begin, end = plan.slot_range(rank, worker)
+                expected = [sequence[p % len(sequence)] for p in range(begin, end)]
+                assert _read(plan, rank, worker) == expected

@@ -52,6 +52,12 @@ def test_truncated_inside_member_and_header() -> None:
     assert got == []
     with pytest.raises(TruncatedTar, match="inside a header"):
         list(iter_members(io.BytesIO(data[: 512 * 3 + 100])))
+    with pytest.raises(TruncatedTar, match="end-of-archive") as err:
+        list(iter_members(io.BytesIO(data[:2560])))  # cut between two members
+    assert err.value.member is None
+    with pytest.raises(TruncatedTar, match="inside a member") as err:
+        list(iter_members(io.BytesIO(data[: 512 + 800])))  # body whole, padding cut
+    assert err.value.member == "000001.npy"
 
 
 def test_garbage_is_corrupt() -> None:

@@ -1,0 +1,97 @@
+"""Shared bench helpers: machine description, JSON records, synthetic shard sets."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from ae.shard_writer import write_shard
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def write_record(name: str, record: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"bench": name, "machine": machine(), **record}, indent=2))
+    return path
+
+
+def _npy(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    return buf.getvalue()
+
+
+def _png(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def synthetic_shards(
+    root: Path, kind: str, shards: int, per_shard: int, dim: int = 64, size: int = 32
+) -> list[str]:
+    """`shards` tar files of `per_shard` samples: 64-dim float32 .npy, or size x size RGB PNGs.
+    Cached: an existing set with the same shape is reused."""
+    out = root / f"{kind}-{shards}x{per_shard}"
+    urls = [str(out / f"shard-{i:06d}.tar") for i in range(shards)]
+    if all(Path(u).exists() for u in urls):
+        return urls
+    rng = np.random.default_rng(0)
+    for i, url in enumerate(urls):
+        samples = []
+        for j in range(per_shard):
+            key = f"{i * per_shard + j:09d}".encode()
+            if kind == "npy":
+                samples.append({"__key__": key, "npy": _npy(rng.random(dim, dtype=np.float32))})
+            else:
+                img = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+                samples.append({"__key__": key, "png": _png(img)})
+        write_shard(Path(url), samples)
+    return urls
+
+
+def tiny_shard_set(root: Path, shards: int, per_shard: int, dim: int = 64) -> str:
+    """A brace spec over `shards` small .npy shards with index sidecars (cached on disk)."""
+    urls = synthetic_shards(root, "npy", shards, per_shard, dim=dim)
+    return str(Path(urls[0]).parent / f"shard-{{000000..{shards - 1:06d}}}.tar")
+
+
+def launch_run(args: list[str], out_dir: Path) -> subprocess.Popen:
+    """Start the real launcher (what ./train_ae.sh execs) in its own process group."""
+    import shutil
+    import sys
+
+    shutil.rmtree(out_dir, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "ae.launch", f"--output_dir={out_dir}", *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
