@@ -63,23 +63,25 @@ def main(argv: list[str]) -> int:
     ctx = RankContext.from_env()
     try:
         cfg = parse_config(argv)
-        outcome = fit(cfg, ctx)
+        why = fit(cfg, ctx)
     except (ConfigError, ShardSpecError, DataError) as e:
         # User mistakes: one clear message, no traceback (the launcher catches most earlier).
         text = e.render() if isinstance(e, ConfigError) else str(e)
-        if isinstance(e, DataError):
-            text = e.brief()
+        text = e.brief() if isinstance(e, DataError) else text
         if not logging_cfg.is_configured():
             logging_cfg.configure_console()
         logger.error(text)
-        return 2
+        code, why = 2, type(e).__name__
+    else:
+        code = 0
     finally:
         progress.enter("teardown")
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         stop_watchdog()
-    logger.info(RANK_EXIT.format(code=0, why=outcome))
-    return 0
+    # The last line of a rank that ends on its own: ae-diagnose tells it from a killed one.
+    logger.info(RANK_EXIT.format(code=code, why=why))
+    return code
 
 
 if __name__ == "__main__":

@@ -61,6 +61,11 @@ class LineFormat:
         m = self.regex.search(line)
         return None if m is None else m.groupdict()
 
+    @functools.cached_property
+    def prefix(self) -> str:
+        """The literal text before the first field: a cheap substring test before `.parse()`."""
+        return self.template.split("{", 1)[0]
+
 
 # `========== EPOCH 0 TRAINING START ==========`, `========== CHECKPOINT SAVE END ==========` ...
 MARKER = LineFormat("========== {name} {edge} ==========", {"name": "text", "edge": "word"})
@@ -174,6 +179,10 @@ PREEMPTED = LineFormat(
     "PREEMPTED by SIGTERM at step {step}: checkpoint {path} saved; stopping (LR {lr})",
     {"step": "int", "path": "text", "lr": "float"},
 )
+
+# The record whose continuation lines are the resolved config as YAML (train log, rank 0).
+RESOLVED_CONFIG = "Resolved config:"
+# Last line of a rank that left `main` on its own: 0 after training, 2 after a user mistake.
 RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})
 
 # --- forensics (ae.watchdog, logging_cfg hooks, ae.fault_injection) ------------------------------
@@ -207,6 +216,10 @@ FAULT_INJECTED = LineFormat(
     {"step": "int", "rank": "int"},
 )
 
+# Files of a run in the logs folder (rotated ones get `.1`, `.2` ... appended).
+TRAIN_LOG_FILE = LineFormat("train_{ts}.log")
+DEBUG_LOG_FILE = LineFormat("debug_rank{rank}_{ts}.log", {"rank": "int"})
+NATIVE_LOG_FILE = LineFormat("native_rank{rank}_{ts}.log", {"rank": "int"})
 # Heartbeat file per rank in the logs folder, rewritten atomically every few seconds by the
 # watchdog thread: one JSON object with exactly HEARTBEAT_FIELDS (times are Unix seconds).
 HEARTBEAT_FILE = LineFormat("heartbeat_rank{rank}_{ts}.json", {"rank": "int"})

@@ -30,14 +30,27 @@ from torch.utils.data import DataLoader
 
 from ae.checkpointing import Checkpointing, current_lr
 from ae.log_lines import PREEMPTED, main_log
+from ae.progress import progress
 
 _received_at: float | None = None  # time.time() of the first SIGTERM
+
+# A rank that has made no progress for this long when SIGTERM comes will not reach the next step
+# boundary to save: it is stuck (a hang, or waiting for a peer that died -- torchrun's SIGTERM
+# after a peer failure). It leaves at once through the exception path instead, so its `finally`
+# blocks run and its log says why, rather than being SIGKILLed by torchrun 30 s later.
+STUCK_AFTER_S = 10.0
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     global _received_at
     if _received_at is None:
         _received_at = time.time()
+    if (idle := progress.idle_s()) > STUCK_AFTER_S:
+        logger.warning(
+            f"SIGTERM after {idle:.0f}s without progress in phase {progress.phase} (step "
+            f"{progress.step}): exiting now, without a checkpoint"
+        )
+        raise SystemExit(128 + signal.SIGTERM)
 
 
 def sigterm_received() -> bool:

@@ -14,7 +14,7 @@ from lightning.pytorch.utilities.model_summary import ModelSummary
 from loguru import logger
 
 from ae.config import Config
-from ae.log_lines import EFFECTIVE_BATCH, main_log
+from ae.log_lines import EFFECTIVE_BATCH, RESOLVED_CONFIG, main_log
 from ae.lr import effective_lr_line
 from logging_cfg import LogPaths, RankContext
 
@@ -79,7 +79,7 @@ def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, va
     main_log.info(f"Shards: {train} train, {val} val; logs in {paths.logs_dir}")
     config_path = Path(cfg.output_dir) / "config.yaml"
     cfg.write_yaml(config_path)
-    main_log.bind(console=False).info(f"Resolved config: {config_path}\n" + cfg.to_yaml().rstrip())
+    main_log.bind(console=False).info(f"{RESOLVED_CONFIG} {config_path}\n" + cfg.to_yaml().rstrip())
 
 
 def log_model_summary(model: L.LightningModule) -> None:

@@ -15,15 +15,16 @@ module, kept selectable (`--tar_reader=tarfile`) as the plain reference.
 from __future__ import annotations
 
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar
 
 from webdataset.gopen import gopen
 
 from ae.tar_members import TruncatedTar, iter_members
 
 RawSample = dict[str, Any]
+T = TypeVar("T")
 TarReader = Literal["fast", "tarfile"]
 
 
@@ -67,34 +68,29 @@ def iter_samples(url: str, offset: int = 0, reader: TarReader = "fast") -> Itera
 
 
 def _fast_samples(url: str, offset: int) -> Iterator[RawSample]:
-    current: RawSample | None = None
     with open_shard(url, offset) as stream:
-        try:
-            for name, data in iter_members(stream):
-                parts = split_name(name)
-                if parts is None:
-                    continue
-                key, ext = parts
-                if current is None or current["__key__"] != key:
-                    if current is not None:
-                        yield current
-                    current = {"__key__": key, "__url__": url}
-                current[ext] = data
-        except TruncatedTar as e:
-            # The damaged member belongs to the next sample: the current one is whole.
-            parts = split_name(e.member) if e.member else None
-            if current is not None and parts is not None and parts[0] != current["__key__"]:
-                yield current
-            raise
-    if current is not None:
-        yield current
+        yield from _group(iter_members(stream), url, bytes)
 
 
 def _tarfile_samples(url: str, offset: int) -> Iterator[RawSample]:
     with open_shard(url, offset) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
-        current: RawSample | None = None
-        for info in _files(tar):
-            parts = split_name(info.name)
+
+        def body(info: tarfile.TarInfo) -> bytes:
+            f = tar.extractfile(info)
+            return f.read() if f is not None else b""
+
+        yield from _group(((info.name, info) for info in _files(tar)), url, body)
+
+
+def _group(
+    members: Iterable[tuple[str, T]], url: str, load: Callable[[T], bytes]
+) -> Iterator[RawSample]:
+    """Consecutive members sharing a key -> one sample. `load` reads a member's body once its
+    sample is known: the previous sample is yielded before the next one's bytes are touched."""
+    current: RawSample | None = None
+    try:
+        for name, payload in members:
+            parts = split_name(name)
             if parts is None:
                 continue
             key, ext = parts
@@ -102,10 +98,15 @@ def _tarfile_samples(url: str, offset: int) -> Iterator[RawSample]:
                 if current is not None:
                     yield current
                 current = {"__key__": key, "__url__": url}
-            body = tar.extractfile(info)
-            current[ext] = body.read() if body is not None else b""
-        if current is not None:
+            current[ext] = load(payload)
+    except TruncatedTar as e:
+        # A damaged member of the next sample: the current one is whole.
+        parts = split_name(e.member) if e.member else None
+        if current is not None and parts is not None and parts[0] != current["__key__"]:
             yield current
+        raise
+    if current is not None:
+        yield current
 
 
 @dataclass(frozen=True)

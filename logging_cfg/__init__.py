@@ -32,7 +32,13 @@ from typing import Any
 
 from loguru import logger
 
-from ae.log_lines import FATAL, RECORD_FORMAT
+from ae.log_lines import (
+    DEBUG_LOG_FILE,
+    FATAL,
+    NATIVE_LOG_FILE,
+    RECORD_FORMAT,
+    TRAIN_LOG_FILE,
+)
 from logging_cfg import hot_path
 from logging_cfg.hot_path import debug_line
 from logging_cfg.native import capture_native_output
@@ -204,9 +210,9 @@ def configure(
     logs_dir.mkdir(parents=True, exist_ok=True)
     paths = LogPaths(
         logs_dir=logs_dir,
-        train_log=logs_dir / f"train_{run_ts}.log",
-        debug_log=logs_dir / f"debug_rank{ctx.rank}_{run_ts}.log",
-        native_log=logs_dir / f"native_rank{ctx.rank}_{run_ts}.log",
+        train_log=logs_dir / TRAIN_LOG_FILE.format(ts=run_ts),
+        debug_log=logs_dir / DEBUG_LOG_FILE.format(rank=ctx.rank, ts=run_ts),
+        native_log=logs_dir / NATIVE_LOG_FILE.format(rank=ctx.rank, ts=run_ts),
     )
     if native_output:
         capture_native_output(paths.native_log, keep_console=ctx.rank == 0)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from PIL import Image
 
@@ -95,6 +96,16 @@ def run_launcher(
         timeout=timeout,
     )
     return RunResult(proc.returncode, proc.stdout + proc.stderr, out_dir / "logs")
+
+
+def run_processes(out_dir: Path) -> list[psutil.Process]:
+    """Every process of a run (launcher, torchrun, ranks, dataloader workers): their command
+    lines name its output dir. Ranks run in sessions of their own, out of the launcher's group."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(str(out_dir) in arg for arg in proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
 
 
 @pytest.fixture

@@ -14,8 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ae.diagnose import diagnose
+from ae.diagnose.run_files import find_run
 from ae.log_lines import FATAL, HEARTBEAT_FIELDS, RECORD_PATTERN, STALL, STALL_RESOLVED
-from tests.conftest import RunResult, run_launcher
+from tests.conftest import RunResult, run_launcher, run_processes
 
 pytestmark = pytest.mark.slow
 
@@ -46,14 +48,6 @@ def read_records(path: Path) -> list[Record]:
         elif out:
             out[-1].more.append(line)
     return out
-
-
-def run_processes(out_dir: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if any(str(out_dir) in arg for arg in proc.info["cmdline"] or []):
-            found.append(proc)
-    return found
 
 
 @pytest.fixture
@@ -176,6 +170,10 @@ def test_stalls_reported_by_stuck_and_waiting_ranks(make_shards, run_dir: Path) 
     assert beats[1]["state"] == "running" and beats[1]["stalled"] is True
     # --debug: the distributed libraries' own debug output is in the native files.
     assert "Reducer initialized" in res.text("native_rank1_*.log")
+    # ae-diagnose: rank 1, stuck in its step for good, held the job back; rank 0 timed out.
+    doc = diagnose(find_run(res.logs))
+    assert [(c["rank"], c["cause"]) for c in doc["culprits"]] == [(1, "training step")]
+    assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(0, "peer failure: RuntimeError")]
 
 
 def test_exception_on_rank1_is_fatal_everywhere_and_ends_the_job(make_shards, run_dir) -> None:

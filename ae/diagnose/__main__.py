@@ -1,0 +1,5 @@
+import sys
+
+from ae.diagnose.cli import main
+
+sys.exit(main())

@@ -1,0 +1,100 @@
+"""`ae-diagnose [LOGS_DIR] [--run TS] [--json] [--tail N] [--watch] [--bundle OUT.tar.gz]`.
+
+Exit status: 0 when the run was read (whatever the verdict), 2 for a user mistake (no such
+folder, no run in it, unknown --run), with one message and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from loguru import logger
+from rich.console import Console
+
+import logging_cfg
+from ae.diagnose import diagnose
+from ae.diagnose.bundle import write_bundle
+from ae.diagnose.report import render
+from ae.diagnose.run_files import DiagnoseError, find_run, resolve_logs_dir
+from ae.diagnose.watch import watch
+
+DEFAULT_LOGS = "runs/ae/logs"  # the logs of the default --output_dir
+WIDE = 200
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ae-diagnose",
+        description="Name the rank that holds a job back, from the logs of a live or dead run.",
+    )
+    p.add_argument(
+        "logs_dir",
+        nargs="?",
+        default=DEFAULT_LOGS,
+        help=f"a run's logs folder, or its output folder (default: {DEFAULT_LOGS})",
+    )
+    p.add_argument("--run", metavar="TS", help="the run's timestamp (default: the newest run)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (see README)")
+    p.add_argument(
+        "--tail",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also show the last N lines of each rank's debug log",
+    )
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="live view of every rank from the heartbeat files (Ctrl-C to stop)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="--watch: seconds between refreshes (default 2)",
+    )
+    p.add_argument(
+        "--count",
+        type=int,
+        default=0,
+        metavar="N",
+        help="--watch: stop after N refreshes (default: until every rank exits)",
+    )
+    p.add_argument(
+        "--bundle",
+        type=Path,
+        metavar="OUT.tar.gz",
+        help="write logs, heartbeats, config, environment and tails for a bug report",
+    )
+    return p  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    logging_cfg.configure_console()
+    console = Console(highlight=False)
+    if not console.is_terminal:  # piped or redirected: the full table, not 80 columns
+        console = Console(highlight=False, width=WIDE)
+    try:
+        if args.tail < 0 or args.interval <= 0 or args.count < 0:
+            raise DiagnoseError("--tail and --count must be >= 0, --interval > 0")
+        logs_dir = resolve_logs_dir(Path(args.logs_dir))
+        files = find_run(logs_dir, args.run)
+        if args.watch:
+            watch(logs_dir, files.ts, console, args.interval, args.count)
+        elif args.bundle is not None:
+            names = write_bundle(files, args.bundle)
+            console.print(f"Bundle of run {files.ts}: {args.bundle} ({len(names)} files)")
+        elif args.json:
+            doc = diagnose(files, args.tail)
+            sys.stdout.write(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+        else:
+            render(diagnose(files, args.tail), console)
+    except DiagnoseError as e:
+        logger.error(f"ae-diagnose: {e}")
+        return 2
+    return 0

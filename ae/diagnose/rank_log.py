@@ -1,0 +1,347 @@
+"""One rank's state, read from its debug log(s) and heartbeat: where it was last, how it ended.
+
+Counts (errors, warnings, stall reports, bad-shard lines) need a pass over the whole file; the
+last state (line, marker, step, memory, exit line) is searched backwards from the end. Every
+search is a literal `find` (see logscan): the ERROR, STALL, FATAL and marker needles are built
+from the same LineFormats the writers use.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ae.diagnose.heartbeats import Heartbeat
+from ae.diagnose.logscan import Evidence, LogBytes, Record
+from ae.diagnose.phases import phase_after_marker, phase_of_frames
+from ae.log_lines import (
+    EPOCH_MARKER_NAME,
+    FATAL,
+    MARKER,
+    PROCESSED_TRAIN,
+    RANK_EXIT,
+    SHARD_PLAN,
+    STALL,
+    STALL_REPORT,
+    STALL_RESOLVED,
+    TRAIN_STEP,
+    VAL_STEP,
+)
+
+# faulthandler's own output (not a record line): a fatal signal, and the dump of a native timer
+# that fires when the watchdog thread cannot run (see logging_cfg.dump_stacks_later).
+FAULTHANDLER_FATAL = b"Fatal Python error: "
+FAULTHANDLER_TIMEOUT = b"Timeout ("
+# Lightning's signal handler: the rank got SIGTERM (torchrun stopping a failed job, preemption).
+LIGHTNING_SIGTERM = b"Received SIGTERM"
+_SIGNALS = {
+    "Segmentation fault": "SIGSEGV",
+    "Aborted": "SIGABRT",
+    "Bus error": "SIGBUS",
+    "Floating-point exception": "SIGFPE",
+    "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
+# A traceback frame: loguru/traceback `File "x", line 3, in f`; faulthandler `File "x", line 3 in f`
+_FRAME = re.compile(r'^[\s>]*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
+# A worker's dump (faulthandler, SIGUSR1): its main thread is the "Current thread".
+_WORKER_DUMP = "Current thread 0x"
+_FETCHING = "utils/data/_utils/fetch.py"
+# STALL RESOLVED `now` (ae.watchdog: `phase <phase>, step <n>`) of a rank gone to teardown.
+_TEARDOWN = "phase teardown"
+# Unindented traceback lines that are not an exception (chained tracebacks have these between).
+_NOT_EXCEPTION = ("Traceback", "During handling of", "The above exception")
+_MEMORY = re.compile(r"\brss=\S+(?: workers=\S+)?(?: cuda=\S+ peak=\S+)?")
+_SHARD = re.compile(r"(\S+\.tar)\b")
+TRACE_LIMIT = 20_000  # continuation lines read after a FATAL or a stall report
+FRAMES_SHOWN = 3
+
+
+def _needle(prefix: str) -> bytes:
+    """A message prefix as it appears after the `[Rank r/W]` tag."""
+    return b"] " + prefix.encode()
+
+
+@dataclass
+class Stall:
+    evidence: list[Evidence]  # the STALL line, then the innermost frame of each worker's dump
+    time: float
+    phase: str
+    epoch: int
+    step: int
+    idle: float
+    collective: str
+
+    @property
+    def waiting(self) -> bool:
+        """Blocked in a collective: waiting for a peer, not the cause."""
+        return self.collective.startswith("yes")
+
+    @property
+    def began(self) -> float:
+        return self.time - self.idle
+
+
+@dataclass
+class Crash:
+    """An uncaught exception (FATAL line) or a fatal signal (faulthandler)."""
+
+    evidence: list[Evidence]  # the line, the innermost frames, the exception line
+    time: float
+    kind: str  # exception type, or signal name
+    where: str
+    message: str
+    phase: str | None
+    signal: bool = False
+    chain: list[str] = field(default_factory=list)  # every exception line of a chained traceback
+
+
+@dataclass
+class RankLog:
+    rank: int
+    files: list[Path]
+    world_size: int | None = None
+    last: Record | None = None
+    marker: Record | None = None
+    marker_name: str = ""
+    marker_edge: str = ""
+    step: int | None = None
+    step_time: float | None = None
+    epoch: int | None = None
+    progress_time: float | None = None
+    memory: str | None = None
+    errors: int = 0
+    warnings: int = 0
+    stall_reports: int = 0
+    open_stall: Stall | None = None
+    crashes: list[Crash] = field(default_factory=list)
+    exit: Record | None = None
+    exit_code: int | None = None
+    last_error: Evidence | None = None
+    shard_plans: dict[str, dict[str, str]] = field(default_factory=dict)
+    shard_errors: list[Record] = field(default_factory=list)
+    shard_error_lines: int = 0
+    native_dump: Evidence | None = None
+    sigterm: Record | None = None
+    heartbeat: Heartbeat | None = None
+
+    @property
+    def last_time(self) -> float | None:
+        return None if self.last is None else self.last.time
+
+    @property
+    def last_sign_of_life(self) -> float | None:
+        """The newest of its last line and its heartbeat's last write."""
+        times = [t for t in (self.last_time, self.heartbeat and self.heartbeat.time) if t]
+        return max(times) if times else None
+
+    @property
+    def log_phase(self) -> str | None:
+        if self.marker is None:
+            return None
+        return phase_after_marker(self.marker_name, self.marker_edge)
+
+    @property
+    def marker_text(self) -> str:
+        return f"{self.marker_name} {self.marker_edge}" if self.marker else ""
+
+
+def _newer(current: float | None, candidate: float | None) -> bool:
+    return candidate is not None and (current is None or candidate >= current)
+
+
+class _Scanner:
+    """Feeds the files of one rank, oldest first, into a RankLog."""
+
+    def __init__(self, state: RankLog, max_shard_errors: int) -> None:
+        self.s = state
+        self.max_shard_errors = max_shard_errors
+        self._stall_state: Stall | None = None
+
+    def scan(self, log: LogBytes) -> None:
+        s = self.s
+        s.errors += log.count_level("ERROR") + log.count_level("CRITICAL")
+        s.warnings += log.count_level("WARNING")
+        if (start := log.last_record()) is not None:
+            s.last = log.record(start)
+            if s.last is not None and s.world_size is None:
+                s.world_size = s.last.world
+        self._last_state(log)
+        self._stalls(log)
+        self._crashes(log)
+        self._once_per_run(log)
+
+    @staticmethod
+    def _last(log: LogBytes, prefix: str) -> Record | None:
+        start = log.rfind_record(_needle(prefix))
+        return None if start is None else log.record(start)
+
+    def _last_state(self, log: LogBytes) -> None:
+        s = self.s
+        if (rec := self._last(log, MARKER.prefix)) and (m := MARKER.parse(rec.message)):
+            s.marker, s.marker_name, s.marker_edge = rec, m["name"], m["edge"]
+            s.progress_time = max(s.progress_time or 0.0, rec.time)
+            if epoch := EPOCH_MARKER_NAME.match(m["name"]):
+                s.epoch = int(epoch["epoch"])
+        if (rec := self._last(log, TRAIN_STEP.prefix)) and (m := TRAIN_STEP.parse(rec.message)):
+            s.step, s.step_time = int(m["step"]), rec.time
+        for fmt in (TRAIN_STEP, PROCESSED_TRAIN, VAL_STEP):
+            if rec := self._last(log, fmt.prefix):
+                s.progress_time = max(s.progress_time or 0.0, rec.time)
+        start = log.rfind_record(b" rss=")
+        if start is not None and (m := _MEMORY.search(log.text(start))):
+            s.memory = m[0]
+        if (rec := self._last(log, RANK_EXIT.prefix)) and (m := RANK_EXIT.parse(rec.message)):
+            s.exit, s.exit_code = rec, int(m["code"])
+        if (start := log.last_level_record("ERROR")) is not None:
+            s.last_error = log.evidence(start)
+        if (start := log.rfind_record(LIGHTNING_SIGTERM)) is not None:
+            s.sigterm = log.record(start)
+        if (pos := log.data.rfind(b"\n" + FAULTHANDLER_TIMEOUT)) >= 0:
+            s.native_dump = log.evidence(pos + 1)
+
+    def _stalls(self, log: LogBytes) -> None:
+        s = self.s
+        hits = sorted(
+            [(p, True) for p in log.find_records(_needle(STALL.prefix))]
+            + [(p, False) for p in log.find_records(_needle(STALL_RESOLVED.prefix))]
+        )
+        for start, detected in hits:
+            if not detected:
+                # Leaving the stall for teardown (an exception or SIGTERM on its way out) is no
+                # progress: the stall stays what the rank was doing.
+                m = STALL_RESOLVED.parse(log.text(start))
+                if m is None or not m["now"].startswith(_TEARDOWN):
+                    self._stall_state = None
+                continue
+            rec = log.record(start)
+            m = None if rec is None else STALL.parse(rec.message)
+            if rec is None or m is None:
+                continue
+            s.stall_reports += 1
+            episode = (m["phase"], int(m["epoch"]), int(m["step"]))
+            prev = self._stall_state
+            if prev is not None and (prev.phase, prev.epoch, prev.step) == episode:
+                continue  # a repeat of the same episode: keep its first report
+            evidence = [rec.evidence, *self._worker_frames(log, start)]
+            self._stall_state = Stall(
+                evidence, rec.time, m["phase"], int(m["epoch"]), int(m["step"]),
+                float(m["idle"]), m["collective"],
+            )  # fmt: skip
+        s.open_stall = self._stall_state
+
+    def _worker_frames(self, log: LogBytes, stall_start: int) -> list[Evidence]:
+        """The innermost frame of each busy dataloader worker, from the faulthandler dumps that
+        follow the report: in a data loading stall the rank only waits on a queue, the worker
+        shows where it is. A worker is busy when its main thread is fetching a batch; the idle
+        ones wait for work in `_worker_loop` and are left out."""
+        report = log.find_records(_needle(STALL_REPORT.prefix), log.line_end(stall_start))
+        start = next(report, None)
+        if start is None:
+            return []
+        blocks: list[list[int]] = []
+        for pos in log.continuation(start, TRACE_LIMIT):
+            line = log.text(pos)
+            if line.startswith(_WORKER_DUMP):
+                blocks.append([])
+            elif blocks and _FRAME.match(line) and ", in " not in line:
+                blocks[-1].append(pos)
+        busy = [b for b in blocks if any(_FETCHING in log.text(p) for p in b)]
+        return [log.evidence(b[0]) for b in busy[:2]]
+
+    def _crashes(self, log: LogBytes) -> None:
+        for start in log.level_records("CRITICAL"):
+            rec = log.record(start)
+            m = None if rec is None else FATAL.parse(rec.message)
+            if rec is None or m is None:
+                continue
+            frames, chain = self._trace(log, start)
+            where = m["where"]
+            phase = "data loading" if where.startswith("dataloader worker") else None
+            phase = phase or phase_of_frames([(f[0], f[1]) for f in reversed(frames)])
+            shown = [ev for *_, ev in frames[-FRAMES_SHOWN:]]
+            self.s.crashes.append(
+                Crash([rec.evidence, *shown, *chain[-1:]], rec.time, m["exc_type"], where,
+                      m["message"], phase, chain=[e.text for e in chain])
+            )  # fmt: skip
+        pos = log.data.find(FAULTHANDLER_FATAL)
+        while pos >= 0:
+            if pos == 0 or log.data[pos - 1] == 0x0A:
+                self.s.crashes.append(self._fatal_signal(log, pos))
+            pos = log.data.find(FAULTHANDLER_FATAL, pos + 1)
+
+    def _trace(
+        self, log: LogBytes, start: int
+    ) -> tuple[list[tuple[str, str, Evidence]], list[Evidence]]:
+        """Frames (outermost first) and exception lines (`Type: message`, one per exception of
+        a chain, the last one raised last) of the traceback after a FATAL."""
+        frames: list[tuple[str, str, Evidence]] = []
+        chain: list[Evidence] = []
+        for pos in log.continuation(start, TRACE_LIMIT):
+            line = log.text(pos)
+            if m := _FRAME.match(line):
+                frames.append((m["path"], m["func"], log.evidence(pos)))
+            elif line.strip() and not line[0].isspace() and not line.startswith(_NOT_EXCEPTION):
+                chain.append(log.evidence(pos))
+        return frames, chain
+
+    def _fatal_signal(self, log: LogBytes, pos: int) -> Crash:
+        head = log.evidence(pos)
+        name = head.text[len(FAULTHANDLER_FATAL) :].strip()
+        frames: list[Evidence] = []
+        current = False
+        for p in log.continuation(pos, TRACE_LIMIT):
+            line = log.text(p)
+            if line.startswith("Current thread"):
+                current = True
+            elif current and _FRAME.match(line):
+                frames.append(log.evidence(p))
+            elif current and frames:
+                break
+        before = log.rfind_record(b" | ", pos)
+        rec = None if before is None else log.record(before)
+        when = rec.time if rec else 0.0
+        parsed = [m for ev in frames if (m := _FRAME.match(ev.text))]
+        phase = phase_of_frames([(m["path"], m["func"]) for m in parsed])
+        signal = _SIGNALS.get(name, name)
+        return Crash([head, *frames[:FRAMES_SHOWN]], when, signal, "process", name, phase, True)
+
+    def _once_per_run(self, log: LogBytes) -> None:
+        s = self.s
+        for start in log.find_records(_needle(SHARD_PLAN.prefix)):
+            rec = log.record(start)
+            if rec is not None and (m := SHARD_PLAN.parse(rec.message)):
+                s.shard_plans[m["split"]] = m
+        for start in log.level_records("ERROR"):
+            line = log.data[start : log.line_end(start)]
+            if b"shard" not in line.lower():
+                continue
+            s.shard_error_lines += 1
+            if len(s.shard_errors) < self.max_shard_errors and (rec := log.record(start)):
+                s.shard_errors.append(rec)
+
+
+def read_rank(
+    rank: int, files: list[Path], heartbeat: Heartbeat | None, max_shard_errors: int = 1000
+) -> RankLog:
+    """`files`: the rank's debug logs, oldest rotation first."""
+    state = RankLog(rank, files, heartbeat=heartbeat)
+    scanner = _Scanner(state, max_shard_errors)
+    for path in files:
+        scanner.scan(LogBytes.read(path))
+    if heartbeat is not None:
+        state.world_size = state.world_size or heartbeat.world_size
+        if _newer(state.step_time, heartbeat.time):
+            state.step = heartbeat.step
+        if _newer(state.progress_time, heartbeat.last_progress):
+            state.progress_time = heartbeat.last_progress
+        if state.marker is None or _newer(state.marker.time, heartbeat.time):
+            state.epoch = heartbeat.epoch
+    return state
+
+
+def shard_of(rec: Record) -> str:
+    """The shard an ERROR line names (its first `.tar` path or URL)."""
+    m = _SHARD.search(rec.message)
+    return m[1] if m else "?"

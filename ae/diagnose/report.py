@@ -1,0 +1,210 @@
+"""The diagnosis as one JSON-ready dict, and its rich rendering (built from that same dict, so the
+table and `--json` cannot say different things). Keys are documented in README.md."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ae.diagnose.logscan import Evidence, LogBytes
+from ae.diagnose.rank_log import RankLog, shard_of
+from ae.diagnose.run_state import RunState
+from ae.diagnose.verdict import Finding, Verdict, current_phase
+from ae.log_lines import RECORD_PATTERN
+
+TEXT_LIMIT = 400  # characters of a log line kept in the JSON (FATAL messages can be huge)
+SHARDS_LISTED = 10
+PLAN_KEYS = ("shards", "samples", "batches", "batch_size", "ranks", "workers", "mode", "dropped",
+             "repeated")  # fmt: skip
+_STATE_STYLE = {
+    "crashed": "bold red", "killed": "bold red", "error exit": "bold red", "stalled": "bold red",
+    "stuck": "bold red", "waiting": "yellow", "peer failure": "yellow", "stopped": "yellow",
+    "exited": "green", "running": "",
+}  # fmt: skip
+
+
+def _time(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def _evidence(e: Evidence) -> dict[str, Any]:
+    return {"file": e.path.name, "line": e.line or None, "text": e.text[:TEXT_LIMIT]}
+
+
+def _finding(f: Finding) -> dict[str, Any]:
+    return {
+        "rank": f.rank,
+        "phase": f.phase,
+        "cause": f.cause,
+        "rule": f.rule,
+        "evidence": [_evidence(e) for e in f.evidence],
+    }
+
+
+def _rank(run: RunState, r: RankLog, state: str, tail: int) -> dict[str, Any]:
+    hb = r.heartbeat
+    out: dict[str, Any] = {
+        "rank": r.rank,
+        "state": state,
+        "phase": current_phase(r),
+        "step": r.step,
+        "epoch": r.epoch,
+        "silent_s": _round(run.silent_s(r)),
+        "idle_s": _round(run.idle_s(r)),
+        "last_marker": r.marker_text or None,
+        "last_line_time": _time(r.last_time),
+        "last_line": _evidence(r.last.evidence) if r.last else None,
+        "memory": r.memory,
+        "rss_mb": hb.rss_mb if hb else None,
+        "workers_rss_mb": hb.workers_rss_mb if hb else None,
+        "errors": r.errors,
+        "warnings": r.warnings,
+        "stall_reports": r.stall_reports,
+        "pid": hb.pid if hb else None,
+        "host": hb.host if hb else None,
+        "alive": hb.alive if hb else None,
+        "heartbeat_age_s": _round(run.reference - hb.time) if hb and run.reference else None,
+        "logs": [p.name for p in r.files],
+    }
+    if tail and r.files:
+        out["tail"] = [e.text for e in LogBytes.read(r.files[-1]).tail(tail)]
+    return out
+
+
+def _plan_mismatch(run: RunState) -> dict[str, dict[str, str]]:
+    """Split -> {rank: plan} when the ranks logged different global shard plans (the fields
+    every rank must agree on; a line may go on with this rank's own share)."""
+    out: dict[str, dict[str, str]] = {}
+    splits = {split for r in run.ranks.values() for split in r.shard_plans}
+    for split in sorted(splits):
+        plans = {}
+        for r in run.ranks.values():
+            if r.files:
+                p = r.shard_plans.get(split)
+                plans[r.rank] = " ".join(f"{k}={p[k]}" for k in PLAN_KEYS) if p else "no plan line"
+        if len(set(plans.values())) > 1:
+            out[split] = {str(rank): plan for rank, plan in sorted(plans.items())}
+    return out
+
+
+def _data_errors(run: RunState) -> dict[str, Any]:
+    by_shard: dict[str, list[Any]] = defaultdict(lambda: [0, set(), None])
+    for r in run.ranks.values():
+        for rec in r.shard_errors:
+            entry = by_shard[shard_of(rec)]
+            entry[0] += 1
+            entry[1].add(r.rank)
+            entry[2] = entry[2] or rec.evidence
+    ranked = sorted(by_shard.items(), key=lambda kv: -kv[1][0])[:SHARDS_LISTED]
+    return {
+        "lines": sum(r.shard_error_lines for r in run.ranks.values()),
+        "shards": [
+            {"shard": shard, "lines": n, "ranks": sorted(ranks), "first": _evidence(first)}
+            for shard, (n, ranks, first) in ranked
+        ],
+    }
+
+
+def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
+    return {
+        "run": run.files.ts,
+        "logs_dir": str(run.files.logs_dir),
+        "status": verdict.status,
+        "world_size": run.world_size,
+        "newest_line": _time(run.newest_line),
+        "ranks": [
+            _rank(run, r, verdict.states.get(r.rank, "running"), tail) for r in run.ranks.values()
+        ],
+        "culprits": [_finding(f) for f in verdict.culprits],
+        "victims": [_finding(f) for f in verdict.victims],
+        "missing_ranks": run.missing,
+        "shard_plan_mismatch": _plan_mismatch(run),
+        "data_errors": _data_errors(run),
+    }
+
+
+# --- rendering ------------------------------------------------------------------------------
+def _num(x: Any) -> str:
+    return "-" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _rank_table(doc: dict[str, Any]) -> Table:
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    for name in ("rank", "state", "phase", "last marker", "epoch", "step", "last line",
+                 "silent s", "idle s", "memory", "errors", "warn", "stalls"):  # fmt: skip
+        numeric = name in ("rank", "epoch", "step", "silent s", "idle s", "errors", "warn")
+        wrap = name in ("last marker", "memory")
+        table.add_column(
+            name, justify="right" if numeric or name == "stalls" else "left", no_wrap=not wrap
+        )
+    for r in doc["ranks"]:
+        memory = r["memory"] or (f"rss={r['rss_mb']:.0f}MB" if r["rss_mb"] is not None else "-")
+        when = r["last_line_time"][11:] if r["last_line_time"] else "-"
+        table.add_row(
+            str(r["rank"]), Text(r["state"], style=_STATE_STYLE.get(r["state"], "")),
+            r["phase"] or "-", r["last_marker"] or "-", _num(r["epoch"]), _num(r["step"]), when,
+            _num(r["silent_s"]), _num(r["idle_s"]), memory, _num(r["errors"]),
+            _num(r["warnings"]), _num(r["stall_reports"]),
+        )  # fmt: skip
+    return table
+
+
+def _print_evidence(console: Console, evidence: list[dict[str, Any]]) -> None:
+    for e in evidence:
+        where = f"{e['file']}:{e['line']}" if e["line"] else e["file"]
+        line = Text(f"    {where}  ", style="dim")
+        m = RECORD_PATTERN.match(e["text"])  # a record: its clock time and message are enough
+        line.append(f"{m['time'][11:]} {m['message']}" if m else e["text"].strip())
+        console.print(line, overflow="ellipsis", no_wrap=True)
+
+
+def render(doc: dict[str, Any], console: Console) -> None:
+    status = doc["status"]
+    style = {"finished": "green", "running": "green"}.get(status, "bold red")
+    head = Text(f"Run {doc['run']} in {doc['logs_dir']}: {doc['world_size'] or '?'} ranks, ")
+    head.append(status.upper(), style=style)
+    head.append(f"; newest line {doc['newest_line'] or '-'}")
+    console.print(head)
+    console.print(_rank_table(doc))
+    console.print()
+    culprits = doc["culprits"]
+    if not culprits:
+        console.print(Text(f"Verdict: no rank holds the job back ({status}).", style=style))
+    else:
+        ranks = ", ".join(str(c["rank"]) for c in culprits)
+        console.print(Text(f"Verdict: held back by rank {ranks}", style="bold red"))
+    for c in culprits:
+        line = Text(f"  rank {c['rank']}: ", style="bold")
+        line.append(c["cause"], style="bold red")
+        line.append(f"  (phase {c['phase'] or '?'}; {c['rule']})")
+        console.print(line)
+        _print_evidence(console, c["evidence"])
+    for v in doc["victims"]:
+        console.print(f"  rank {v['rank']}: {v['cause']} (phase {v['phase'] or '?'}), a victim")
+        _print_evidence(console, v["evidence"])
+    if doc["missing_ranks"]:
+        missing = ", ".join(map(str, doc["missing_ranks"]))
+        console.print(Text(f"Missing ranks (no debug log): {missing}", style="bold red"))
+    for split, plans in doc["shard_plan_mismatch"].items():
+        console.print(Text(f"Shard plans differ ({split}):", style="bold red"))
+        for rank, plan in plans.items():
+            console.print(f"    rank {rank}: {plan}")
+    errors = doc["data_errors"]
+    if errors["lines"]:
+        console.print(f"Data errors: {errors['lines']} ERROR lines name a shard; most named:")
+        for s in errors["shards"]:
+            console.print(f"    {s['lines']:>6}  {s['shard']}  (ranks {s['ranks']})")
+    for r in doc["ranks"]:
+        if "tail" in r:
+            console.print(Text(f"\nLast lines of {r['logs'][-1]}:", style="bold"))
+            for line in r["tail"]:
+                console.print(Text(line), overflow="ellipsis", no_wrap=True)

@@ -1,0 +1,96 @@
+"""Everything `ae-diagnose` knows about a run: each rank's state, the train log, the time frame.
+
+Times: log lines carry the writer's local time, heartbeats Unix seconds; both become Unix seconds
+(same host, or clocks in sync, as a multi-node job needs anyway). `newest_line` is the newest
+record of any file of the run: silence is measured from it, not from the clock of the machine
+reading the logs, so a dead run reads the same tomorrow.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ae.diagnose.heartbeats import read_heartbeat
+from ae.diagnose.logscan import LogBytes, Record
+from ae.diagnose.rank_log import RankLog, read_rank
+from ae.diagnose.run_files import RunFiles
+from ae.log_lines import RESOLVED_CONFIG
+
+_STALL_TIMEOUT = re.compile(r"^stall_timeout: (?P<value>\S+)$", re.M)
+
+
+@dataclass
+class TrainLog:
+    last: Record | None = None
+    world_size: int | None = None
+    config: str | None = None  # the resolved config, YAML
+
+    @property
+    def stall_timeout(self) -> float | None:
+        m = None if self.config is None else _STALL_TIMEOUT.search(self.config)
+        try:
+            return None if m is None else float(m["value"])
+        except ValueError:
+            return None
+
+
+@dataclass
+class RunState:
+    files: RunFiles
+    ranks: dict[int, RankLog]
+    train: TrainLog
+    world_size: int | None
+    missing: list[int]
+    newest_line: float | None  # newest record line of the run
+    reference: float | None  # newest of the lines and the heartbeat writes
+
+    def silent_s(self, rank: RankLog) -> float | None:
+        if self.newest_line is None or rank.last_time is None:
+            return None
+        return max(0.0, self.newest_line - rank.last_time)
+
+    def idle_s(self, rank: RankLog) -> float | None:
+        """Seconds since the rank's last progress (step, marker, heartbeat beat)."""
+        if self.reference is None or rank.progress_time is None:
+            return None
+        return max(0.0, self.reference - rank.progress_time)
+
+
+def read_train_log(paths: list[Path]) -> TrainLog:
+    out = TrainLog()
+    for path in paths:
+        log = LogBytes.read(path)
+        if (start := log.last_record()) is not None:
+            out.last = log.record(start) or out.last
+            out.world_size = out.world_size or (out.last.world if out.last else None)
+        start = log.rfind_record(f"] {RESOLVED_CONFIG}".encode())
+        if start is not None:
+            out.config = "\n".join(log.text(p) for p in log.continuation(start, 1000))
+    return out
+
+
+def read_run(files: RunFiles, max_shard_errors: int = 1000) -> RunState:
+    ranks: dict[int, RankLog] = {}
+    for rank in sorted(set(files.debug_logs) | set(files.heartbeats)):
+        beat = read_heartbeat(files.heartbeats[rank]) if rank in files.heartbeats else None
+        ranks[rank] = read_rank(rank, files.debug_logs.get(rank, []), beat, max_shard_errors)
+    train = read_train_log(files.train_logs)
+    worlds = [r.world_size for r in ranks.values() if r.world_size] + [train.world_size or 0]
+    world = max(worlds) or None
+    expected = set(range(world)) if world else set()
+    missing = sorted(expected - {r for r, s in ranks.items() if s.files})
+    lines = [r.last_time for r in ranks.values() if r.last_time is not None]
+    if train.last is not None:
+        lines.append(train.last.time)
+    beats = [r.heartbeat.time for r in ranks.values() if r.heartbeat is not None]
+    return RunState(
+        files=files,
+        ranks=ranks,
+        train=train,
+        world_size=world,
+        missing=missing,
+        newest_line=max(lines) if lines else None,
+        reference=max(lines + beats) if lines or beats else None,
+    )

@@ -1,0 +1,316 @@
+"""Which rank(s) hold the job back, and why: the rules, applied to the ranks' states in order.
+
+1. Failures: an uncaught exception (`exception: <Type>`), a fatal signal (`fatal signal:
+   SIGSEGV`), a non-zero RANK_EXIT (`error exit: <Type>`). An exception that only reports a dead
+   or stuck peer (gloo `Connection closed by peer`, DistBackendError, NCCL errors, timeouts,
+   SIGTERM from torchrun, broken pipe) makes its rank a victim, not a culprit.
+2. A rank whose log just stops (no exit line, no FATAL, no open STALL) and whose process is gone
+   (its heartbeat pid, on this host, is dead) or whose peers have ended: `killed without trace`
+   (the OOM killer, SIGKILL) -- unless it stopped within GAP_S of another rank's failure, then
+   torchrun stopped it (victim).
+3. Open stalls: a stalled rank whose main thread is not in a collective is a culprit, the cause is
+   its phase; one that waits in a collective (`collective wait: yes`) is a victim. If every
+   stalled rank waits, the culprit is a missing rank, else a rank with no STALL of its own (its
+   watchdog starved), else the rank(s) behind (lowest step), else all of them (`collective wait`).
+4. No STALL (watchdog off or not yet due): ranks without progress for longer than the stall
+   timeout; the one that stopped first is the culprit, the cause its phase.
+5. If every failure reports a peer, the first rank to fail is the culprit.
+A run where every rank wrote its exit line with code 0 and nothing failed has no culprits.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ae.diagnose.logscan import Evidence
+from ae.diagnose.rank_log import Crash, RankLog, Stall
+from ae.diagnose.run_state import RunState
+
+# A rank gone at most this before a peer's failure was stopped by torchrun: its heartbeat (every
+# 5 s at most) or its last line is that old when it dies.
+GAP_S = 6.0
+STALE_S = 30.0  # a heartbeat this much older than the run's newest sign of life: writer gone
+DEFAULT_STALL_TIMEOUT = 300.0  # SPEC default, when the train log does not say
+
+_PEER_TYPES = {
+    "DistBackendError", "DistNetworkError", "DistStoreError", "BrokenPipeError",
+    "ConnectionResetError", "ConnectionAbortedError", "SignalException", "SIGTERMException",
+}  # fmt: skip
+_PEER_TEXT = re.compile(
+    r"Connection (?:closed|reset) by peer|Broken pipe|gloo/transport|remote (?:worker|process)|"
+    r"NCCL (?:error|communicator)|nccl(?:Remote|System)Error|ProcessGroupNCCL|"
+    r"Watchdog caught collective operation timeout|Timed out waiting|Socket Timeout|"
+    r"got signal: 15|SIGTERM"
+)
+
+
+@dataclass
+class Finding:
+    rank: int
+    phase: str | None
+    cause: str
+    rule: str
+    evidence: list[Evidence] = field(default_factory=list)
+    time: float | None = None
+
+
+@dataclass
+class Verdict:
+    status: str  # finished, running, hung, failed, stopped
+    culprits: list[Finding]
+    victims: list[Finding]
+    states: dict[int, str]  # rank -> exited, crashed, killed, stalled, waiting, running, ...
+
+
+def is_peer_failure(crash: Crash) -> bool:
+    """An exception (any of a chain) that reports a dead, stuck or stopping peer."""
+    if crash.signal:
+        return False
+    return crash.kind in _PEER_TYPES or bool(
+        _PEER_TEXT.search("\n".join([crash.message, *crash.chain]))
+    )
+
+
+def primary_crash(r: RankLog) -> Crash | None:
+    """The rank's first crash of its own: not a peer's, and not after it got SIGTERM (torchrun
+    stopping the job; its dataloader workers die of it too)."""
+    stopped = r.sigterm.time if r.sigterm is not None else None
+    return next(
+        (c for c in r.crashes
+         if not is_peer_failure(c) and (stopped is None or c.time < stopped)),
+        None,
+    )  # fmt: skip
+
+
+def finished(r: RankLog) -> bool:
+    if r.crashes:
+        return False
+    if r.exit_code is not None:
+        return r.exit_code == 0
+    return r.heartbeat is not None and r.heartbeat.state == "exited"
+
+
+def open_stall(r: RankLog) -> Stall | None:
+    """The rank's unresolved stall, unless it exited or failed of its own after it. A failure
+    that only ends the stall (a peer's error, SIGTERM from torchrun) leaves it open: the stall
+    is what happened."""
+    s = r.open_stall
+    if s is None or finished(r):
+        return None
+    c = primary_crash(r)
+    ends = ([c.time] if c else []) + ([r.exit.time] if r.exit else [])
+    return None if any(t >= s.time for t in ends) else s
+
+
+def current_phase(r: RankLog) -> str:
+    if finished(r):
+        return "teardown"
+    if (s := open_stall(r)) is not None:
+        return s.phase
+    if r.crashes:
+        return r.crashes[0].phase or r.log_phase or "setup"
+    hb = r.heartbeat  # the newer of the heartbeat and the log says where the rank is
+    if hb is not None and (r.last_time is None or hb.time >= r.last_time):
+        return hb.phase
+    return r.log_phase or (hb.phase if hb is not None else "setup")
+
+
+def _last_words(r: RankLog) -> list[Evidence]:
+    """Its last line, and the stacks faulthandler dumped when its watchdog could not run."""
+    return [e for e in (r.last.evidence if r.last else None, r.native_dump) if e is not None]
+
+
+class _Judge:
+    def __init__(self, run: RunState) -> None:
+        self.run = run
+        self.culprits: list[Finding] = []
+        self.victims: list[Finding] = []
+        self.states: dict[int, str] = {}
+
+    def failures(self) -> float | None:
+        """Rule 1; returns the time of the first failure."""
+        for r in self.run.ranks.values():
+            if (c := primary_crash(r)) is not None:
+                self._crashed(
+                    r, c, f"{c.kind} in {c.where}" + ("" if c.signal else f": {c.message}")
+                )
+            elif r.exit_code not in (None, 0) and r.exit is not None:
+                why = r.exit.message.rsplit(": ", 1)[-1]
+                evidence = [e for e in (r.last_error, r.exit.evidence) if e is not None]
+                rule = f"exited with code {r.exit_code}"
+                phase = current_phase(r)
+                self._culprit(r, phase, f"error exit: {why}", rule, evidence, r.exit.time)
+                self.states[r.rank] = "error exit"
+        times = [f.time for f in self.culprits if f.time is not None]
+        return min(times) if times else None
+
+    def gone(self, first_failure: float | None) -> None:
+        """Rule 2. Of the ranks gone without trace, the first to go is the culprit; a rank that
+        got SIGTERM, or went after (or just before) another rank's failure, was stopped."""
+        ranks = self.run.ranks.values()
+        ended = {r.rank for r in ranks if r.crashes or r.exit is not None or finished(r)}
+        gone: list[tuple[float, RankLog, list[Evidence]]] = []
+        for r in ranks:
+            if not r.files or r.rank in ended or open_stall(r) is not None:
+                continue
+            hb = r.heartbeat
+            alive = hb.alive if hb is not None else None
+            stale = hb is not None and (self.run.reference or 0) - hb.time > STALE_S
+            if alive is not False and not (alive is None and (ended or stale)):
+                continue
+            evidence = [r.last.evidence] if r.last else []
+            if hb is not None and alive is False:
+                note = f"pid {hb.pid} on {hb.host} is gone; heartbeat state {hb.state}"
+                evidence.append(Evidence(hb.path, 0, note))
+            gone.append((r.last_sign_of_life or 0.0, r, evidence))
+        failed = ", ".join(str(f.rank) for f in self.culprits)
+        first_gone: RankLog | None = None
+        for life, r, evidence in sorted(gone, key=lambda g: g[0]):
+            self.states[r.rank] = "stopped"
+            if r.sigterm is not None:
+                self._victim(r, "stopped by SIGTERM", [r.sigterm.evidence])
+            elif first_failure is not None and life >= first_failure - GAP_S:
+                self._victim(r, f"stopped after rank {failed} failed", evidence[-1:])
+            elif first_gone is not None:
+                self._victim(r, f"stopped after rank {first_gone.rank} died", evidence[-1:])
+            else:
+                first_gone = r
+                rule = "log stops with no exit line, no exception, no stall"
+                self._culprit(r, current_phase(r), "killed without trace", rule, evidence, life)
+                self.states[r.rank] = "killed"
+
+    def peers(self) -> None:
+        """Victims of rule 1, and rule 5 when no other rule named a culprit."""
+        blamed = {f.rank for f in self.culprits} | {f.rank for f in self.victims}
+        peer = [
+            r for r in self.run.ranks.values()
+            if r.crashes and primary_crash(r) is None and r.rank not in blamed
+        ]  # fmt: skip
+        stopped = [r for r in peer if r.sigterm is not None and r.sigterm.time <= r.crashes[0].time]
+        candidates = [r for r in peer if r not in stopped]  # SIGTERM for all: a preemption
+        if not self.culprits and candidates:
+            first = min(candidates, key=lambda r: r.crashes[0].time)
+            self._crashed(first, first.crashes[0], "first rank to fail; all failures name a peer")
+            peer.remove(first)
+        for r in peer:
+            c = r.crashes[0]
+            if r in stopped:
+                assert r.sigterm is not None
+                self._victim(r, "stopped by SIGTERM", [r.sigterm.evidence, c.evidence[0]])
+                self.states[r.rank] = "stopped"
+            else:
+                self._victim(r, f"peer failure: {c.kind}", [c.evidence[0], *c.evidence[-1:]])
+                self.states[r.rank] = "peer failure"
+
+    def stalls(self, first_failure: float | None) -> None:
+        """Rule 3."""
+        ranks = self.run.ranks
+        stalls = {r.rank: s for r in ranks.values() if (s := open_stall(r))}
+        # A waiting rank that then failed (its collective timed out) is a peer failure (peers()).
+        waiting = {rank: s for rank, s in stalls.items() if s.waiting and not ranks[rank].crashes}
+        for rank, s in stalls.items():
+            if s.waiting:
+                if rank in waiting:
+                    self.states.setdefault(rank, "waiting")
+                continue
+            self.states.setdefault(rank, "stalled")
+            if first_failure is None or s.began < first_failure:
+                rule = f"no progress for {s.idle:.0f}s+ outside a collective"
+                self._culprit(ranks[rank], s.phase, s.phase, rule, s.evidence, s.began)
+            else:  # stuck since a peer failed: in its teardown, or on a dead peer's socket
+                self._victim(ranks[rank], "stalled after a failure", s.evidence[:1])
+        if waiting and not self.culprits:
+            self._all_waiting(waiting, stalls)
+        blamed = {f.rank for f in self.culprits}
+        for rank, s in waiting.items():
+            if rank not in blamed:
+                self._victim(ranks[rank], "collective wait", s.evidence[:1])
+
+    def _all_waiting(self, waiting: dict[int, Stall], stalls: dict[int, Stall]) -> None:
+        run = self.run
+        if run.missing:
+            for rank in run.missing:
+                rule = "its peers wait in a collective and it wrote no log"
+                self.culprits.append(Finding(rank, None, "missing log", rule))
+            return
+        quiet = [
+            r for r in run.ranks.values()
+            if r.files and r.rank not in stalls and r.rank not in self.states
+            and not (r.crashes or r.exit or finished(r))
+        ]  # fmt: skip
+        if quiet:
+            for r in quiet:
+                rule = "no STALL of its own while its peers wait (watchdog starved?)"
+                self._culprit(r, current_phase(r), current_phase(r), rule, _last_words(r))
+            return
+        low = min(s.step for s in waiting.values())
+        behind = [rank for rank, s in waiting.items() if s.step == low]
+        rule = (
+            f"behind: waits at step {low} while others wait at a later step"
+            if len(behind) < len(waiting)
+            else "every rank waits in a collective (one that some ranks never call?)"
+        )
+        for rank in behind:
+            s = waiting[rank]
+            self._culprit(run.ranks[rank], s.phase, "collective wait", rule, s.evidence[:1])
+
+    def idle(self) -> None:
+        """Rule 4."""
+        run = self.run
+        limit = run.train.stall_timeout or DEFAULT_STALL_TIMEOUT
+        running = [r for r in run.ranks.values() if r.rank not in self.states and not finished(r)]
+        stuck = [r for r in running if (run.idle_s(r) or 0.0) > limit]
+        if not stuck:
+            return
+        first = min(stuck, key=lambda r: r.progress_time or 0.0)
+        idle = run.idle_s(first) or 0.0
+        rule = f"no progress for {idle:.0f}s (> {limit:g}s), the first rank to stop"
+        self._culprit(first, current_phase(first), current_phase(first), rule, _last_words(first))
+        self.states[first.rank] = "stuck"
+        for r in stuck:
+            if r is not first:
+                self._victim(r, "no progress (waiting?)", [r.last.evidence] if r.last else [])
+                self.states[r.rank] = "stuck"
+
+    def _crashed(self, r: RankLog, c: Crash, rule: str) -> None:
+        cause = f"{'fatal signal' if c.signal else 'exception'}: {c.kind}"
+        self._culprit(r, c.phase or r.log_phase, cause, rule, c.evidence, c.time)
+        self.states[r.rank] = "crashed"
+
+    def _culprit(
+        self, r: RankLog, phase: str | None, cause: str, rule: str,
+        evidence: list[Evidence], time: float | None = None,
+    ) -> None:  # fmt: skip
+        self.culprits.append(Finding(r.rank, phase, cause, rule, evidence, time))
+
+    def _victim(self, r: RankLog, cause: str, evidence: list[Evidence]) -> None:
+        self.victims.append(Finding(r.rank, current_phase(r), cause, "", evidence))
+
+
+def judge(run: RunState) -> Verdict:
+    j = _Judge(run)
+    first_failure = j.failures()
+    j.gone(first_failure)
+    first_failure = min((f.time for f in j.culprits if f.time is not None), default=first_failure)
+    j.stalls(first_failure)
+    j.peers()
+    if not j.culprits and not j.victims:
+        j.idle()
+    for r in run.ranks.values():
+        alive = r.heartbeat.alive if r.heartbeat else None
+        default = "exited" if finished(r) else ("running" if alive is not False else "stopped")
+        j.states.setdefault(r.rank, default)
+    all_done = not run.missing and all(finished(r) for r in run.ranks.values())
+    if all_done and not j.culprits:
+        status = "finished"
+    elif any(j.states.get(f.rank) in ("crashed", "error exit", "killed") for f in j.culprits):
+        status = "failed"
+    elif j.culprits:
+        status = "hung"
+    elif any(s == "running" for s in j.states.values()):
+        status = "running"
+    else:
+        status = "stopped"
+    by_rank = sorted(j.culprits, key=lambda f: f.rank)
+    return Verdict(status, by_rank, sorted(j.victims, key=lambda f: f.rank), j.states)
