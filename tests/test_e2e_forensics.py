@@ -162,12 +162,11 @@ def test_stalls_reported_by_stuck_and_waiting_ranks(make_shards, run_dir: Path) 
     assert re.search(r"\[Rank 0/2\] STALL detected", main)
     assert re.search(r"\[Rank 1/2\] STALL detected", main)
     assert "STALL RESOLVED" in main and "Thread MainThread" not in main
-    beats = [json.loads(res.log(f"heartbeat_rank{r}_*.json")[0].read_text()) for r in (0, 1)]
-    for rank, beat in enumerate(beats):
-        assert tuple(beat) == HEARTBEAT_FIELDS and (beat["rank"], beat["world_size"]) == (rank, 2)
-    assert beats[0]["state"] == "failed"  # left main with the timeout error
-    # rank 1 slept on through SIGTERM until torchrun's SIGKILL: its last heartbeat says so
-    assert beats[1]["state"] == "running" and beats[1]["stalled"] is True
+    for rank in (0, 1):
+        (path,) = res.log(f"heartbeat_rank{rank}_*.json")
+        beat = json.loads(path.read_text())
+        assert tuple(beat) == HEARTBEAT_FIELDS and beat["rank"] == rank
+        assert beat["state"] == "failed" and beat["world_size"] == 2
     # --debug: the distributed libraries' own debug output is in the native files.
     assert "Reducer initialized" in res.text("native_rank1_*.log")
     # ae-diagnose: rank 1, stuck in its step for good, held the job back; rank 0 timed out.
