@@ -90,7 +90,7 @@ def run_ae(steps: int, world: int, logs: Path) -> float:
             if trainer.global_step == WARMUP:
                 Timer.t0 = time.perf_counter()
 
-    trainer = build_trainer(cfg, ctx)
+    trainer = build_trainer(cfg, ctx, "bench")
     trainer.callbacks.append(Timer())
     loader = DataLoader(_batches(steps, ctx.rank), batch_size=None)
     trainer.fit(_model(), train_dataloaders=loader)
