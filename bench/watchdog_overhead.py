@@ -1,6 +1,6 @@
 """Training throughput with the stall watchdog + debug logging on, versus both off.
 
-    .venv/bin/python bench/watchdog_overhead.py [--pairs 2] [--batches 1500] [--segments 200]
+    .venv/bin/python -m bench.watchdog_overhead [--pairs 2] [--batches 1500] [--segments 200]
 
 On: `--debug=true --stall_timeout=300`: the watchdog thread and its heartbeat file, and a
 `Training step` line per batch (loss, LR, samples/s, RSS of rank and workers).
@@ -27,11 +27,9 @@ Writes bench/results/watchdog_overhead.json.
 from __future__ import annotations
 
 import argparse
-import io
 import itertools
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -40,22 +38,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import lightning as L
+import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-
-import logging_cfg  # noqa: E402
-from ae.config import parse_config  # noqa: E402
-from ae.datamodule import ShardDataModule  # noqa: E402
-from ae.debug_callback import DebugCallback  # noqa: E402
-from ae.model import AutoEncoder  # noqa: E402
-from ae.shard_writer import write_shard  # noqa: E402
-from ae.trainer import build_trainer  # noqa: E402
-from ae.watchdog import start_watchdog, stop_watchdog  # noqa: E402
+import logging_cfg
+from ae.config import parse_config
+from ae.datamodule import ShardDataModule
+from ae.debug_callback import DebugCallback
+from ae.model import AutoEncoder
+from ae.trainer import build_trainer
+from ae.watchdog import start_watchdog, stop_watchdog
+from bench.common import synthetic_shards, write_record
 
 BATCH = 16
 SKIP = 300  # warm-up batches, excluded
@@ -69,20 +62,10 @@ MODES = {
 
 
 def make_shards(folder: Path, batches: int) -> tuple[list[str], list[str]]:
-    rng = np.random.default_rng(0)
-
-    def samples(n: int, start: int) -> list[dict]:
-        out = []
-        for i in range(n):
-            buf = io.BytesIO()
-            np.save(buf, rng.random(16, np.float32))
-            out.append({"__key__": f"{start + i:08d}".encode(), "npy": buf.getvalue()})
-        return out
-
-    n = batches * BATCH
-    write_shard(folder / "train-000000.tar", samples(n, 0))
-    write_shard(folder / "val-000000.tar", samples(BATCH, n))
-    return [str(folder / "train-000000.tar")], [str(folder / "val-000000.tar")]
+    """One train shard of `batches` batches of 16-float vectors, one val batch."""
+    train = synthetic_shards(folder / "train", "npy", 1, batches * BATCH, dim=16)
+    val = synthetic_shards(folder / "val", "npy", 1, BATCH, dim=16)
+    return train, val
 
 
 class Stopwatch(L.Callback):
@@ -129,16 +112,16 @@ def fit(
     """Train once in this process as train_ae.py does; `spy(trainer)` is added to the callbacks."""
     cfg = parse_config([
         f"--output_dir={out}", f"--batch_size={BATCH}", "--hidden_dim=8", "--latent_dim=4",
-        "--num_workers=1", "--max_epochs=1", "--checkpointing_period=0", "--warmup_steps=0",
-        *MODES[mode],
+        "--num_workers=1", "--max_epochs=1", "--checkpointing_period=0", "--save_best=false",
+        "--warmup_steps=0", *MODES[mode],
     ])  # fmt: skip
     ctx = logging_cfg.RankContext()
     paths = logging_cfg.configure(cfg.logs_dir, "bench", ctx, debug=cfg.debug)
     start_watchdog(cfg, ctx, paths, "bench")
     try:
         dm = ShardDataModule(cfg, *urls)
-        model = AutoEncoder(dm.spec, hidden_dim=cfg.hidden_dim, latent_dim=cfg.latent_dim)
-        trainer = build_trainer(cfg, ctx)
+        model = AutoEncoder.from_config(dm.spec, cfg, ctx.world_size)
+        trainer = build_trainer(cfg, ctx, "bench")
         watch = spy(trainer)
         trainer.callbacks.append(watch)
         trainer.fit(model, datamodule=dm)
@@ -187,9 +170,6 @@ def main() -> int:
                 cpu[mode].append(round(c, 3))
     whole = [pct(1 / off, 1 / on) for off, on in zip(rate["off"], rate["on"], strict=True)]
     result = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}, torch {torch.__version__}",
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "interleaved_segments": len(segments),
         "overhead_percent": round(interleaved(segments, 1), 2),
@@ -206,9 +186,7 @@ def main() -> int:
         "whole_runs_overhead_percent": round(statistics.median(whole), 2),
         "seconds": round(time.monotonic() - t_start, 1),
     }
-    results = ROOT / "bench" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "watchdog_overhead.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_record("watchdog_overhead", result)
     print(json.dumps(result, indent=1))
     return 0
 
