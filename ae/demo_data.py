@@ -15,9 +15,8 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
-from ae.shard_writer import Sample, write_shards
+from ae.shard_writer import Sample, png_bytes, write_shards
 
 VERSION = "digits-v2"  # v2: shards carry index sidecars
 NUM_VAL = 297  # 1,500 train / 297 val
@@ -47,16 +46,10 @@ def _load_digits() -> tuple[np.ndarray, np.ndarray]:
     return images, table[:, 64]
 
 
-def _png(img: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(img, mode="L").save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def _build(root: Path) -> None:
     images, labels = _load_digits()
     samples: list[Sample] = [
-        {"__key__": f"{i:06d}".encode(), "png": _png(img), "cls": str(int(y)).encode()}
+        {"__key__": f"{i:06d}".encode(), "png": png_bytes(img), "cls": str(int(y)).encode()}
         for i, (img, y) in enumerate(zip(images, labels, strict=True))
     ]
     # Build beside the final folder, then rename: concurrent launchers never see half a dataset.

@@ -8,9 +8,26 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+from PIL import Image
+
 from ae.shard_index import write_index
 
 Sample = dict[str, bytes]  # {"__key__": b"000123", "png": b"...", "cls": b"3"}
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """The `.npy` file of `array`, as a sample field."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array))
+    return buf.getvalue()
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """A PNG of a uint8 HxW (grayscale) or HxWx3 (RGB) array, as a sample field."""
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    return buf.getvalue()
 
 
 def write_shard(path: Path, samples: Iterable[Sample]) -> int:

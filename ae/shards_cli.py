@@ -16,7 +16,6 @@ SPEC is a shard spec as for --train_shards. Bad input exits 2 with one message, 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ import logging_cfg
 from ae.decode import decode_sample
 from ae.shard_index import index_url, read_index, write_index
 from ae.shard_spec import ShardSpecError, expand_shards, is_remote
-from ae.shard_writer import Sample, write_shards
+from ae.shard_writer import Sample, npy_bytes, write_shards
 from ae.tar_samples import iter_samples, scan_shard
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg")
@@ -49,12 +48,6 @@ def _progress(console: Console) -> Progress:
 
 
 # --- write ----------------------------------------------------------------------------------
-def _npy_bytes(row: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(row))
-    return buf.getvalue()
-
-
 def _load_array(src: Path, key: str | None) -> np.ndarray:
     try:  # a .npy is memory-mapped (rows are read as they are written); a .npz is lazy
         data = np.load(src, mmap_mode="r", allow_pickle=False)
@@ -90,7 +83,7 @@ def _source_samples(src: Path, key: str | None) -> tuple[int, Iterator[Sample]]:
     if src.suffix in (".npy", ".npz") and src.is_file():
         array = _load_array(src, key)
         return len(array), (
-            {"__key__": f"{i:08d}".encode(), "npy": _npy_bytes(row)} for i, row in enumerate(array)
+            {"__key__": f"{i:08d}".encode(), "npy": npy_bytes(row)} for i, row in enumerate(array)
         )
     raise CliError(f"{src}: expected a .npy or .npz file or a folder of images")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import platform
@@ -12,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
-from ae.shard_writer import write_shard
+from ae.shard_writer import npy_bytes, png_bytes, write_shard
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -39,18 +37,6 @@ def write_record(name: str, record: dict[str, Any]) -> Path:
     return path
 
 
-def _npy(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    return buf.getvalue()
-
-
-def _png(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def synthetic_shards(
     root: Path, kind: str, shards: int, per_shard: int, dim: int = 64, size: int = 32
 ) -> list[str]:
@@ -66,10 +52,12 @@ def synthetic_shards(
         for j in range(per_shard):
             key = f"{i * per_shard + j:09d}".encode()
             if kind == "npy":
-                samples.append({"__key__": key, "npy": _npy(rng.random(dim, dtype=np.float32))})
+                samples.append(
+                    {"__key__": key, "npy": npy_bytes(rng.random(dim, dtype=np.float32))}
+                )
             else:
                 img = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
-                samples.append({"__key__": key, "png": _png(img)})
+                samples.append({"__key__": key, "png": png_bytes(img)})
         write_shard(Path(url), samples)
     return urls
 

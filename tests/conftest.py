@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
@@ -13,23 +12,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from PIL import Image
 
-from ae.shard_writer import Sample, write_shard
+from ae.shard_writer import Sample, npy_bytes, png_bytes, write_shard
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def npy_bytes(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    return buf.getvalue()
-
-
-def png_bytes(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def vector_samples(n: int, dim: int = 16, start: int = 0, seed: int = 0) -> list[Sample]:
