@@ -26,4 +26,4 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; 
 fi
 
 if [ "${1:-}" = "--install-only" ]; then exit 0; fi
-exec "$VENV/bin/python" -m ae.launch "$@"
+exec "$VENV/bin/python" -m ae.cli.launch "$@"

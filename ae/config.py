@@ -1,5 +1,10 @@
 """Run configuration: every flag is declared once here, with its type, default, range and help.
 
+Flags stay flat on the command line and in YAML (`--batch_size=64`, `batch_size: 64`), but each
+is declared in the section of the concern that uses it, and each component receives only its
+section: the data module a `DataConfig`, the model a `ModelConfig`, and so on. `Config` is the
+whole, built by `parse_config`.
+
 Sources, later wins: field defaults < `--config FILE.yaml` < command-line flags. Parsing and
 validation collect *every* problem before failing, so a user fixes a bad command in one go.
 This module imports no torch: the launcher validates flags in well under a second, before any
@@ -9,7 +14,7 @@ worker process exists.
 from __future__ import annotations
 
 import dataclasses
-import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -18,8 +23,11 @@ from typing import Any, Literal
 
 import yaml
 
+from ae.errors import UserError
+from ae.run_dir import RunDir
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError):
     """Bad user input. `problems` holds one line per offending key."""
 
     def __init__(self, problems: list[str]) -> None:
@@ -36,14 +44,36 @@ def _opt(default: Any, help: str, *, lo: float | None = None, hi: float | None =
     return field(default=default, metadata={"help": help, "lo": lo, "hi": hi})
 
 
-@dataclass
-class Config:
-    """Train an autoencoder on WebDataset shards across ranks, with per-rank logs."""
+@dataclass(frozen=True)
+class RunConfig:
+    """The run: its folder, its processes, when it stops."""
 
     config: str | None = _opt(None, "YAML file with any of these keys; flags override it")
     print_config: bool = _opt(False, "print the resolved config as YAML and exit")
-    debug: bool = _opt(False, "per-batch and per-shard progress lines in the debug_rank logs")
     output_dir: str = _opt("runs/ae", "run folder: logs/ and checkpoints/ go below it")
+    overwrite: bool = _opt(
+        False, "start afresh in an output_dir holding an earlier run's checkpoints (deletes them)"
+    )
+    devices: str = _opt("auto", "processes per node: a number, or auto (all GPUs, else 2 CPU)")
+    num_nodes: int = _opt(1, "number of nodes", lo=1)
+    accelerator: Literal["auto", "cpu", "gpu"] = _opt("auto", "auto picks gpu when CUDA is present")
+    precision: Literal["32", "bf16-mixed", "16-mixed"] = _opt("32", "numeric precision")
+    max_epochs: int = _opt(5, "stop after this many epochs (-1 = no limit)", lo=-1)
+    max_steps: int = _opt(-1, "stop after this many optimizer steps (-1 = no limit)", lo=-1)
+    val_interval: int = _opt(
+        0, "also validate every N optimizer steps (0 = at epoch end only)", lo=0
+    )
+    seed: int = _opt(42, "random seed (data order, init)", lo=0)
+
+    @property
+    def dir(self) -> RunDir:
+        return RunDir(Path(self.output_dir))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Shards and the input pipeline."""
+
     train_shards: str | None = _opt(
         None, "shard spec (brace, glob, dir, pipe:CMD, http(s)://); default: demo digits"
     )
@@ -57,11 +87,79 @@ class Config:
     tar_reader: Literal["fast", "tarfile"] = _opt(
         "fast", "tar parsing: fast (header cutting) or tarfile (Python's module, the reference)"
     )
-    devices: str = _opt("auto", "processes per node: a number, or auto (all GPUs, else 2 CPU)")
-    num_nodes: int = _opt(1, "number of nodes", lo=1)
-    accelerator: Literal["auto", "cpu", "gpu"] = _opt("auto", "auto picks gpu when CUDA is present")
-    max_epochs: int = _opt(5, "stop after this many epochs (-1 = no limit)", lo=-1)
-    max_steps: int = _opt(-1, "stop after this many optimizer steps (-1 = no limit)", lo=-1)
+    input_key: str | None = _opt(
+        None,
+        "sample field to train on, as WebDataset names it (x.npy, image.jpg, jpg; 'jpg;png': "
+        "whichever the sample has; x.npz/NAME: one array of an npz); default: the first "
+        "decodable field of the first sample (an image field: with any image extension)",
+    )
+    image_size: int = _opt(
+        0,
+        "images: resize the shorter side to N, then crop N x N (random crop in training, center "
+        "in validation and sampling); 0 = native size, which must then be the same for all",
+        lo=0,
+    )
+    channels: int = _opt(
+        0, "images: 1 (grayscale) or 3 (RGB), whatever each image's mode; 0 = as the first", lo=0
+    )
+    random_flip: bool = _opt(False, "images: flip half of the training images left-right")
+    npy_scale: float = _opt(
+        1.0,
+        "arrays (npy/npz/pth): multiply the float32 values by this (e.g. 0.00392156863 = 1/255 "
+        "for uint8 pixels); 1 = values as stored",
+    )
+
+
+BUILTIN_MODELS = ("auto", "mlp", "conv", "resnet")
+# `package.module:ClassName`: a class of the user's, imported by path.
+USER_MODEL = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+DOWNSAMPLE_FACTORS = (2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The autoencoder (ae/training/README.md has a section per model)."""
+
+    model: str = _opt(
+        "auto",
+        "auto (mlp for vectors, conv for images), mlp, conv, resnet, or your own class as "
+        "package.module:ClassName",
+    )
+    model_args: dict[str, Any] | None = _opt(  # noqa: RUF009 (the default is None)
+        None, "keyword arguments of your own class: a YAML/JSON mapping, e.g. '{width: 64}'"
+    )
+    latent_dim: int = _opt(16, "mlp, conv: size of the bottleneck vector", lo=1)
+    hidden_dim: int = _opt(
+        256, "conv: channels of its first stage x8; mlp: widths hidden_dim,hidden_dim/2", lo=8
+    )
+    hidden_dims: tuple[int, ...] = _opt(
+        (), "mlp: widths of the hidden layers, e.g. 1024,512 (overrides hidden_dim)", lo=1
+    )
+    downsample: int = _opt(
+        8, "resnet: stride-2 stages reduce H and W by this factor f (2, 4, 8, 16)", lo=2, hi=16
+    )
+    latent_channels: int = _opt(4, "resnet: channels of the spatial latent (H/f x W/f)", lo=1)
+    base_channels: int = _opt(64, "resnet: channels of the first stage", lo=1)
+    channel_mult: tuple[int, ...] = _opt(
+        (1, 2, 4, 4), "resnet: channels per resolution (x base_channels), the first log2(f)+1", lo=1
+    )
+    res_blocks: int = _opt(2, "resnet: residual blocks per resolution", lo=1)
+    kl_weight: float = _opt(
+        0.0, "> 0: a VAE (mean and log-variance, sampled latent) with this weight on the KL", lo=0
+    )
+    loss: Literal["mse", "l1", "smooth_l1"] = _opt("mse", "reconstruction loss")
+    ema_decay: float = _opt(
+        0.0,
+        "keep an EMA of the weights (e.g. 0.999) for validation, grids, ae-encode; 0 = off",
+        lo=0,
+    )
+    compile: bool = _opt(False, "run the model through torch.compile")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Learning rate, its schedule and scaling, and the optimizer step."""
+
     learning_rate: float = _opt(1e-3, "base learning rate, before scaling by world size", lo=0)
     lr_scale: Literal["linear", "sqrt", "none"] = _opt(
         "sqrt", "scale the base LR by world size: linear, sqrt (AdamW-friendly) or none"
@@ -75,11 +173,12 @@ class Config:
     weight_decay: float = _opt(1e-4, "AdamW weight decay", lo=0)
     gradient_accumulation_steps: int = _opt(1, "batches per optimizer step", lo=1)
     gradient_clip_val: float = _opt(1.0, "clip gradient norm to this (0 = off)", lo=0)
-    latent_dim: int = _opt(16, "size of the autoencoder bottleneck", lo=1)
-    hidden_dim: int = _opt(256, "width of hidden layers (MLP) / base channels x8 (conv)", lo=8)
-    val_interval: int = _opt(
-        0, "also validate every N optimizer steps (0 = at epoch end only)", lo=0
-    )
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoints: how often, how many, and where to resume from."""
+
     checkpointing_period: int = _opt(
         500, "optimizer steps between step checkpoints (0 = only at the end)", lo=0
     )
@@ -88,10 +187,13 @@ class Config:
     resume_from_checkpoint: str | None = _opt(
         None, "checkpoint path, or last (<output_dir>/checkpoints/last.ckpt, if any)"
     )
-    sample_period: int = _opt(-1, "reconstruction sampling every N steps (-1 = off)", lo=-1)
-    sample_batch_size: int = _opt(16, "per-device batch for sampling", lo=1)
-    num_sample_batches: int = _opt(1, "batches reconstructed per sampling", lo=1)
-    precision: Literal["32", "bf16-mixed", "16-mixed"] = _opt("32", "numeric precision")
+
+
+@dataclass(frozen=True)
+class ObservabilityConfig:
+    """Logs, the stall watchdog, straggler detection, and reconstruction samples."""
+
+    debug: bool = _opt(False, "per-batch and per-shard progress lines in the debug_rank logs")
     log_every_n_train_batches: int = _opt(500, "progress line cadence in training", lo=1)
     log_every_n_val_batches: int = _opt(20, "progress line cadence in validation", lo=1)
     stall_timeout: float = _opt(
@@ -100,39 +202,72 @@ class Config:
     pg_timeout: float = _opt(
         600.0, "collective timeout (s): ranks waiting on a dead or stuck peer then fail", lo=1
     )
+    straggler_factor: float = _opt(
+        1.3, "a rank whose own time per step is this x the median is a straggler (0 = off)", lo=0
+    )
+    straggler_window: float = _opt(
+        60.0, "seconds a rank must stay above --straggler_factor to be named a straggler", lo=1
+    )
     log_rotate_mb: float = _opt(0.0, "rotate each log file at this size in MB (0 = never)", lo=0)
     log_rotate_keep: int = _opt(3, "rotated files kept per log (name.log.1 .. .N)", lo=1)
-    seed: int = _opt(42, "random seed (data order, init)", lo=0)
+    sample_period: int = _opt(-1, "reconstruction sampling every N steps (-1 = off)", lo=-1)
+    sample_every_epoch: bool = _opt(
+        True, "image data: a reconstruction grid at the end of every epoch too"
+    )
+    sample_batch_size: int = _opt(16, "per-device batch for sampling", lo=1)
+    num_sample_batches: int = _opt(1, "batches reconstructed per sampling", lo=1)
 
-    @property
-    def logs_dir(self) -> Path:
-        return Path(self.output_dir) / "logs"
 
-    @property
-    def checkpoints_dir(self) -> Path:
-        return Path(self.output_dir) / "checkpoints"
+@dataclass(frozen=True)
+class Config:
+    """Train an autoencoder on WebDataset shards across ranks, with per-rank logs."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
+    obs: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+
+    @classmethod
+    def from_flat(cls, values: dict[str, Any]) -> Config:
+        """From flat `{flag: value}` (missing flags take their defaults)."""
+        parts = {
+            name: section(**{k: values[k] for k in _SECTION_FLAGS[name] if k in values})
+            for name, section in SECTIONS.items()
+        }
+        return cls(**parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Flat `{flag: value}`, in --help order."""
+        return {
+            k: v for name in SECTIONS for k, v in dataclasses.asdict(getattr(self, name)).items()
+        }
 
     def to_yaml(self) -> str:
-        skip = {"config", "print_config"}
+        skip = {"config", "print_config", "overwrite"}  # actions of one launch, not settings
         return yaml.safe_dump(
-            {k: v for k, v in self.to_dict().items() if k not in skip}, sort_keys=False
-        )
-
-    def write_yaml(self, path: Path) -> None:
-        """The resolved config as a `--config` file; written whole or not at all."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_yaml())
-        os.replace(tmp, path)
+            {k: list(v) if isinstance(v, tuple) else v for k, v in self.to_dict().items()
+             if k not in skip},
+            sort_keys=False,
+        )  # fmt: skip
 
 
-FIELDS = {f.name: f for f in fields(Config)}
-_TYPES = typing.get_type_hints(Config)
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Config)}  # type: ignore[misc]
+_SECTION_FLAGS = {name: [f.name for f in fields(cls)] for name, cls in SECTIONS.items()}
+FIELDS = {f.name: f for cls in SECTIONS.values() for f in fields(cls)}
+_TYPES = {k: v for cls in SECTIONS.values() for k, v in typing.get_type_hints(cls).items()}
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
+
+
+def _coerce_int(raw: Any) -> int:
+    if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+        raise ValueError(f"must be an integer; got {raw!r}")
+    try:
+        return int(raw) if not isinstance(raw, str) else int(raw.strip())
+    except ValueError:
+        raise ValueError(f"must be an integer; got {raw!r}") from None
 
 
 def _coerce(key: str, raw: Any) -> Any:
@@ -159,12 +294,7 @@ def _coerce(key: str, raw: Any) -> Any:
             return False
         raise ValueError(f"must be true or false; got {raw!r}")
     if hint is int:
-        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-            raise ValueError(f"must be an integer; got {raw!r}")
-        try:
-            return int(raw) if not isinstance(raw, str) else int(raw.strip())
-        except ValueError:
-            raise ValueError(f"must be an integer; got {raw!r}") from None
+        return _coerce_int(raw)
     if hint is float:
         # PyYAML reads `1e-4` (no dot) as a string: float() accepts it, as users expect.
         if isinstance(raw, bool):
@@ -177,6 +307,26 @@ def _coerce(key: str, raw: Any) -> Any:
         if isinstance(raw, dict | list):
             raise ValueError(f"must be a string; got {raw!r}")
         return str(raw)
+    if typing.get_origin(hint) is tuple:  # tuple[int, ...]: `1,2,4`, or a YAML list
+        items = raw if isinstance(raw, list | tuple) else str(raw).strip("[]() ").split(",")
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            items = [raw]
+        try:
+            return tuple(_coerce_int(x) for x in items if str(x).strip())
+        except ValueError:
+            raise ValueError(f"must be integers separated by commas; got {raw!r}") from None
+    if typing.get_origin(hint) is dict:  # a YAML mapping, or its text on the command line
+        value = raw
+        if isinstance(raw, str):
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError as e:
+                raise ValueError(f"not YAML/JSON: {str(e).splitlines()[0]}") from None
+        if value is None:
+            return None
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ValueError(f"must be a mapping of names to values; got {raw!r}")
+        return value
     raise TypeError(f"unsupported config type for {key}: {hint}")  # programming error
 
 
@@ -225,17 +375,24 @@ def _read_yaml(path: str, problems: list[str]) -> dict[str, Any]:
 def _check_range(key: str, value: Any) -> str | None:
     meta = FIELDS[key].metadata
     lo, hi = meta.get("lo"), meta.get("hi")
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if lo is not None and value < lo:
-            return f"{key}: must be >= {lo:g}; got {value}"
-        if hi is not None and value > hi:
-            return f"{key}: must be <= {hi:g}; got {value}"
+    for item in value if isinstance(value, tuple) else (value,):  # a list: each of its items
+        if isinstance(item, int | float) and not isinstance(item, bool):
+            if lo is not None and item < lo:
+                return f"{key}: must be >= {lo:g}; got {_show(value)}"
+            if hi is not None and item > hi:
+                return f"{key}: must be <= {hi:g}; got {_show(value)}"
     return None
 
 
-def _cross_checks(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
+def _show(value: Any) -> str:
+    """A value as the user writes it: lists as `1,2,4`."""
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
     """Problems between fields (and with the resume path), each with the keys it involves."""
     problems: list[tuple[tuple[str, ...], str]] = []
+    cfg = types.SimpleNamespace(**config.to_dict())  # flat: checks cross the sections
 
     def need(ok: bool, keys: tuple[str, ...], message: str) -> None:
         if not ok:
@@ -262,6 +419,13 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
         f"must be above stall_timeout ({cfg.stall_timeout:g}s), or a rank waiting for a stuck"
         " peer fails before the stall is reported",
     )
+    need(cfg.channels in (0, 1, 3), ("channels",), f"must be 1, 3 or 0 (auto); got {cfg.channels}")
+    need(
+        cfg.straggler_factor == 0 or cfg.straggler_factor > 1,
+        ("straggler_factor",),
+        f"must be above 1 (1.3: 30% slower than the median), or 0 for off; got "
+        f"{cfg.straggler_factor:g}",
+    )
     need(
         cfg.sample_period != 0,
         ("sample_period",),
@@ -277,6 +441,41 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
         cfg.encoder_lr_mult > 0 or cfg.decoder_lr_mult > 0,
         ("encoder_lr_mult", "decoder_lr_mult"),
         "both 0 would freeze the whole model",
+    )
+    need(
+        not (cfg.overwrite and cfg.resume_from_checkpoint is not None),
+        ("overwrite", "resume_from_checkpoint"),
+        "overwrite deletes the checkpoints that a resume would read; pick one",
+    )
+    need(
+        cfg.model in BUILTIN_MODELS or USER_MODEL.fullmatch(cfg.model) is not None,
+        ("model",),
+        f"must be one of {', '.join(BUILTIN_MODELS)} or package.module:ClassName; got "
+        f"{cfg.model!r}",
+    )
+    user_model = cfg.model not in BUILTIN_MODELS
+    need(
+        cfg.model_args is None or user_model,
+        ("model_args",),
+        "only for your own class (--model=package.module:ClassName)",
+    )
+    need(
+        cfg.kl_weight == 0 or not user_model,
+        ("kl_weight",),
+        "only for the built-in models; your own class computes its own loss",
+    )
+    need(
+        cfg.downsample in DOWNSAMPLE_FACTORS,
+        ("downsample",),
+        f"must be one of {', '.join(map(str, DOWNSAMPLE_FACTORS))}; got {cfg.downsample}",
+    )
+    need(cfg.ema_decay < 1, ("ema_decay",), f"must be below 1 (0 = off); got {cfg.ema_decay}")
+    levels = cfg.downsample.bit_length()  # log2(f) + 1 resolutions
+    need(
+        cfg.model != "resnet" or len(cfg.channel_mult) >= levels,
+        ("channel_mult", "downsample"),
+        f"downsample {cfg.downsample} has {levels} resolutions, so it needs at least {levels} "
+        f"channel multipliers; got {_show(cfg.channel_mult)}",
     )
     resume = cfg.resume_from_checkpoint
     need(
@@ -316,19 +515,34 @@ def parse_config(argv: list[str]) -> Config:
     # carries every problem; a check involving a key that is already wrong is skipped.
     bad = {p.split(":")[0] for p in problems}
     values = {k: v for k, v in values.items() if k not in bad}
-    cfg = Config(**values)
+    cfg = Config.from_flat(values)
     problems += [msg for keys, msg in _cross_checks(cfg) if not bad & set(keys)]
     if problems:
         raise ConfigError(problems)
     return cfg
 
 
+def _kind(hint: Any) -> str:
+    """How --help names a type: `mse|l1`, `int`, `int list`, `mapping`."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if isinstance(hint, types.UnionType):  # X | None
+        return _kind(args[0])
+    if typing.get_origin(hint) is Literal:
+        return "|".join(args)
+    if typing.get_origin(hint) is tuple:
+        return f"{args[0].__name__} list"
+    if typing.get_origin(hint) is dict:
+        return "mapping"
+    return hint.__name__
+
+
 def help_text() -> str:
     lines = [Config.__doc__ or "", "", "flags (--key=value or --key value; YAML keys alike):"]
-    for f in fields(Config):
-        hint = _TYPES[f.name]
-        kind = "|".join(typing.get_args(hint)) if typing.get_origin(hint) is Literal else None
-        if kind is None:
-            kind = getattr(hint, "__name__", str(hint)).replace(" | None", "")
-        lines.append(f"  --{f.name:<28} {f.metadata['help']} [{kind}, default {f.default}]")
+    for section in SECTIONS.values():
+        lines += ["", f"{section.__doc__}"]
+        for f in fields(section):
+            lines.append(
+                f"  --{f.name:<28} {f.metadata['help']} [{_kind(_TYPES[f.name])}, "
+                f"default {_show(f.default)}]"
+            )
     return "\n".join(lines)

@@ -1,71 +1,29 @@
 """Greppable log lines, defined once: the writers (callbacks, data) format them with `.format()`,
 the reader (`ae-diagnose`) parses them with `.parse()`, so the two cannot drift.
 
-The SPEC fixes the wording; see the grep table in SPEC.md and README.md.
+The wording is part of the product contract (docs/CONTRACT.md, its grep table). The record
+layout, the file names and FATAL come from `logging_cfg.formats` (which logging_cfg itself
+writes with) and are re-exported here, so readers find every format in one module.
 """
 
 from __future__ import annotations
 
-import functools
 import re
-from dataclasses import dataclass, field
-from typing import Any
 
 from loguru import logger
 
-# Every record line: `2026-11-21 22:15:38.039 | INFO     | [Rank 1/2 Worker 0/2] message`.
-# RECORD_FORMAT is the loguru format the sinks use; RECORD_PATTERN reads such lines back.
-RECORD_FORMAT = "{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <8} | {extra[tag]} {message}"
-RECORD_PATTERN = re.compile(
-    r"^(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) \| (?P<level>[A-Z]+)\s*\| "
-    r"\[Rank (?P<rank>\d+)/(?P<world>\d+)(?: Worker (?P<worker>\d+)/(?P<workers>\d+))?\] "
-    r"(?P<message>.*)$"
-)
+from logging_cfg.formats import DEBUG_LOG_FILE as DEBUG_LOG_FILE
+from logging_cfg.formats import FATAL as FATAL
+from logging_cfg.formats import HEARTBEAT_FILE as HEARTBEAT_FILE
+from logging_cfg.formats import LAUNCHER_LOG_FILE as LAUNCHER_LOG_FILE
+from logging_cfg.formats import NATIVE_LOG_FILE as NATIVE_LOG_FILE
+from logging_cfg.formats import RECORD_FORMAT as RECORD_FORMAT
+from logging_cfg.formats import RECORD_PATTERN as RECORD_PATTERN
+from logging_cfg.formats import TRAIN_LOG_FILE as TRAIN_LOG_FILE
+from logging_cfg.formats import LineFormat
 
 # Records bound with main=True are summary lines: they also go to train_<TS>.log and the console.
 main_log = logger.bind(main=True)
-
-_FIELD_PATTERNS = {
-    "int": r"-?\d+",
-    "float": r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)",
-    "word": r"\S+",
-    "text": r".*?",
-}
-
-
-@dataclass(frozen=True)
-class LineFormat:
-    """A message template like `Training step {step}, loss={loss}` with typed fields."""
-
-    template: str
-    types: dict[str, str] = field(default_factory=dict)
-
-    def format(self, **values: Any) -> str:
-        return self.template.format(**values)
-
-    @functools.cached_property
-    def regex(self) -> re.Pattern[str]:
-        parts = re.split(r"\{(\w+)(?::[^}]*)?\}", self.template)
-        out = []
-        for i, part in enumerate(parts):
-            if i % 2 == 0:
-                out.append(re.escape(part))
-                continue
-            pattern = _FIELD_PATTERNS[self.types.get(part, "word")]
-            if pattern == _FIELD_PATTERNS["text"] and i == len(parts) - 2 and not parts[-1]:
-                pattern = ".*"  # a text field that ends the line takes the rest of it
-            out.append(f"(?P<{part}>{pattern})")
-        return re.compile("".join(out))
-
-    def parse(self, line: str) -> dict[str, str] | None:
-        m = self.regex.search(line)
-        return None if m is None else m.groupdict()
-
-    @functools.cached_property
-    def prefix(self) -> str:
-        """The literal text before the first field: a cheap substring test before `.parse()`."""
-        return self.template.split("{", 1)[0]
-
 
 # `========== EPOCH 0 TRAINING START ==========`, `========== CHECKPOINT SAVE END ==========` ...
 MARKER = LineFormat("========== {name} {edge} ==========", {"name": "text", "edge": "word"})
@@ -87,7 +45,7 @@ COMPLETED_ITERATION = LineFormat(
     {"samples": "int", "epoch": "int", "errors": "int", "replaced": "int"},
 )
 
-# Data plan (ae.shard_counts, ae.datamodule): where the counts came from, and the split.
+# Data plan (ae.data.counts, ae.data.datamodule): where the counts came from, and the split.
 SHARD_COUNTS = LineFormat(
     "Shard counts {split}_shards: {shards} shards, {samples} samples ({indexed} from index, "
     "{scanned} scanned) {source}",
@@ -100,8 +58,13 @@ SHARD_PLAN = LineFormat(
     {"shards": "int", "samples": "int", "batches": "int", "batch_size": "int", "ranks": "int",
      "workers": "int", "dropped": "int", "repeated": "int", "rank_samples": "int"},
 )  # fmt: skip
+# The model input (ae.data.datamodule), once per rank: which field, chosen how, and its shape.
+INPUT_FIELD = LineFormat(
+    "Input field {field} ({source}): shape {shape}, {detail}",
+    {"field": "text", "source": "text", "shape": "text", "detail": "text"},
+)
 
-# Bad data, logged at ERROR (SPEC: `grep "ERROR.*shard"`). The shard is always named.
+# Bad data, logged at ERROR (docs/CONTRACT.md: `grep "ERROR.*shard"`). The shard is always named.
 BAD_SAMPLE = LineFormat(
     "Bad sample {key} in shard {url}: {reason}",
     {"key": "word", "url": "text", "reason": "text"},
@@ -175,17 +138,54 @@ SAMPLING_OOM = LineFormat(
     "{at_failure}, after freeing {after}; {action}",
     {"step": "int", "batch_size": "int", "error": "text", "at_failure": "text", "after": "text"},
 )
-PREEMPTED = LineFormat(
-    "PREEMPTED by SIGTERM at step {step}: checkpoint {path} saved; stopping (LR {lr})",
-    {"step": "int", "path": "text", "lr": "float"},
+# A stop signal (SIGTERM: preemption, `scancel`, torchrun stopping a failed job; SIGINT: Ctrl-C),
+# logged by the rank's watchdog thread within a second of its arrival -- never by the signal
+# handler itself.
+STOP_SIGNAL = LineFormat(
+    "Stop signal {signal} received in phase {phase} at step {step}",
+    {"signal": "word", "phase": "text", "step": "int"},
 )
+# A rank that had made no progress for a while when the signal came: it cannot reach the next
+# step boundary to save, so it leaves at once.
+STOP_SIGNAL_STUCK = LineFormat(
+    "Stop signal {signal} after {idle}s without progress in phase {phase} (step {step}): "
+    "exiting now, without a checkpoint",
+    {"signal": "word", "idle": "float", "phase": "text", "step": "int"},
+)
+# Every rank saved the same step checkpoint after a stop signal (SIGTERM or SIGINT) and stops.
+PREEMPTED = LineFormat(
+    "PREEMPTED by {signal} at step {step}: checkpoint {path} saved; stopping (LR {lr})",
+    {"signal": "word", "step": "int", "path": "text", "lr": "float"},
+)
+
+# --- ae-encode (ae.cli.encode_rank): the plan, each output shard, each rank, the whole job ---
+ENCODE_PLAN = LineFormat(
+    "Encode plan: {shards} shards, {samples} samples on {ranks} ranks (whole shards); this "
+    "rank: {rank_shards} shards, {rank_samples} samples",
+    {"shards": "int", "samples": "int", "ranks": "int", "rank_shards": "int",
+     "rank_samples": "int"},
+)  # fmt: skip
+ENCODED_SHARD = LineFormat(
+    "Encoded shard {url} -> {out}: {samples} samples",
+    {"url": "text", "out": "text", "samples": "int"},
+)
+ENCODE_RANK_DONE = LineFormat(
+    "Encoded {samples} samples of {shards} shards ({bad} bad samples skipped) in {seconds}s",
+    {"samples": "int", "shards": "int", "bad": "int", "seconds": "float"},
+)
+ENCODE_DONE = LineFormat(
+    "Encoding done: {samples} of {planned} samples written ({bad} bad samples skipped) to "
+    "{shards} shards in {out}; {field} {dtype} {shape} per sample",
+    {"samples": "int", "planned": "int", "bad": "int", "shards": "int", "out": "text",
+     "field": "word", "dtype": "word", "shape": "word"},
+)  # fmt: skip
 
 # The record whose continuation lines are the resolved config as YAML (train log, rank 0).
 RESOLVED_CONFIG = "Resolved config:"
 # Last line of a rank that left `main` on its own: 0 after training, 2 after a user mistake.
 RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})
 
-# --- forensics (ae.watchdog, logging_cfg hooks, ae.fault_injection) ------------------------------
+# --- forensics (ae.forensics.watchdog, logging_cfg hooks, ae.forensics.faults) -------------
 # The one-line stall WARNING (also in train_<TS>.log); `frame` is the innermost frame of the main
 # thread, `function (file:line)`; `collective` is `no` or `yes (<what>)` -- a rank blocked in a
 # collective is usually waiting for the rank that stalls, not the cause.
@@ -204,26 +204,44 @@ STALL_RESOLVED = LineFormat(
     "STALL RESOLVED after {idle}s in phase {phase} (epoch {epoch}, step {step}); now {now}",
     {"idle": "float", "phase": "text", "epoch": "int", "step": "int", "now": "text"},
 )
-# Uncaught exception, CRITICAL, traceback on the following lines. `where`: `main thread`,
-# `thread <name>`, or `dataloader worker <w>/<K>`.
-FATAL = LineFormat(
-    "FATAL uncaught exception {exc_type} in {where}: {message}",
-    {"exc_type": "word", "where": "text", "message": "text"},
-)
-# Written by ae.fault_injection (tests, broken runs on purpose) right before acting.
+# Written by ae.forensics.faults (tests, broken runs on purpose) right before acting.
 FAULT_INJECTED = LineFormat(
     "FAULT injected: {action}@{point} at step {step} (rank {rank})",
     {"step": "int", "rank": "int"},
 )
 
-# Files of a run in the logs folder (rotated ones get `.1`, `.2` ... appended).
-TRAIN_LOG_FILE = LineFormat("train_{ts}.log")
-DEBUG_LOG_FILE = LineFormat("debug_rank{rank}_{ts}.log", {"rank": "int"})
-NATIVE_LOG_FILE = LineFormat("native_rank{rank}_{ts}.log", {"rank": "int"})
+# --- stragglers (ae.forensics.stragglers; scores from ae.stragglers) --------------------------
+# Written by the detecting rank (rank 0) to the train log and its debug log, and copied by the slow
+# rank into its own debug log. `cause` is `data` or `compute`; `evidence` says why, in figures.
+STRAGGLER = LineFormat(
+    "STRAGGLER rank {rank}: {score}x the median own time per step over {window}s; "
+    "cause {cause}: {evidence}",
+    {"rank": "int", "score": "float", "window": "float", "cause": "word", "evidence": "text"},
+)
+STRAGGLER_RESOLVED = LineFormat(
+    "STRAGGLER RESOLVED rank {rank} after {seconds}s: now {score}x the median own time per step",
+    {"rank": "int", "seconds": "float", "score": "float"},
+)
+# Per epoch, rank 0, train log: the spread of the ranks' own time per step (data wait + compute,
+# without the time spent waiting for the other ranks) and of their data wait.
+EPOCH_STEP_TIMES = LineFormat(
+    "Step times epoch {epoch} ({ranks} ranks): own time per step min {own_min} / median "
+    "{own_median} / max {own_max} ms (slowest rank {slowest}); data wait min {data_min} / median "
+    "{data_median} / max {data_max}% of own time",
+    {"epoch": "int", "ranks": "int", "own_min": "float", "own_median": "float",
+     "own_max": "float", "slowest": "int", "data_min": "float", "data_median": "float",
+     "data_max": "float"},
+)  # fmt: skip
+
 # Heartbeat file per rank in the logs folder, rewritten atomically every few seconds by the
 # watchdog thread: one JSON object with exactly HEARTBEAT_FIELDS (times are Unix seconds).
-HEARTBEAT_FILE = LineFormat("heartbeat_rank{rank}_{ts}.json", {"rank": "int"})
-HEARTBEAT_FIELDS = (
+# Readers need only HEARTBEAT_BASE_FIELDS: heartbeats of runs before the step times lack the rest.
+HEARTBEAT_BASE_FIELDS = (
     "rank", "world_size", "pid", "host", "phase", "epoch", "step", "time", "last_progress",
     "idle_s", "rss_mb", "workers", "stalled", "state",
 )  # fmt: skip
+# `timing`: {"recent": window, "epoch": window} with window = {window_s, steps, step_ms, own_ms,
+# data_ms, compute_ms, sync_ms} (per optimizer step) or null; `data_workers`: [{worker, pid, shard,
+# mb_per_s, batch_ms, batches}]; `stragglers`: the detecting rank's episodes, [{rank, score, cause,
+# since, line, resolved}] (`resolved`: null while it lasts, else the RESOLVED line).
+HEARTBEAT_FIELDS = (*HEARTBEAT_BASE_FIELDS, "timing", "data_workers", "stragglers")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ae.shard_writer import npy_bytes, png_bytes, write_shard
+from ae.data.writer import npy_bytes, png_bytes, write_shard
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -62,6 +62,26 @@ def synthetic_shards(
     return urls
 
 
+def photo_shards(root: Path, shards: int, per_shard: int) -> list[str]:
+    """`shards` tar files of `per_shard` real-photo JPEGs of 500x400 (`jpg` field), all distinct,
+    cut from scikit-image's photographs (`bench.real_images`). Cached like `synthetic_shards`."""
+    from bench.real_images import bench_photos
+
+    out = root / f"jpg-{shards}x{per_shard}"
+    urls = [str(out / f"shard-{i:06d}.tar") for i in range(shards)]
+    if all(Path(u).exists() for u in urls):
+        return urls
+    photos = bench_photos(root / "photos-500x400", n=shards * per_shard)
+    for i, url in enumerate(urls):
+        chunk = photos[i * per_shard : (i + 1) * per_shard]
+        samples = [
+            {"__key__": f"{i * per_shard + j:09d}".encode(), "jpg": p.read_bytes()}
+            for j, p in enumerate(chunk)
+        ]
+        write_shard(Path(url), samples)
+    return urls
+
+
 def tiny_shard_set(root: Path, shards: int, per_shard: int, dim: int = 64) -> str:
     """A brace spec over `shards` small .npy shards with index sidecars (cached on disk)."""
     urls = synthetic_shards(root, "npy", shards, per_shard, dim=dim)
@@ -76,7 +96,7 @@ def launch_run(args: list[str], out_dir: Path) -> subprocess.Popen:
     shutil.rmtree(out_dir, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
     return subprocess.Popen(
-        [sys.executable, "-m", "ae.launch", f"--output_dir={out_dir}", *args],
+        [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out_dir}", *args],
         cwd=Path(__file__).resolve().parent.parent,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -1,11 +1,16 @@
 """Input pipeline throughput, 1 rank, 0/1/2 workers: ae vs plain webdataset vs the parse ceiling.
 
+Three datasets: 64-dim float32 `.npy` vectors, 32x32 RGB PNGs (native size), and real-photo
+JPEGs of 500x400 taken to 64x64 (`--image_size=64`).
+
 - ae: `ShardStream` (the trainer's dataset) through a DataLoader, whole batches to the main
-  process, exactly as training gets them (shuffle buffer on).
-- webdataset: `WebDataset(urls).decode().to_tuple(field).batched(B)` through a DataLoader.
+  process, exactly as training gets them (shuffle buffer on; JPEGs: random crops).
+- webdataset: `WebDataset(urls).decode().to_tuple(field).batched(B)` through a DataLoader; JPEGs:
+  `.decode("pil")` plus the same Pillow resize and crop (`ae.data.images.fit`) in a `.map`.
 - ceiling: read each shard's bytes, cut members at their 512-byte headers, `np.frombuffer` the
-  `.npy` payload past its header (PNG: Pillow decode); no grouping, batching or shuffling. With
-  workers, each worker parses its share of the shards and returns only a count.
+  `.npy` payload past its header (PNG: Pillow decode; JPEG: ae's drafted decode and resize); no
+  grouping, batching or shuffling. With workers, each worker parses its share of the shards and
+  returns only a count.
 
 Usage: python -m bench.input_pipeline [--quick]   (writes bench/results/input_pipeline.json)
 """
@@ -24,12 +29,19 @@ import webdataset as wds
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ae.dataset import ShardStream
-from ae.decode import InputSpec
-from ae.shard_counts import count_shards
-from bench.common import synthetic_shards, write_record
+from ae.data.counts import count_shards
+from ae.data.decode import SampleDecoder
+from ae.data.images import decode_image, fit, to_array
+from ae.data.stream import ShardStream
+from bench.common import photo_shards, synthetic_shards, write_record
 
 BATCH = 256
+JPG_SIZE = 64
+DECODERS = {
+    "npy": SampleDecoder((("npy", None),), "vector", (64,)),
+    "png": SampleDecoder((("png", None),), "image", (3, 32, 32)),
+    "jpg": SampleDecoder((("jpg", None),), "image", (3, JPG_SIZE, JPG_SIZE), image_size=JPG_SIZE),
+}
 
 
 def _ceiling_parse(url: str, kind: str) -> int:
@@ -41,6 +53,8 @@ def _ceiling_parse(url: str, kind: str) -> int:
         if kind == "npy":
             hlen = int.from_bytes(body[8:10], "little")
             np.frombuffer(body, dtype=np.float32, offset=10 + hlen)
+        elif kind == "jpg":
+            decode_image(body, "RGB", JPG_SIZE)
         else:
             np.asarray(Image.open(io.BytesIO(body)))
         n += 1
@@ -60,16 +74,16 @@ class _Ceiling(IterableDataset):
 
 
 def _ours(urls: list[str], kind: str, workers: int) -> DataLoader:
-    spec = InputSpec("vector", (64,)) if kind == "npy" else InputSpec("image", (3, 32, 32))
     stream = ShardStream(
         split="bench",
         urls=urls,
         counts=count_shards(urls).counts,
-        spec=spec,
+        decoder=DECODERS[kind],
         batch_size=BATCH,
         rank=0,
         world_size=1,
         num_workers=workers,
+        augment=True,  # as in training: random crops (JPEGs)
     )
     prefetch = 4 if workers else None
     return DataLoader(stream, batch_size=None, num_workers=workers, prefetch_factor=prefetch)
@@ -79,8 +93,41 @@ def _webdataset(urls: list[str], kind: str, workers: int) -> DataLoader:
     ds = wds.WebDataset(
         urls, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False
     )
-    ds = ds.decode(*(["rgb"] if kind == "png" else [])).to_tuple(kind).batched(BATCH)
-    return DataLoader(ds, batch_size=None, num_workers=workers)
+    if kind == "jpg":
+        ds = ds.decode("pil").map_dict(jpg=_resized)
+    else:
+        ds = ds.decode(*(["rgb"] if kind == "png" else []))
+    return DataLoader(ds.to_tuple(kind).batched(BATCH), batch_size=None, num_workers=workers)
+
+
+def _resized(img: Image.Image) -> np.ndarray:
+    """The same Pillow resize and crop as ae's, on WebDataset's decoded image."""
+    return to_array(fit(img, JPG_SIZE))
+
+
+def _decode_only(urls: list[str], rounds: int) -> dict[str, float]:
+    """Milliseconds per JPEG, decode and resize alone (no pipeline), both ways alternating over
+    the same bytes in memory, best round each: the figure a loaded machine disturbs least."""
+    from ae.data.tar_samples import iter_samples
+
+    blobs = [s["jpg"] for url in urls for s in iter_samples(url)]
+
+    def webdataset_way(data: bytes) -> np.ndarray:  # what `.decode("pil")` does, then resize
+        with io.BytesIO(data) as stream:
+            img = Image.open(stream)
+            img.load()
+            img = img.convert("RGB")
+        return _resized(img)
+
+    ways = {"ae": lambda d: decode_image(d, "RGB", JPG_SIZE), "webdataset": webdataset_way}
+    best = dict.fromkeys(ways, float("inf"))
+    for _ in range(rounds):
+        for name, decode in ways.items():
+            t0 = time.perf_counter()
+            for data in blobs:
+                decode(data)
+            best[name] = min(best[name], (time.perf_counter() - t0) / len(blobs) * 1e3)
+    return best
 
 
 def _ceiling(urls: list[str], kind: str, workers: int) -> DataLoader:
@@ -111,16 +158,35 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller data, for a smoke run")
     ap.add_argument("--data", default="/tmp/ae-bench-data")
+    ap.add_argument("--kinds", default="npy,png,jpg", help="datasets to run, comma-separated")
+    ap.add_argument("--workers", default="0,1,2", help="dataloader worker counts to run")
+    ap.add_argument(
+        "--repeat", type=int, default=1,
+        help="rounds, the readers alternating; each reader's best round counts (a shared machine)",
+    )  # fmt: skip
     args = ap.parse_args()
-    sizes = {"npy": (8, 6000 if args.quick else 25000), "png": (8, 1000 if args.quick else 4000)}
+    sizes = {
+        "npy": (8, 6000 if args.quick else 25000),
+        "png": (8, 1000 if args.quick else 4000),
+        "jpg": (4, 64 if args.quick else 200),
+    }
     rows = []
-    for kind, (shards, per_shard) in sizes.items():
-        urls = synthetic_shards(Path(args.data), kind, shards, per_shard)
+    for kind in args.kinds.split(","):
+        shards, per_shard = sizes[kind]
+        if kind == "jpg":
+            urls = photo_shards(Path(args.data), shards, per_shard)
+        else:
+            urls = synthetic_shards(Path(args.data), kind, shards, per_shard)
         total = shards * per_shard
-        for workers in (0, 1, 2):
-            r = {"kind": kind, "workers": workers}
-            for name, make in (("ae", _ours), ("webdataset", _webdataset), ("ceiling", _ceiling)):
-                r[name] = _rate(make(urls, kind, workers), total)
+        for workers in (int(w) for w in args.workers.split(",")):
+            r: dict = {"kind": kind, "workers": workers, "repeat": args.repeat}
+            for _ in range(args.repeat):
+                for name, make in (
+                    ("ae", _ours),
+                    ("webdataset", _webdataset),
+                    ("ceiling", _ceiling),
+                ):
+                    r[name] = max(r.get(name, 0.0), _rate(make(urls, kind, workers), total))
             r["ae_vs_webdataset"] = r["ae"] / r["webdataset"]
             r["ae_vs_ceiling"] = r["ae"] / r["ceiling"]
             rows.append(r)
@@ -129,12 +195,26 @@ def main() -> None:
                 f"webdataset {r['webdataset']:,.0f}/s, ceiling {r['ceiling']:,.0f}/s -> "
                 f"{r['ae_vs_webdataset']:.1f}x webdataset, {r['ae_vs_ceiling']:.2f}x ceiling"
             )
+    decode_ms = None
+    if "jpg" in args.kinds.split(","):
+        decode_ms = _decode_only(photo_shards(Path(args.data), *sizes["jpg"]), 3 * args.repeat)
+        print(
+            f"jpg decode+resize alone: ae {decode_ms['ae']:.3f} ms, webdataset "
+            f"{decode_ms['webdataset']:.3f} ms per image -> "
+            f"{decode_ms['webdataset'] / decode_ms['ae']:.1f}x"
+        )
     path = write_record(
         "input_pipeline",
         {
             "batch_size": BATCH,
             "rows": rows,
-            "targets": {"npy_vs_wds": 10, "npy_vs_ceiling": 0.5, "png_vs_wds": 1.5},
+            "jpg_decode_ms": decode_ms,
+            "targets": {
+                "npy_vs_wds": 10,
+                "npy_vs_ceiling": 0.5,
+                "png_vs_wds": 1.5,
+                "jpg_vs_wds": 2,
+            },
         },
     )
     print(f"wrote {path}")

@@ -36,7 +36,7 @@ SAMPLE_BYTES = 1024
 
 def build(folder: Path, shards: int, per_shard: int) -> list[str]:
     """Sparse shards (right size, no data: planning never opens them) with real sidecars."""
-    from ae.shard_index import FORMAT, VERSION
+    from ae.data.index import FORMAT, VERSION
 
     size = per_shard * SAMPLE_BYTES + 1024
     head = json.dumps({"format": FORMAT, "version": VERSION, "samples": per_shard, "bytes": size})
@@ -59,8 +59,8 @@ def rss_mb() -> float:
 
 def _plan(urls: list[str], run_dir: Path) -> tuple[float, float, float, int]:
     """(count s, cached s, plan s, slices): what the ranks of a node do in setup()."""
-    from ae.shard_counts import shared_counts
-    from ae.shard_plan import plan_epoch
+    from ae.data.counts import shared_counts
+    from ae.data.plan import plan_epoch
 
     t0 = time.perf_counter()
     counts = shared_counts("train", urls, run_dir, local_zero=True, barrier=lambda: None)
@@ -78,7 +78,7 @@ def _plan(urls: list[str], run_dir: Path) -> tuple[float, float, float, int]:
 def child(folder: Path, run_dir: Path) -> dict:
     """One case, in this fresh process: timed once, then again under tracemalloc (which slows
     Python down) for the peak bytes that planning allocates."""
-    import ae.shard_counts  # noqa: F401 - imports (torch...) belong to the baseline RSS
+    import ae.data.counts  # noqa: F401 - imports (torch...) belong to the baseline RSS
 
     urls = sorted(str(p) for p in folder.glob("*.tar"))
     base = rss_mb()

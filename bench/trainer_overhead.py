@@ -35,16 +35,17 @@ def _batches(steps: int, rank: int) -> list[torch.Tensor]:
 
 
 def _model():
-    from ae.decode import InputSpec
-    from ae.model import AutoEncoder
+    from ae.config import ModelConfig
+    from ae.data.decode import InputSpec
+    from ae.training.model import AutoEncoder
 
     torch.manual_seed(0)
-    return AutoEncoder(InputSpec("vector", (DIM,)), hidden_dim=256, latent_dim=16)
+    return AutoEncoder(InputSpec("vector", (DIM,)), ModelConfig(hidden_dim=256, latent_dim=16))
 
 
 def run_manual(steps: int, world: int) -> float:
     """The baseline: forward, backward, clip, step, schedule; DDP when world > 1."""
-    from ae.lr import lr_factor
+    from ae.training.lr import lr_factor
 
     model = _model()
     net: torch.nn.Module = model
@@ -69,19 +70,19 @@ def run_manual(steps: int, world: int) -> float:
 
 
 def run_ae(steps: int, world: int, logs: Path) -> float:
-    """Our trainer as `train_ae.py` builds it: logging configured, every callback on."""
+    """Our trainer as a rank builds it (ae/cli/rank.py): logging configured, every callback on."""
     import lightning as L
 
     import logging_cfg
     from ae.config import parse_config
-    from ae.trainer import build_trainer
+    from ae.training.trainer import build_trainer
 
     cfg = parse_config(
         [f"--output_dir={logs}", f"--max_steps={steps}", "--max_epochs=1", "--warmup_steps=50",
          "--checkpointing_period=0", "--accelerator=cpu", f"--devices={world}"]
     )  # fmt: skip
     ctx = logging_cfg.RankContext.from_env()
-    logging_cfg.configure(cfg.logs_dir, "bench", ctx, debug=cfg.debug)
+    logging_cfg.configure(cfg.run.dir.logs, "bench", ctx, debug=cfg.obs.debug)
 
     class Timer(L.Callback):
         t0 = 0.0

@@ -43,11 +43,11 @@ import torch
 
 import logging_cfg
 from ae.config import parse_config
-from ae.datamodule import ShardDataModule
-from ae.debug_callback import DebugCallback
-from ae.model import AutoEncoder
-from ae.trainer import build_trainer
-from ae.watchdog import start_watchdog, stop_watchdog
+from ae.data.datamodule import ShardDataModule
+from ae.forensics.loop_tracer import DebugCallback
+from ae.forensics.watchdog import start_watchdog, stop_watchdog
+from ae.training.model import AutoEncoder
+from ae.training.trainer import build_trainer
 from bench.common import synthetic_shards, write_record
 
 BATCH = 16
@@ -109,18 +109,21 @@ class Toggle(L.Callback):
 def fit(
     mode: str, urls: tuple[list[str], list[str]], out: Path, spy: Callable[[L.Trainer], Any]
 ) -> Any:
-    """Train once in this process as train_ae.py does; `spy(trainer)` is added to the callbacks."""
+    """Train once in this process as a rank does (ae/cli/rank.py), with `spy(trainer)` added
+    to the callbacks."""
     cfg = parse_config([
         f"--output_dir={out}", f"--batch_size={BATCH}", "--hidden_dim=8", "--latent_dim=4",
         "--num_workers=1", "--max_epochs=1", "--checkpointing_period=0", "--save_best=false",
         "--warmup_steps=0", *MODES[mode],
     ])  # fmt: skip
     ctx = logging_cfg.RankContext()
-    paths = logging_cfg.configure(cfg.logs_dir, "bench", ctx, debug=cfg.debug)
-    start_watchdog(cfg, ctx, paths, "bench")
+    paths = logging_cfg.configure(cfg.run.dir.logs, "bench", ctx, debug=cfg.obs.debug)
+    start_watchdog(cfg.obs.stall_timeout, cfg.run.accelerator, ctx, paths, "bench")
     try:
-        dm = ShardDataModule(cfg, *urls)
-        model = AutoEncoder.from_config(dm.spec, cfg, ctx.world_size)
+        dm = ShardDataModule(
+            cfg.data, *urls, cache_dir=cfg.run.dir.cache, seed=cfg.run.seed, debug=cfg.obs.debug
+        )
+        model = AutoEncoder.from_config(dm.spec, cfg.model, cfg.optim, ctx.world_size)
         trainer = build_trainer(cfg, ctx, "bench")
         watch = spy(trainer)
         trainer.callbacks.append(watch)

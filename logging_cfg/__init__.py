@@ -32,16 +32,21 @@ from typing import Any
 
 from loguru import logger
 
-from ae.log_lines import (
+from logging_cfg import hot_path
+from logging_cfg.formats import (
     DEBUG_LOG_FILE,
     FATAL,
     NATIVE_LOG_FILE,
     RECORD_FORMAT,
     TRAIN_LOG_FILE,
 )
-from logging_cfg import hot_path
 from logging_cfg.hot_path import debug_line
-from logging_cfg.native import capture_native_output
+from logging_cfg.native import (
+    capture_native_output,
+    move_native_output,
+    native_output_target,
+    pending_native_log,
+)
 from logging_cfg.rank_context import RankContext, rank_tag, resolve_run_ts, worker_info
 from logging_cfg.sinks import AppendFileSink, ConsoleSink
 
@@ -56,10 +61,8 @@ __all__ = [
     "is_configured",
     "log_worker_exceptions",
     "resolve_run_ts",
+    "start_native_capture",
 ]
-
-# loguru appends "\n{exception}" to a string format. Defined beside its reader in ae.log_lines.
-LINE_FORMAT = RECORD_FORMAT
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,19 @@ def cancel_dump_stacks_later() -> None:
     faulthandler.cancel_dump_traceback_later()
 
 
+def start_native_capture(logs_dir: Path, ctx: RankContext, run_ts: str | None) -> Path:
+    """Send this process's native output (descriptors 1 and 2) to its rank's native log now,
+    before torch is imported; `configure(native_output=True)` carries on with it. Without the
+    run's timestamp yet, into a pending file that `configure` renames."""
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    if run_ts:
+        path = logs_dir / NATIVE_LOG_FILE.format(rank=ctx.rank, ts=run_ts)
+    else:
+        path = pending_native_log(logs_dir, ctx.rank)
+    capture_native_output(path, keep_console=ctx.rank == 0)
+    return path
+
+
 _configured = False
 
 
@@ -199,12 +215,16 @@ def configure(
     rotate_mb: float = 0,
     rotate_keep: int = 3,
     native_output: bool = False,
+    fatal_on_console: bool = True,
 ) -> LogPaths:
     """Install this rank's sinks and hooks. Call once, first thing in a training process.
 
     `rotate_mb` > 0 rotates the debug and train logs at that size, keeping `rotate_keep` old
     files. `native_output` sends this process's descriptors 1 and 2 to `native_rank<N>_<TS>.log`
-    (the rank launched by torchrun; not a test process sharing its descriptors)."""
+    (the rank launched by torchrun; not a test process sharing its descriptors). Without
+    `fatal_on_console`, uncaught exceptions (FATAL, CRITICAL) stay off rank 0's console: the
+    launcher prints the diagnosis of the whole job after it, in which rank 0's error may be only
+    a peer's failure."""
     global _configured
     _configured = True
     logs_dir.mkdir(parents=True, exist_ok=True)
@@ -215,7 +235,10 @@ def configure(
         native_log=logs_dir / NATIVE_LOG_FILE.format(rank=ctx.rank, ts=run_ts),
     )
     if native_output:
-        capture_native_output(paths.native_log, keep_console=ctx.rank == 0)
+        if native_output_target() is None:
+            capture_native_output(paths.native_log, keep_console=ctx.rank == 0)
+        else:  # captured from the process's first line (start_native_capture): keep it
+            move_native_output(paths.native_log)
     ctx.install()
     logger.remove()
     logger.configure(patcher=_patch_tag)
@@ -223,7 +246,7 @@ def configure(
     debug_sink = AppendFileSink(
         paths.debug_log, rotate_bytes=rotate, keep=rotate_keep, on_open=_install_faulthandler
     )
-    logger.add(debug_sink.write, level="DEBUG" if debug else "INFO", format=LINE_FORMAT)
+    logger.add(debug_sink.write, level="DEBUG" if debug else "INFO", format=RECORD_FORMAT)
     hot_path.install(debug_sink if debug else None)
 
     def train_filter(record: dict) -> bool:
@@ -232,7 +255,7 @@ def configure(
         )
 
     train_sink = AppendFileSink(paths.train_log, rotate_bytes=rotate, keep=rotate_keep)
-    logger.add(train_sink.write, filter=train_filter, format=LINE_FORMAT)
+    logger.add(train_sink.write, filter=train_filter, format=RECORD_FORMAT)
     if ctx.rank == 0:
         rank_pid = os.getpid()
 
@@ -243,6 +266,8 @@ def configure(
             if extra.get("main", False):
                 return extra.get("console", True)
             if record["process"].id != rank_pid or level < logging.WARNING:
+                return False
+            if level >= logging.CRITICAL and not fatal_on_console:
                 return False
             return level >= logging.ERROR or (record["name"] or "").startswith("ae")
 

@@ -6,6 +6,11 @@ and 2 at `native_rank<N>_<TS>.log` (O_APPEND, so every write is in the file at o
 dataloader workers inherit it). On the console rank, Python's `sys.stdout` / `sys.stderr` keep
 the terminal (rich console lines, progress bar); elsewhere they follow the descriptors into the
 file.
+
+A rank started by the launcher captures from its first line, before torch is imported (c10d
+writes from import time on, and in the run-timestamp handshake). When the run's timestamp is not
+known yet (ranks started by hand on several nodes agree on it later), the capture starts in a
+hidden `.native_rank<N>.<pid>.pending` file, which `move_native_output` then renames.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import os
 import sys
 from pathlib import Path
 from typing import TextIO
+
+_target: Path | None = None  # the file descriptors 1 and 2 point at, once captured
 
 
 def _keep_terminal(stream: TextIO) -> TextIO:
@@ -28,13 +35,48 @@ def _keep_terminal(stream: TextIO) -> TextIO:
     )
 
 
-def capture_native_output(path: Path, *, keep_console: bool) -> None:
+def _point_descriptors_at(path: Path) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def capture_native_output(path: Path, *, keep_console: bool) -> None:
+    global _target
     sys.stdout.flush()
     sys.stderr.flush()
     if keep_console:
         sys.stdout = _keep_terminal(sys.stdout)
         sys.stderr = _keep_terminal(sys.stderr)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    _point_descriptors_at(path)
+    _target = path
+
+
+def native_output_target() -> Path | None:
+    """The file native output goes to, or None before `capture_native_output`."""
+    return _target
+
+
+def pending_native_log(logs_dir: Path, rank: int) -> Path:
+    """Where a rank captures before its run's timestamp is known (no `*_<TS>.log` name: a rank
+    that dies in the handshake leaves no file that looks like a run's)."""
+    return logs_dir / f".native_rank{rank}.{os.getpid()}.pending"
+
+
+def move_native_output(path: Path) -> None:
+    """Continue the capture in `path` (the run's file name): the early file is renamed (the
+    descriptors follow it), or appended to `path` when that exists already."""
+    global _target
+    if _target is None or _target == path:
+        return
+    if not path.exists():
+        os.replace(_target, path)
+    else:
+        with open(_target, "rb") as early, open(path, "ab") as out:
+            out.write(early.read())
+        _point_descriptors_at(path)
+        _target.unlink(missing_ok=True)
+    _target = path

@@ -57,19 +57,19 @@ def rank_tag() -> str:
     return tag
 
 
-def current() -> RankContext:
-    return _current
-
-
 def resolve_run_ts(ctx: RankContext, timeout_s: float = 60.0) -> str:
     """One `YYYYmmdd_HHMMSS` for every rank of the run, across nodes.
 
-    The launcher exports AE_RUN_TS for the ranks of its node. Nodes are started by separate
-    launchers, so under torchrun's static rendezvous the first rank to arrive publishes its TS in
-    the agent's TCPStore (MASTER_ADDR:MASTER_PORT) and every other rank adopts it.
+    The launcher agrees on it for the whole job (across nodes through the run folder's lock
+    file) and exports it as AE_RUN_TS: then that is the run's TS. Ranks started by hand
+    (`torchrun train_ae.py` on each node) agree under torchrun's static rendezvous: the first rank
+    to arrive publishes its TS in the agent's TCPStore (MASTER_ADDR:MASTER_PORT) and every other
+    rank adopts it.
     """
-    local_ts = os.environ.get("AE_RUN_TS") or time.strftime("%Y%m%d_%H%M%S")
     env = os.environ
+    if env.get("AE_RUN_TS"):
+        return env["AE_RUN_TS"]
+    local_ts = time.strftime("%Y%m%d_%H%M%S")
     if ctx.world_size <= 1 or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return local_ts
     from datetime import timedelta

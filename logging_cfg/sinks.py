@@ -1,4 +1,4 @@
-"""Log sinks with the durability the SPEC promises.
+"""Log sinks with the durability the product contract (docs/CONTRACT.md) promises.
 
 `AppendFileSink` writes each record with one `os.write` on an `O_APPEND` descriptor: the line is in
 the kernel before the logging call returns (it survives SIGKILL of the process), and records from

@@ -5,14 +5,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ae.config import Config, ConfigError, help_text, parse_config
+from ae.config import FIELDS, ConfigError, help_text, parse_config
 
 
 def test_defaults_and_cli_forms() -> None:
     cfg = parse_config(["--batch_size=8", "--num_workers", "1", "--debug"])
-    assert (cfg.batch_size, cfg.num_workers, cfg.debug) == (8, 1, True)
-    assert parse_config(["--debug=false"]).debug is False
-    assert parse_config([]).log_every_n_train_batches == 500
+    assert (cfg.data.batch_size, cfg.data.num_workers, cfg.obs.debug) == (8, 1, True)
+    assert parse_config(["--debug=false"]).obs.debug is False
+    assert parse_config([]).obs.log_every_n_train_batches == 500
 
 
 @pytest.mark.parametrize("text", ["1e-4", "1E-4", "0.0001", "1.0e-4"])
@@ -20,15 +20,15 @@ def test_yaml_scientific_learning_rate_is_float(tmp_path: Path, text: str) -> No
     path = tmp_path / "c.yaml"
     path.write_text(f"learning_rate: {text}\nbatch_size: 4\n")
     cfg = parse_config([f"--config={path}"])
-    assert cfg.learning_rate == pytest.approx(0.0001)
-    assert isinstance(cfg.learning_rate, float)
+    assert cfg.optim.learning_rate == pytest.approx(0.0001)
+    assert isinstance(cfg.optim.learning_rate, float)
 
 
 def test_cli_overrides_yaml(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("batch_size: 4\nseed: 3\n")
     cfg = parse_config([f"--config={path}", "--batch_size", "16"])
-    assert (cfg.batch_size, cfg.seed) == (16, 3)
+    assert (cfg.data.batch_size, cfg.run.seed) == (16, 3)
 
 
 def test_unknown_key_in_yaml_is_named(tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ def test_wrong_types_and_missing_file(tmp_path: Path) -> None:
 
 def test_help_lists_every_field() -> None:
     text = help_text()
-    for name in Config.__dataclass_fields__:
+    for name in FIELDS:
         assert f"--{name}" in text
 
 
@@ -89,18 +89,22 @@ def test_cross_field_checks(tmp_path: Path) -> None:
         )  # fmt: skip
     keys = [p.split(":")[0] for p in err.value.problems]
     assert keys == ["sample_period", "encoder_lr_mult/decoder_lr_mult", "resume_from_checkpoint"]
-    assert parse_config(["--resume_from_checkpoint=last"]).resume_from_checkpoint == "last"
+    resume = parse_config(["--resume_from_checkpoint=last"]).checkpoints.resume_from_checkpoint
+    assert resume == "last"
+    with pytest.raises(ConfigError, match="overwrite/resume_from_checkpoint: overwrite deletes"):
+        parse_config(["--overwrite=true", "--resume_from_checkpoint=last"])
 
 
 def test_resolved_config_round_trips_through_yaml(tmp_path: Path) -> None:
     """What --print_config prints and the run folder's config.yaml hold is a valid --config."""
     cfg = parse_config(["--batch_size=7", "--learning_rate=5e-5", "--lr_scale=linear",
                         "--precision=bf16-mixed", "--decoder_lr_mult=0.5"])  # fmt: skip
-    path = tmp_path / "run" / "config.yaml"
-    cfg.write_yaml(path)
-    assert not list(path.parent.glob("*.tmp"))
+    path = tmp_path / "config.yaml"
+    path.write_text(cfg.to_yaml())
     again = parse_config([f"--config={path}"])
     assert again.to_dict() == {**cfg.to_dict(), "config": str(path)}
+    # --overwrite is an action of one launch: a saved config does not repeat it
+    assert "overwrite" not in parse_config(["--overwrite=true"]).to_yaml()
 
 
 @pytest.mark.parametrize("text", ["5e-5", "1E-3", "2.5e-4"])
@@ -108,12 +112,12 @@ def test_yaml_exponent_floats(tmp_path: Path, text: str) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(f"learning_rate: {text}\nweight_decay: {text}\n")
     cfg = parse_config([f"--config={path}"])
-    assert cfg.learning_rate == cfg.weight_decay == pytest.approx(float(text))
+    assert cfg.optim.learning_rate == cfg.optim.weight_decay == pytest.approx(float(text))
 
 
 def test_print_config_prints_yaml_without_starting_anything(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "ae.launch", "--print_config", "--batch_size=3",
+        [sys.executable, "-m", "ae.cli.launch", "--print_config", "--batch_size=3",
          f"--output_dir={tmp_path / 'run'}"],
         capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent,
     )  # fmt: skip
@@ -134,6 +138,77 @@ def test_pg_timeout_must_exceed_stall_timeout() -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(["--stall_timeout=300", "--pg_timeout=120"])
     assert [p.split(":")[0] for p in err.value.problems] == ["pg_timeout"]
-    assert parse_config(["--stall_timeout=0", "--pg_timeout=120"]).pg_timeout == 120
+    assert parse_config(["--stall_timeout=0", "--pg_timeout=120"]).obs.pg_timeout == 120
     cfg = parse_config(["--log_rotate_mb=0.5", "--log_rotate_keep=7"])
-    assert (cfg.log_rotate_mb, cfg.log_rotate_keep) == (0.5, 7)
+    assert (cfg.obs.log_rotate_mb, cfg.obs.log_rotate_keep) == (0.5, 7)
+
+
+def test_model_flags_lists_and_mappings_from_cli_and_yaml(tmp_path: Path) -> None:
+    cfg = parse_config(["--model=resnet", "--channel_mult=1,2,4", "--downsample=4",
+                        "--hidden_dims", "[64, 32]", "--kl_weight=1e-3", "--loss=l1"])  # fmt: skip
+    m = cfg.model
+    assert (m.model, m.channel_mult, m.downsample, m.hidden_dims) == (
+        "resnet",
+        (1, 2, 4),
+        4,
+        (64, 32),
+    )
+    assert (m.kl_weight, m.loss, m.model_args) == (1e-3, "l1", None)
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "model: pkg.mod:Net\nmodel_args:\n  width: 8\n  sizes: [1, 2]\nhidden_dims: 16\n"
+    )
+    cfg = parse_config([f"--config={path}"])
+    assert cfg.model.model_args == {"width": 8, "sizes": [1, 2]} and cfg.model.hidden_dims == (16,)
+    flag = parse_config(["--model=pkg.mod:Net", '--model_args={"width": 4}'])  # JSON is YAML
+    assert flag.model.model_args == {"width": 4}
+    # the resolved config (config.yaml, --print_config) is a valid --config again
+    path.write_text(cfg.to_yaml())
+    assert parse_config([f"--config={path}"]).model == cfg.model
+
+
+def test_model_flag_problems_all_at_once() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--model=resnet:", "--model_args=[1, 2]", "--channel_mult=1,x",
+                      "--hidden_dims=0,4", "--ema_decay=1", "--downsample=3"])  # fmt: skip
+    assert err.value.problems == [
+        "model_args: must be a mapping of names to values; got '[1, 2]'",
+        "channel_mult: must be integers separated by commas; got '1,x'",
+        "hidden_dims: must be >= 1; got 0,4",
+        "model: must be one of auto, mlp, conv, resnet or package.module:ClassName; got 'resnet:'",
+        "downsample: must be one of 2, 4, 8, 16; got 3",
+        "ema_decay: must be below 1 (0 = off); got 1.0",
+    ]
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--model=resnet", "--downsample=16", "--model_args={a: 1}",
+                      "--kl_weight=0.1"])  # fmt: skip
+    assert [p.split(":")[0] for p in err.value.problems] == [
+        "model_args",
+        "channel_mult/downsample",
+    ]
+    with pytest.raises(ConfigError, match="kl_weight: only for the built-in models"):
+        parse_config(["--model=my.mod:Net", "--kl_weight=0.1"])
+
+
+def test_data_input_flags() -> None:
+    cfg = parse_config(["--input_key=jpg;png", "--image_size=64", "--channels=1", "--random_flip",
+                        "--npy_scale=0.5"]).data  # fmt: skip
+    assert (cfg.input_key, cfg.image_size, cfg.channels, cfg.random_flip, cfg.npy_scale) == (
+        "jpg;png",
+        64,
+        1,
+        True,
+        0.5,
+    )
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--channels=2", "--image_size=-1"])
+    assert [p.split(":")[0] for p in err.value.problems] == ["image_size", "channels"]
+
+
+def test_straggler_flags() -> None:
+    obs = parse_config([]).obs
+    assert (obs.straggler_factor, obs.straggler_window) == (1.3, 60.0)
+    assert parse_config(["--straggler_factor=0"]).obs.straggler_factor == 0  # off
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--straggler_factor=0.9", "--straggler_window=0"])
+    assert [p.split(":")[0] for p in err.value.problems] == ["straggler_window", "straggler_factor"]

@@ -10,7 +10,7 @@ from ae.log_lines import (
     TRAIN_STEP,
     epoch_marker,
 )
-from tests.conftest import ROOT
+from tests.support.runs import ROOT
 
 
 def test_formats_round_trip() -> None:

@@ -20,6 +20,7 @@ from ae.diagnose.bundle import write_bundle
 from ae.diagnose.report import render
 from ae.diagnose.run_files import DiagnoseError, find_run, resolve_logs_dir
 from ae.diagnose.watch import watch
+from ae.errors import UserError
 
 DEFAULT_LOGS = "runs/ae/logs"  # the logs of the default --output_dir
 WIDE = 200
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
         else:
             render(diagnose(files, args.tail), console)
-    except DiagnoseError as e:
-        logger.error(f"ae-diagnose: {e}")
-        return 2
+    except UserError as e:
+        logger.error(f"ae-diagnose: {e.render()}")
+        return e.exit_code
     return 0

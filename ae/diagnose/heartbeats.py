@@ -1,7 +1,8 @@
-"""Reading a rank's heartbeat file (written by ae.heartbeat) and whether its process still lives.
+"""A rank's heartbeat file (written by ae.forensics.heartbeat), and whether its process lives.
 
 The file is replaced atomically, so a read sees a whole record; a file that does not parse, or
-lacks HEARTBEAT_FIELDS, is treated as absent. `alive` is known only on the host that wrote it:
+lacks HEARTBEAT_BASE_FIELDS, is treated as absent (heartbeats written before the step times have
+no `timing`: theirs is None). `alive` is known only on the host that wrote it:
 the pid exists, is not a zombie, and was started before the heartbeat was written (else the pid
 was reused by another process).
 """
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from ae.log_lines import HEARTBEAT_FIELDS
+from ae.log_lines import HEARTBEAT_BASE_FIELDS
+from ae.stragglers import RankTiming
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class Heartbeat:
     stalled: bool
     state: str  # running, exited, failed
     alive: bool | None  # None: written on another host
+    timing: RankTiming | None = None  # step times and workers' read rates
+    stragglers: tuple[dict, ...] = ()  # the detecting rank's straggler episodes
 
     @property
     def rss_text(self) -> str:
@@ -62,7 +66,7 @@ def read_heartbeat(path: Path) -> Heartbeat | None:
         raw = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(raw, dict) or not set(HEARTBEAT_FIELDS) <= set(raw):
+    if not isinstance(raw, dict) or not set(HEARTBEAT_BASE_FIELDS) <= set(raw):
         return None
     try:
         workers = raw["workers"] or []
@@ -83,6 +87,8 @@ def read_heartbeat(path: Path) -> Heartbeat | None:
             stalled=bool(raw["stalled"]),
             state=str(raw["state"]),
             alive=process_alive(int(raw["pid"]), str(raw["host"]), float(raw["time"])),
+            timing=RankTiming.from_heartbeat(raw),
+            stragglers=tuple(e for e in raw.get("stragglers") or [] if isinstance(e, dict)),
         )
     except (TypeError, ValueError, AttributeError):
         return None

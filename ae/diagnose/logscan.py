@@ -29,10 +29,6 @@ class Evidence:
     line: int
     text: str
 
-    @property
-    def ref(self) -> str:
-        return f"{self.path.name}:{self.line}"
-
 
 @dataclass(frozen=True)
 class Record:

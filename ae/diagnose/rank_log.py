@@ -25,6 +25,8 @@ from ae.log_lines import (
     STALL,
     STALL_REPORT,
     STALL_RESOLVED,
+    STOP_SIGNAL,
+    STOP_SIGNAL_STUCK,
     TRAIN_STEP,
     VAL_STEP,
 )
@@ -33,8 +35,6 @@ from ae.log_lines import (
 # that fires when the watchdog thread cannot run (see logging_cfg.dump_stacks_later).
 FAULTHANDLER_FATAL = b"Fatal Python error: "
 FAULTHANDLER_TIMEOUT = b"Timeout ("
-# Lightning's signal handler: the rank got SIGTERM (torchrun stopping a failed job, preemption).
-LIGHTNING_SIGTERM = b"Received SIGTERM"
 _SIGNALS = {
     "Segmentation fault": "SIGSEGV",
     "Aborted": "SIGABRT",
@@ -48,19 +48,29 @@ _FRAME = re.compile(r'^[\s>]*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P
 # A worker's dump (faulthandler, SIGUSR1): its main thread is the "Current thread".
 _WORKER_DUMP = "Current thread 0x"
 _FETCHING = "utils/data/_utils/fetch.py"
-# STALL RESOLVED `now` (ae.watchdog: `phase <phase>, step <n>`) of a rank gone to teardown.
+# STALL RESOLVED `now` (ae.forensics.watchdog: `phase <phase>, step <n>`): a rank gone to teardown.
 _TEARDOWN = "phase teardown"
 # Unindented traceback lines that are not an exception (chained tracebacks have these between).
 _NOT_EXCEPTION = ("Traceback", "During handling of", "The above exception")
 _MEMORY = re.compile(r"\brss=\S+(?: workers=\S+)?(?: cuda=\S+ peak=\S+)?")
 _SHARD = re.compile(r"(\S+\.tar)\b")
 TRACE_LIMIT = 20_000  # continuation lines read after a FATAL or a stall report
+ERROR_LINES = 20  # continuation lines of an ERROR record kept (a user error's whole message)
 FRAMES_SHOWN = 3
 
 
 def _needle(prefix: str) -> bytes:
     """A message prefix as it appears after the `[Rank r/W]` tag."""
     return b"] " + prefix.encode()
+
+
+# The rank got a stop signal (torchrun stopping a failed job, preemption): ae's own lines, and
+# Lightning's (its handler is the one in place before training starts).
+_STOP_SIGNAL_NEEDLES = (
+    _needle(STOP_SIGNAL.prefix),
+    _needle(STOP_SIGNAL_STUCK.prefix),
+    b"Received SIGTERM",
+)
 
 
 @dataclass
@@ -119,6 +129,7 @@ class RankLog:
     exit: Record | None = None
     exit_code: int | None = None
     last_error: Evidence | None = None
+    last_error_more: list[Evidence] = field(default_factory=list)  # its continuation lines
     shard_plans: dict[str, dict[str, str]] = field(default_factory=dict)
     shard_errors: list[Record] = field(default_factory=list)
     shard_error_lines: int = 0
@@ -196,8 +207,11 @@ class _Scanner:
             s.exit, s.exit_code = rec, int(m["code"])
         if (start := log.last_level_record("ERROR")) is not None:
             s.last_error = log.evidence(start)
-        if (start := log.rfind_record(LIGHTNING_SIGTERM)) is not None:
-            s.sigterm = log.record(start)
+            more = log.continuation(start, ERROR_LINES)
+            s.last_error_more = [log.evidence(p) for p in more]
+        found = [p for n in _STOP_SIGNAL_NEEDLES if (p := log.rfind_record(n)) is not None]
+        if found:
+            s.sigterm = log.record(max(found))
         if (pos := log.data.rfind(b"\n" + FAULTHANDLER_TIMEOUT)) >= 0:
             s.native_dump = log.evidence(pos + 1)
 

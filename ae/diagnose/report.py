@@ -1,5 +1,5 @@
 """The diagnosis as one JSON-ready dict, and its rich rendering (built from that same dict, so the
-table and `--json` cannot say different things). Keys are documented in README.md."""
+table and `--json` cannot say different things). Keys are documented in docs/CONTRACT.md."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rich.text import Text
 from ae.diagnose.logscan import Evidence, LogBytes
 from ae.diagnose.rank_log import RankLog, shard_of
 from ae.diagnose.run_state import RunState
+from ae.diagnose.stragglers import StragglerFinding, find_stragglers, rank_scores
 from ae.diagnose.verdict import Finding, Verdict, current_phase
 from ae.log_lines import RECORD_PATTERN
 
@@ -40,9 +41,11 @@ def _evidence(e: Evidence) -> dict[str, Any]:
     return {"file": e.path.name, "line": e.line or None, "text": e.text[:TEXT_LIMIT]}
 
 
-def _finding(f: Finding) -> dict[str, Any]:
+def _finding(run: RunState, f: Finding) -> dict[str, Any]:
+    r = run.ranks.get(f.rank)
     return {
         "rank": f.rank,
+        "host": r.heartbeat.host if r is not None and r.heartbeat is not None else None,
         "phase": f.phase,
         "cause": f.cause,
         "rule": f.rule,
@@ -50,7 +53,21 @@ def _finding(f: Finding) -> dict[str, Any]:
     }
 
 
-def _rank(run: RunState, r: RankLog, state: str, tail: int) -> dict[str, Any]:
+def _step_time(r: RankLog) -> dict[str, Any] | None:
+    timing = r.heartbeat.timing if r.heartbeat else None
+    if timing is None or timing.recent is None:
+        return None
+    w = timing.recent
+    return {"window_s": w.window_s, "steps": w.steps, "own_ms": w.own_ms, "data_ms": w.data_ms,
+            "compute_ms": w.compute_ms, "sync_ms": w.sync_ms}  # fmt: skip
+
+
+def _straggler(f: StragglerFinding) -> dict[str, Any]:
+    evidence = [_evidence(e) for e in f.evidence]
+    return {"rank": f.rank, "score": round(f.score, 2), "cause": f.cause, "evidence": evidence}
+
+
+def _rank(run: RunState, r: RankLog, state: str, tail: int, score: float | None) -> dict[str, Any]:
     hb = r.heartbeat
     out: dict[str, Any] = {
         "rank": r.rank,
@@ -69,10 +86,13 @@ def _rank(run: RunState, r: RankLog, state: str, tail: int) -> dict[str, Any]:
         "errors": r.errors,
         "warnings": r.warnings,
         "stall_reports": r.stall_reports,
+        "exit_code": r.exit_code,
         "pid": hb.pid if hb else None,
         "host": hb.host if hb else None,
         "alive": hb.alive if hb else None,
         "heartbeat_age_s": _round(run.reference - hb.time) if hb and run.reference else None,
+        "score": None if score is None else round(score, 2),
+        "step_time": _step_time(r),
         "logs": [p.name for p in r.files],
     }
     if tail and r.files:
@@ -115,6 +135,7 @@ def _data_errors(run: RunState) -> dict[str, Any]:
 
 
 def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
+    scores = rank_scores(run)
     return {
         "run": run.files.ts,
         "logs_dir": str(run.files.logs_dir),
@@ -122,13 +143,23 @@ def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
         "world_size": run.world_size,
         "newest_line": _time(run.newest_line),
         "ranks": [
-            _rank(run, r, verdict.states.get(r.rank, "running"), tail) for r in run.ranks.values()
+            _rank(run, r, verdict.states.get(r.rank, "running"), tail, scores.get(r.rank))
+            for r in run.ranks.values()
         ],
-        "culprits": [_finding(f) for f in verdict.culprits],
-        "victims": [_finding(f) for f in verdict.victims],
+        "culprits": [_finding(run, f) for f in verdict.culprits],
+        "victims": [_finding(run, f) for f in verdict.victims],
+        "network": None
+        if (net := verdict.network) is None
+        else {
+            "hosts": net.hosts,
+            "step": net.step,
+            "cause": f"network: hosts {' and '.join(net.hosts)} cannot reach each other",
+            "evidence": [_evidence(e) for e in net.evidence],
+        },
         "missing_ranks": run.missing,
         "shard_plan_mismatch": _plan_mismatch(run),
         "data_errors": _data_errors(run),
+        "stragglers": [_straggler(f) for f in find_stragglers(run)],
     }
 
 
@@ -137,10 +168,20 @@ def _num(x: Any) -> str:
     return "-" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
 
 
+def _score(r: dict[str, Any], slow: dict[int, str]) -> Text:
+    """`1.7x data` in yellow for a straggler, `1.0x` for the others, `-` without step times."""
+    if r["score"] is None:
+        return Text("-")
+    if r["rank"] in slow:
+        return Text(f"{r['score']:.1f}x {slow[r['rank']]}", style="bold yellow")
+    return Text(f"{r['score']:.1f}x")
+
+
 def _rank_table(doc: dict[str, Any]) -> Table:
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    slow = {s["rank"]: s["cause"] for s in doc["stragglers"]}
     for name in ("rank", "state", "phase", "last marker", "epoch", "step", "last line",
-                 "silent s", "idle s", "memory", "errors", "warn", "stalls"):  # fmt: skip
+                 "silent s", "idle s", "score", "memory", "errors", "warn", "stalls"):  # fmt: skip
         numeric = name in ("rank", "epoch", "step", "silent s", "idle s", "errors", "warn")
         wrap = name in ("last marker", "memory")
         table.add_column(
@@ -152,19 +193,48 @@ def _rank_table(doc: dict[str, Any]) -> Table:
         table.add_row(
             str(r["rank"]), Text(r["state"], style=_STATE_STYLE.get(r["state"], "")),
             r["phase"] or "-", r["last_marker"] or "-", _num(r["epoch"]), _num(r["step"]), when,
-            _num(r["silent_s"]), _num(r["idle_s"]), memory, _num(r["errors"]),
+            _num(r["silent_s"]), _num(r["idle_s"]), _score(r, slow), memory, _num(r["errors"]),
             _num(r["warnings"]), _num(r["stall_reports"]),
         )  # fmt: skip
     return table
 
 
+def _where(e: dict[str, Any]) -> str:
+    return f"{e['file']}:{e['line']}" if e["line"] else e["file"]
+
+
+def _what(e: dict[str, Any]) -> str:
+    m = RECORD_PATTERN.match(e["text"])  # a record: its clock time and message are enough
+    return f"{m['time'][11:]} {m['message']}" if m else e["text"].strip()
+
+
 def _print_evidence(console: Console, evidence: list[dict[str, Any]]) -> None:
     for e in evidence:
-        where = f"{e['file']}:{e['line']}" if e["line"] else e["file"]
-        line = Text(f"    {where}  ", style="dim")
-        m = RECORD_PATTERN.match(e["text"])  # a record: its clock time and message are enough
-        line.append(f"{m['time'][11:]} {m['message']}" if m else e["text"].strip())
+        line = Text(f"    {_where(e)}  ", style="dim")
+        line.append(_what(e))
         console.print(line, overflow="ellipsis", no_wrap=True)
+
+
+def verdict_lines(doc: dict[str, Any], width: int = 160) -> list[str]:
+    """The verdict in a few plain lines, for a console that is not ae-diagnose's (the launcher's,
+    after a failed run): each culprit's rank, phase and cause, then its evidence lines."""
+    if (net := doc.get("network")) is not None:
+        head = (f"no rank is stuck in its own work: every rank waits for the others in a "
+                f"collective at step {net['step']}; {net['cause']}")  # fmt: skip
+        return [head, *(_cut(f"    {_where(e)}  {_what(e)}", width) for e in net["evidence"])]
+    if not doc["culprits"]:
+        return [f"No rank is named as the cause (run {doc['status']})."]
+    lines = []
+    for c in doc["culprits"]:
+        host = f" on {c['host']}" if c.get("host") else ""
+        lines.append(f"rank {c['rank']}{host}, phase {c['phase'] or '?'}: {c['cause']}")
+        for e in c["evidence"]:
+            lines.append(_cut(f"    {_where(e)}  {_what(e)}", width))
+    return lines
+
+
+def _cut(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def render(doc: dict[str, Any], console: Console) -> None:
@@ -176,14 +246,26 @@ def render(doc: dict[str, Any], console: Console) -> None:
     console.print(head)
     console.print(_rank_table(doc))
     console.print()
-    culprits = doc["culprits"]
-    if not culprits:
+    culprits, net = doc["culprits"], doc.get("network")
+    stragglers = doc["stragglers"]
+    if net is not None:
+        console.print(Text(
+            f"Verdict: no rank is stuck in its own work: every rank waits for the others in a "
+            f"collective at step {net['step']}; the {net['cause']}. Check the link between "
+            "them (interface, cable, switch, firewall).", style="bold red",
+        ))  # fmt: skip
+        _print_evidence(console, net["evidence"])
+    elif not culprits and stragglers:
+        slowed = ", ".join(f"rank {s['rank']}: {s['cause']}" for s in stragglers)
+        console.print(Text(f"Verdict: {status}, slowed by {slowed}", style="bold yellow"))
+    elif not culprits:
         console.print(Text(f"Verdict: no rank holds the job back ({status}).", style=style))
     else:
         ranks = ", ".join(str(c["rank"]) for c in culprits)
         console.print(Text(f"Verdict: held back by rank {ranks}", style="bold red"))
     for c in culprits:
-        line = Text(f"  rank {c['rank']}: ", style="bold")
+        host = f" on {c['host']}" if c.get("host") else ""
+        line = Text(f"  rank {c['rank']}{host}: ", style="bold")
         line.append(c["cause"], style="bold red")
         line.append(f"  (phase {c['phase'] or '?'}; {c['rule']})")
         console.print(line)
@@ -191,6 +273,13 @@ def render(doc: dict[str, Any], console: Console) -> None:
     for v in doc["victims"]:
         console.print(f"  rank {v['rank']}: {v['cause']} (phase {v['phase'] or '?'}), a victim")
         _print_evidence(console, v["evidence"])
+    if stragglers:
+        console.print("Stragglers (score: own time per step / median of the ranks):")
+    for s in stragglers:
+        line = Text(f"  rank {s['rank']}: {s['score']:.1f}x, cause ", style="bold")
+        line.append(s["cause"], style="bold yellow")
+        console.print(line)
+        _print_evidence(console, s["evidence"])
     if doc["missing_ranks"]:
         missing = ", ".join(map(str, doc["missing_ranks"]))
         console.print(Text(f"Missing ranks (no debug log): {missing}", style="bold red"))

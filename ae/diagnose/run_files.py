@@ -1,8 +1,8 @@
 """The files of a run in a logs folder, grouped by run timestamp, and which run is the newest.
 
 File names come from ae.log_lines (the same formats logging_cfg writes them with): the train log,
-one debug and one native log per rank, one heartbeat per rank; rotated logs carry `.1`, `.2` ...
-(`.1` the newest of them).
+one debug and one native log per rank, one heartbeat per rank, and torchrun's own output
+(`launcher_<TS>.log`); rotated logs carry `.1`, `.2` ... (`.1` the newest of them).
 """
 
 from __future__ import annotations
@@ -12,12 +12,19 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ae.log_lines import DEBUG_LOG_FILE, HEARTBEAT_FILE, NATIVE_LOG_FILE, TRAIN_LOG_FILE
+from ae.errors import UserError
+from ae.log_lines import (
+    DEBUG_LOG_FILE,
+    HEARTBEAT_FILE,
+    LAUNCHER_LOG_FILE,
+    NATIVE_LOG_FILE,
+    TRAIN_LOG_FILE,
+)
 
 _ROTATED = re.compile(r"(?P<base>.+\.log)\.(?P<n>\d+)")
 
 
-class DiagnoseError(Exception):
+class DiagnoseError(UserError):
     """A user mistake (no such folder, no run in it, unknown --run): one message, no traceback."""
 
 
@@ -29,9 +36,10 @@ class RunFiles:
     debug_logs: dict[int, list[Path]] = field(default_factory=dict)  # rank -> oldest first
     native_logs: dict[int, list[Path]] = field(default_factory=dict)
     heartbeats: dict[int, Path] = field(default_factory=dict)
+    launcher_logs: list[Path] = field(default_factory=list)  # torchrun's report, when it ran
 
     def all_files(self) -> list[Path]:
-        files = list(self.train_logs)
+        files = [*self.train_logs, *self.launcher_logs]
         for group in (self.debug_logs, self.native_logs):
             for rank in sorted(group):
                 files += group[rank]
@@ -62,6 +70,7 @@ def _classify(name: str) -> tuple[str, str, int | None, int] | None:
         ("debug", DEBUG_LOG_FILE),
         ("native", NATIVE_LOG_FILE),
         ("heartbeat", HEARTBEAT_FILE),
+        ("launcher", LAUNCHER_LOG_FILE),
     )
     for kind, fmt in kinds:
         if m := fmt.regex.fullmatch(name):
@@ -84,6 +93,8 @@ def list_runs(logs_dir: Path) -> dict[str, RunFiles]:
         for _, kind, rank, path in sorted(files, key=lambda f: f[0]):  # oldest rotation first
             if kind == "train":
                 run.train_logs.append(path)
+            elif kind == "launcher":
+                run.launcher_logs.append(path)
             elif kind == "heartbeat":
                 run.heartbeats[rank] = path  # type: ignore[index]
             else:

@@ -9,14 +9,14 @@ reading the logs, so a dead run reads the same tomorrow.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ae.diagnose.heartbeats import read_heartbeat
 from ae.diagnose.logscan import LogBytes, Record
 from ae.diagnose.rank_log import RankLog, read_rank
 from ae.diagnose.run_files import RunFiles
-from ae.log_lines import RESOLVED_CONFIG
+from ae.log_lines import RESOLVED_CONFIG, STRAGGLER, STRAGGLER_RESOLVED
 
 _STALL_TIMEOUT = re.compile(r"^stall_timeout: (?P<value>\S+)$", re.M)
 
@@ -26,6 +26,8 @@ class TrainLog:
     last: Record | None = None
     world_size: int | None = None
     config: str | None = None  # the resolved config, YAML
+    # rank -> its STRAGGLER line, for the episodes with no STRAGGLER RESOLVED after them
+    stragglers: dict[int, Record] = field(default_factory=dict)
 
     @property
     def stall_timeout(self) -> float | None:
@@ -68,7 +70,21 @@ def read_train_log(paths: list[Path]) -> TrainLog:
         start = log.rfind_record(f"] {RESOLVED_CONFIG}".encode())
         if start is not None:
             out.config = "\n".join(log.text(p) for p in log.continuation(start, 1000))
+        _stragglers(log, out.stragglers)
     return out
+
+
+def _stragglers(log: LogBytes, open_episodes: dict[int, Record]) -> None:
+    """Follow the STRAGGLER / STRAGGLER RESOLVED lines in file order (the `] STRAGGLER ` needle
+    finds both)."""
+    for start in log.find_records(f"] {STRAGGLER.prefix.split()[0]} ".encode()):
+        rec = log.record(start)
+        if rec is None:
+            continue
+        if m := STRAGGLER.parse(rec.message):
+            open_episodes[int(m["rank"])] = rec
+        elif m := STRAGGLER_RESOLVED.parse(rec.message):
+            open_episodes.pop(int(m["rank"]), None)
 
 
 def read_run(files: RunFiles, max_shard_errors: int = 1000) -> RunState:

@@ -15,6 +15,9 @@
 4. No STALL (watchdog off or not yet due): ranks without progress for longer than the stall
    timeout; the one that stopped first is the culprit, the cause its phase.
 5. If every failure reports a peer, the first rank to fail is the culprit.
+Before rules 3-5: if every rank, on two or more hosts, stalled in a collective at the same step
+and none failed of its own, no rank is stuck in its own work: the hosts cannot reach each other
+(`network`), and no rank is a culprit.
 A run where every rank wrote its exit line with code 0 and nothing failed has no culprits.
 """
 
@@ -31,7 +34,7 @@ from ae.diagnose.run_state import RunState
 # 5 s at most) or its last line is that old when it dies.
 GAP_S = 6.0
 STALE_S = 30.0  # a heartbeat this much older than the run's newest sign of life: writer gone
-DEFAULT_STALL_TIMEOUT = 300.0  # SPEC default, when the train log does not say
+DEFAULT_STALL_TIMEOUT = 300.0  # --stall_timeout default, when the train log does not say
 
 _PEER_TYPES = {
     "DistBackendError", "DistNetworkError", "DistStoreError", "BrokenPipeError",
@@ -56,11 +59,22 @@ class Finding:
 
 
 @dataclass
+class Network:
+    """Every rank waits for the others in the same collective, on hosts that cannot reach each
+    other: the link between them, not any rank's own work."""
+
+    hosts: list[str]
+    step: int
+    evidence: list[Evidence]
+
+
+@dataclass
 class Verdict:
     status: str  # finished, running, hung, failed, stopped
     culprits: list[Finding]
     victims: list[Finding]
     states: dict[int, str]  # rank -> exited, crashed, killed, stalled, waiting, running, ...
+    network: Network | None = None
 
 
 def is_peer_failure(crash: Crash) -> bool:
@@ -137,7 +151,9 @@ class _Judge:
                 )
             elif r.exit_code not in (None, 0) and r.exit is not None:
                 why = r.exit.message.rsplit(": ", 1)[-1]
-                evidence = [e for e in (r.last_error, r.exit.evidence) if e is not None]
+                # The last error with all its lines (a user error's message can span several).
+                error = [r.last_error, *r.last_error_more] if r.last_error else []
+                evidence = [*error, r.exit.evidence]
                 rule = f"exited with code {r.exit_code}"
                 phase = current_phase(r)
                 self._culprit(r, phase, f"error exit: {why}", rule, evidence, r.exit.time)
@@ -288,7 +304,32 @@ class _Judge:
         self.victims.append(Finding(r.rank, current_phase(r), cause, "", evidence))
 
 
+def network_partition(run: RunState) -> Network | None:
+    """The ranks of two or more hosts all stalled, waiting in a collective at the same step, and
+    none failed of its own (collective timeouts afterwards are only the consequence)."""
+    ranks = [r for r in run.ranks.values() if r.files]
+    if len(ranks) < 2 or run.missing or any(primary_crash(r) for r in ranks):
+        return None
+    stalls = [open_stall(r) for r in ranks]
+    if not all(s is not None and s.waiting for s in stalls):
+        return None
+    steps = {s.step for s in stalls if s is not None}
+    hosts = sorted({r.heartbeat.host for r in ranks if r.heartbeat is not None})
+    if len(steps) != 1 or len(hosts) < 2:
+        return None
+    return Network(hosts, steps.pop(), [s.evidence[0] for s in stalls if s is not None])
+
+
 def judge(run: RunState) -> Verdict:
+    if (net := network_partition(run)) is not None:
+        j = _Judge(run)
+        for r in run.ranks.values():
+            state = "peer failure" if r.crashes else "waiting"
+            j.states[r.rank] = state
+            if (s := open_stall(r)) is not None:
+                j._victim(r, "collective wait (network)", s.evidence[:1])
+        status = "failed" if any(r.crashes for r in run.ranks.values()) else "hung"
+        return Verdict(status, [], sorted(j.victims, key=lambda f: f.rank), j.states, net)
     j = _Judge(run)
     first_failure = j.failures()
     j.gone(first_failure)

@@ -1,0 +1,250 @@
+"""`ae-shards inspect`: what shards hold, what is damaged, and which flags a run on them needs.
+
+Every sample is read. Each field is described by what it decodes to (`npy float32 (64,)`, `JPEG
+image`, `bytes`), images by their size and mode (from their headers), and the input field of a
+run (`--input_key`, or the first decodable field of the first sample) is decoded the way training
+decodes it: a sample whose input field is missing, does not decode, or (arrays, native-size
+images) is shaped unlike the first good one, is a bad sample.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from ae.config import DataConfig
+from ae.data.decode import (
+    SampleDecoder,
+    SampleError,
+    decoding_extension,
+    field_kind,
+    npy_array,
+    tensor_array,
+    ungzipped,
+)
+from ae.data.errors import DataError
+from ae.data.images import GRAYSCALE_MODES, open_image
+from ae.data.index import index_url, read_index
+from ae.data.spec import is_remote
+from ae.data.tar_samples import iter_samples
+
+# Images of several sizes are checked at this size when no --image_size is given: decoding is
+# what finds damage, and a JPEG drafted for 64x64 decodes in a fraction of the time.
+CHECK_SIZE = 64
+
+
+@dataclass
+class ShardReport:
+    url: str
+    samples: int = 0
+    index: str = "missing"  # ok / missing / stale / wrong count
+    first_key: str = ""
+    last_key: str = ""
+    fields: list[str] = field(default_factory=list)
+    field_types: dict[str, dict[str, int]] = field(default_factory=dict)  # field -> type: count
+    image_sizes: dict[str, int] = field(default_factory=dict)  # "WxH" -> count
+    image_modes: dict[str, int] = field(default_factory=dict)
+    sample_bytes: list[int] = field(default_factory=lambda: [0, 0, 0])  # min, mean, max
+    bad: list[list[str]] = field(default_factory=list)  # [key, reason]
+    error: str | None = None  # why reading stopped early
+
+
+def describe_field(name: str, data: bytes) -> tuple[str, tuple[str, str] | None]:
+    """(what the field decodes to, (size, mode) for an image)."""
+    kind = field_kind(name)
+    if kind is None:
+        return "bytes", None
+    try:
+        if kind == "image":
+            with open_image(ungzipped(name, data)) as img:
+                return f"{img.format} image", (f"{img.width}x{img.height}", img.mode)
+        ext, gzipped = decoding_extension(name)
+        raw = ungzipped(name, data) if gzipped else data
+        if ext == "npy":
+            array = npy_array(raw)
+            return f"npy {array.dtype} {array.shape}", None
+        if ext == "npz":
+            with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
+                arrays = ", ".join(f"{k}: {npz[k].dtype} {npz[k].shape}" for k in npz.files)
+            return f"npz {{{arrays}}}", None
+        return f"{ext} tensor {tensor_array(raw).shape}", None
+    except Exception as e:  # reported as a type: the input field's decode names the sample
+        return f"undecodable {ext if kind == 'vector' else 'image'} ({type(e).__name__})", None
+
+
+class Inspector:
+    """Reads shards one after the other; the first decodable sample fixes the run's decoder."""
+
+    def __init__(self, input_key: str | None) -> None:
+        self.cfg = DataConfig(input_key=input_key)
+        self.decoder: SampleDecoder | None = None
+        self.native: SampleDecoder | None = None  # the decoder at native size (first sample's)
+        self.first_problem: str | None = None
+
+    def _check(self, sample: dict) -> None:
+        """Decode the input field as a run would; SampleError if it cannot be trained on."""
+        if self.decoder is None:
+            self.native = SampleDecoder.probe(sample, self.cfg)
+            self.decoder = self.native
+            if self.native.kind == "image":  # sizes are reported, not judged: see hints()
+                checked = DataConfig(input_key=self.cfg.input_key, image_size=CHECK_SIZE)
+                self.decoder = SampleDecoder.probe(sample, checked)
+            return
+        self.decoder.decode(sample)
+
+    def shard(self, url: str) -> ShardReport:
+        report = ShardReport(url)
+        types: dict[str, Counter[str]] = {}
+        sizes: Counter[str] = Counter()
+        modes: Counter[str] = Counter()
+        lengths: list[int] = []
+        try:
+            for sample in iter_samples(url):
+                key = sample["__key__"]
+                report.samples += 1
+                report.first_key = report.first_key or key
+                report.last_key = key
+                fields = {k: v for k, v in sample.items() if not k.startswith("__")}
+                lengths.append(sum(len(v) for v in fields.values()))
+                for name, data in fields.items():
+                    kind, image = describe_field(name, data)
+                    types.setdefault(name, Counter())[kind] += 1
+                    if image is not None:
+                        sizes[image[0]] += 1
+                        modes[image[1]] += 1
+                try:
+                    self._check(sample)
+                except SampleError as e:
+                    report.bad.append([key, str(e)])
+        except DataError:  # --input_key cannot work on this data: the user's to fix
+            raise
+        except Exception as e:  # unreadable or truncated: report how far it got
+            report.error = f"{type(e).__name__}: {e}"
+        report.fields = sorted(types)
+        report.field_types = {k: dict(v.most_common()) for k, v in sorted(types.items())}
+        report.image_sizes = dict(sizes.most_common())
+        report.image_modes = dict(modes.most_common())
+        if lengths:
+            report.sample_bytes = [min(lengths), sum(lengths) // len(lengths), max(lengths)]
+        index = read_index(url)
+        side = index_url(url)
+        if index is not None:
+            report.index = "ok" if index.samples == report.samples else "wrong count"
+        elif side is not None and not is_remote(url) and Path(side).exists():
+            report.index = "stale"
+        return report
+
+    def hints(self, reports: list[ShardReport]) -> list[str]:
+        """What a training run on these shards needs, one line each."""
+        if self.native is None:
+            return [
+                "no sample decodes: no training run can use these shards"
+                + ("" if self.cfg.input_key else " (pick the field with --input_key?)")
+            ]
+        native = self.native
+        how = (
+            "--input_key"
+            if self.cfg.input_key
+            else "the default: the first decodable field of the first sample"
+        )
+        out = [f"input field: {native.field_names} ({how})"]
+        types: dict[str, Counter[str]] = {}
+        for r in reports:
+            for name, kinds in r.field_types.items():
+                types.setdefault(name, Counter()).update(kinds)
+        inputs = {f for f in types if native.accepts(f)}
+        others = [f for f in types if f not in inputs and field_kind(f) is not None]
+        if others:
+            out.append(f"other decodable fields: {', '.join(others)} (--input_key picks one)")
+        if native.kind == "vector":
+            out += _array_hints(types, inputs, native)
+        else:
+            out += _image_hints(reports, native)
+        return out
+
+
+def _array_hints(
+    types: dict[str, Counter[str]], inputs: set[str], native: SampleDecoder
+) -> list[str]:
+    out = [f"vectors of {native.shape[0]} values: an MLP autoencoder"]
+    dtypes = {kind.split()[1] for f in inputs for kind in types.get(f, {}) if " " in kind}
+    integers = sorted(d for d in dtypes if d.startswith(("uint", "int")))
+    if integers:
+        out.append(
+            f"integer arrays ({', '.join(integers)}) are used as stored; e.g. "
+            "--npy_scale=0.00392156863 (1/255) maps 0..255 to 0..1"
+        )
+    return out
+
+
+def _image_hints(reports: list[ShardReport], native: SampleDecoder) -> list[str]:
+    sizes: Counter[str] = Counter()
+    modes: Counter[str] = Counter()
+    for r in reports:
+        sizes.update(r.image_sizes)
+        modes.update(r.image_modes)
+    out = []
+    if len(sizes) > 1:
+        areas = sorted(sizes, key=lambda s: int(s.split("x")[0]) * int(s.split("x")[1]))
+        out.append(
+            f"images of {len(sizes)} sizes ({areas[0]} .. {areas[-1]}): pass --image_size "
+            "(e.g. --image_size=64: shorter side resized to 64, then cropped to 64x64)"
+        )
+    else:
+        size = next(iter(sizes), "?")
+        out.append(f"all images {size}: trains at native size; --image_size=N resizes them")
+    shown = ", ".join(f"{m} {n}" for m, n in modes.most_common())
+    gray = sum(n for m, n in modes.items() if m in GRAYSCALE_MODES)
+    channels = 1 if native.mode == "L" else 3
+    line = f"modes {shown}: all converted to {native.mode} ({channels} channel"
+    line += "s" if channels > 1 else ""
+    line += ", as the first image)"
+    if channels == 3 and gray:
+        line += "; --channels=1 trains on grayscale"
+    elif channels == 1 and gray < sum(modes.values()):
+        line += "; --channels=3 keeps the colour"
+    return [*out, line]
+
+
+def print_reports(console: Console, reports: list[ShardReport], hints: list[str]) -> None:
+    table = Table(
+        "shard", "samples", "keys", "fields", "images", "bytes/sample (min/mean/max)", "index",
+        "bad",
+    )  # fmt: skip
+    table.columns[0].overflow = "fold"
+    for r in reports:
+        fields = "; ".join(f"{name}: {', '.join(kinds)}" for name, kinds in r.field_types.items())
+        images = ""
+        if r.image_sizes:
+            modes = "/".join(f"{m} {n}" for m, n in r.image_modes.items())
+            images = f"{len(r.image_sizes)} size{'s' if len(r.image_sizes) > 1 else ''}; {modes}"
+        table.add_row(
+            r.url if is_remote(r.url) else Path(r.url).name,
+            str(r.samples),
+            f"{r.first_key}..{r.last_key}",
+            fields,
+            images,
+            "/".join(str(b) for b in r.sample_bytes),
+            r.index,
+            str(len(r.bad)) + (" + unreadable" if r.error else ""),
+        )
+    console.print(table)
+    for r in reports:
+        if r.error:
+            console.print(f"[red]{r.url}: unreadable after {r.samples} samples: {r.error}")
+        for key, reason in r.bad:
+            console.print(f"[red]{r.url}: sample {key}: {reason}")
+    damaged = sum(bool(r.bad or r.error) for r in reports)
+    total = sum(r.samples for r in reports)
+    console.print(
+        f"{len(reports)} shards, {total} samples; {sum(len(r.bad) for r in reports)} bad "
+        f"samples, {damaged} shards with bad data"
+    )
+    for hint in hints:
+        console.print(f"- {hint}")

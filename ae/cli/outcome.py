@@ -1,0 +1,101 @@
+"""What the launcher says when its child ends: done, stopped by a signal (and where the
+checkpoint is), or failed -- then the diagnosis (`ae.diagnose`), not torchrun's report.
+
+On a failure the console gets the verdict: per culprit its rank, phase and cause, its evidence
+lines, and the `ae-diagnose` command for more; torchrun's own report stays in
+`launcher_<TS>.log`. A user error inside the ranks (bad data) is that one message instead.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from ae.diagnose import diagnose
+from ae.diagnose.report import verdict_lines
+from ae.diagnose.run_files import find_run
+from ae.errors import UserError
+from ae.log_lines import LAUNCHER_LOG_FILE, PREEMPTED, RECORD_PATTERN, TRAIN_LOG_FILE
+
+RESUME = "resume with --resume_from_checkpoint=last"
+LAUNCHER_TAIL = 8  # lines of torchrun's report shown when no rank wrote a log
+
+
+def stop_exit_code(sig: signal.Signals) -> int:
+    """128 + the signal: 130 after Ctrl-C, 143 after SIGTERM (what job schedulers expect)."""
+    return 128 + int(sig)
+
+
+def preempted(logs: Path, ts: str) -> dict[str, str] | None:
+    """Rank 0's PREEMPTED line in the train log (step, path), or None."""
+    train_log = logs / TRAIN_LOG_FILE.format(ts=ts)
+    text = train_log.read_text(errors="replace") if train_log.is_file() else ""
+    saved = [m for line in text.splitlines() if (m := PREEMPTED.parse(line))]
+    return saved[-1] if saved else None
+
+
+def report_stop(logs: Path, ts: str, sig: signal.Signals, killed: bool) -> int:
+    """After a stop signal: where the ranks saved (rank 0's PREEMPTED line in the train log)."""
+    train_log = logs / TRAIN_LOG_FILE.format(ts=ts)
+    saved = preempted(logs, ts)
+    what = "Interrupted" if sig == signal.SIGINT else f"Preempted ({sig.name})"
+    if killed:
+        logger.warning(
+            f"{what}: stopped at once (second Ctrl-C), without a checkpoint of this moment; "
+            f"{RESUME} continues from the newest one saved"
+        )
+    elif saved:
+        logger.warning(
+            f"{what} at step {saved['step']}; checkpoint saved at {saved['path']}; {RESUME}"
+        )
+    else:  # stopped before training began, or rank 0 runs on another node with its own log
+        logger.warning(f"{what} before the ranks saved a checkpoint (none in {train_log})")
+    return stop_exit_code(sig)
+
+
+def _message(text: str) -> str:
+    m = RECORD_PATTERN.match(text)
+    return m["message"] if m else text
+
+
+def user_errors(doc: dict[str, Any]) -> dict[int, str] | None:
+    """{rank: message} when every culprit left on a user error (its exit code), else None."""
+    exit_codes = {r["rank"]: r["exit_code"] for r in doc["ranks"]}
+    culprits = doc["culprits"]
+    if not culprits or any(exit_codes.get(c["rank"]) != UserError.exit_code for c in culprits):
+        return None
+    # evidence: the ERROR record, its continuation lines, then the exit line
+    return {c["rank"]: "\n".join(_message(e["text"]) for e in c["evidence"][:-1]) for c in culprits}
+
+
+def report_failure(logs: Path, ts: str, rc: int) -> int:
+    """The diagnosis of a failed run on the console; returns the launcher's exit code."""
+    launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
+    more = f"More: ae-diagnose {logs} --run {ts}"
+    if launcher_log.is_file():
+        more += f"  (torchrun's own report: {launcher_log})"
+    try:
+        doc = diagnose(find_run(logs, ts))
+    except UserError:
+        doc = None
+    if doc is None or not doc["ranks"]:
+        report = launcher_log.read_text(errors="replace") if launcher_log.is_file() else ""
+        tail = report.splitlines()
+        shown = "".join(f"\n    {line}" for line in tail[-LAUNCHER_TAIL:])
+        logger.error(f"Training failed (exit {rc}) before any rank wrote a log.{shown}")
+        logger.info(more)
+        return rc
+    if (messages := user_errors(doc)) is not None:
+        # Rank 0 said its own on the console already; say each other message once.
+        said = {messages.get(0)}
+        for msg in dict.fromkeys(m for rank, m in sorted(messages.items()) if rank != 0):
+            if msg not in said:
+                logger.error(msg)
+        return UserError.exit_code
+    head, *evidence = verdict_lines(doc)
+    logger.error("\n".join([f"Training failed: {head}", *evidence]))
+    logger.info(more)
+    return rc

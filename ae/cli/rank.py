@@ -1,0 +1,112 @@
+"""One rank of a training run, top to bottom: logging -> config -> data -> model -> fit -> clean up.
+
+torchrun starts it in every rank through `ae.cli.rank_process` (which first sends the process's
+native output to its log; `train_ae.py` calls the same); run directly it trains in a single
+process: `python -m ae.cli.rank --help`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import lightning as L
+import torch.distributed as dist
+from loguru import logger
+from torch.distributed.elastic.multiprocessing.errors import record
+
+import logging_cfg
+from ae.cli.launch import LAUNCHER_ENV
+from ae.config import Config, help_text, parse_config
+from ae.data.datamodule import ShardDataModule, silence_known_warnings
+from ae.data.demo import with_demo_defaults
+from ae.data.loader import install_worker_reaper
+from ae.data.spec import resolve_shards
+from ae.errors import UserError
+from ae.forensics.progress import progress
+from ae.forensics.step_times import step_times
+from ae.forensics.watchdog import start_watchdog, stop_watchdog
+from ae.log_lines import RANK_EXIT, main_log
+from ae.stragglers import recent_window_s
+from ae.training.checkpoint_files import resolve_resume
+from ae.training.model import build_model, describe
+from ae.training.preemption import SigtermWhileStuck, preempted_at
+from ae.training.run_info import log_model_summary, log_rank_header, log_run_setup
+from ae.training.trainer import build_trainer
+from logging_cfg import RankContext
+
+
+def fit(cfg: Config, ctx: RankContext) -> str:
+    """Train; returns how training ended."""
+    run_ts = logging_cfg.resolve_run_ts(ctx)
+    run_dir, obs = cfg.run.dir, cfg.obs
+    paths = logging_cfg.configure(
+        run_dir.logs, run_ts, ctx, debug=obs.debug, rotate_mb=obs.log_rotate_mb,
+        rotate_keep=obs.log_rotate_keep, native_output=True,
+        fatal_on_console=LAUNCHER_ENV not in os.environ,  # the launcher prints the diagnosis
+    )  # fmt: skip
+    silence_known_warnings()  # after configure(): its catch-all filter would shadow these
+    install_worker_reaper()
+    step_times.recent_s = recent_window_s(obs.straggler_window)
+    start_watchdog(
+        obs.stall_timeout, cfg.run.accelerator, ctx, paths, run_ts,
+        straggler_factor=obs.straggler_factor, straggler_window=obs.straggler_window,
+    )  # fmt: skip
+    log_rank_header(ctx, cfg.run.accelerator)
+    train_urls, val_urls = resolve_shards(
+        *with_demo_defaults(cfg.data.train_shards, cfg.data.val_shards)
+    )
+    log_run_setup(ctx, cfg, paths, len(train_urls), len(val_urls))
+    L.seed_everything(cfg.run.seed, verbose=False)
+
+    datamodule = ShardDataModule(
+        cfg.data, train_urls, val_urls, cache_dir=run_dir.cache, seed=cfg.run.seed, debug=obs.debug
+    )
+    # Before the trainer and any dataloader worker: a model that cannot be built is one message.
+    model, latent = build_model(datamodule.spec, cfg.model, cfg.optim, ctx.world_size)
+    if ctx.rank == 0:
+        main_log.info(describe(model, datamodule.spec, latent))
+        log_model_summary(model)
+    trainer = build_trainer(cfg, ctx, run_ts)
+    ckpt = resolve_resume(cfg.checkpoints.resume_from_checkpoint, run_dir.checkpoints)
+    # Our own checkpoints: they hold the config and loop state, not only tensors.
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
+    if (step := preempted_at(trainer)) is not None:
+        return f"preempted at step {step}; resume with --resume_from_checkpoint=last"
+    main_log.info(f"Training finished at step {trainer.global_step}")
+    return "training finished"
+
+
+@record  # the traceback goes into torchrun's error file, so its failure report shows it
+def main(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        logging_cfg.configure_console()
+        logger.info(help_text())
+        return 0
+    ctx = RankContext.from_env()
+    try:
+        cfg = parse_config(argv)
+        why = fit(cfg, ctx)
+    except UserError as e:
+        # User mistakes: one clear message, no traceback (the launcher catches most earlier).
+        if not logging_cfg.is_configured():
+            logging_cfg.configure_console()
+        logger.error(e.render())
+        code, why = e.exit_code, type(e).__name__
+    except SigtermWhileStuck as e:
+        logger.warning(e.describe())  # here, not in the signal handler that raised it
+        raise
+    else:
+        code = 0
+    finally:
+        progress.enter("teardown")
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        stop_watchdog()
+    # The last line of a rank that ends on its own: ae-diagnose tells it from a killed one.
+    logger.info(RANK_EXIT.format(code=code, why=why))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

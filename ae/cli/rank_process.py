@@ -1,0 +1,39 @@
+"""The process started for each rank (by torchrun, or by the launcher as one SLURM task).
+
+Its native output -- C++ code writing to file descriptors 1 and 2: c10d, gloo, NCCL -- goes to
+the rank's native log from the first line, before torch is imported: importing torch.distributed
+already writes (`[c10d] The debug level is set to INFO` under --debug), and so does the TCPStore
+client of the run-timestamp handshake. Then one rank's flow, `ae.cli.rank`, runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import logging_cfg
+from ae.config import parse_config
+from ae.errors import UserError
+from logging_cfg import RankContext
+
+
+def main(argv: list[str]) -> int:
+    # Until training starts (`ae.training.preemption` then takes over), Ctrl-C ends the rank
+    # the way SIGTERM does: at once, without a KeyboardInterrupt traceback from wherever it was.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if "--help" not in argv and "-h" not in argv:
+        try:
+            logs = parse_config(argv).run.dir.logs
+        except UserError:
+            logs = None  # ae.cli.rank says what is wrong, once
+        if logs is not None:
+            ts = os.environ.get("AE_RUN_TS")
+            logging_cfg.start_native_capture(logs, RankContext.from_env(), ts)
+    from ae.cli.rank import main as rank_main  # torch and Lightning: after the capture
+
+    return rank_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,234 @@
+"""One run per output folder: the lock of the job that runs in it, and the refusal to start a
+fresh run over an earlier run's checkpoints.
+
+The lock is `<output_dir>/run.lock` (`RunDir.lock`), held with `flock` by one process per job:
+the launcher of the first node (or of SLURM task 0). It holds the holder's host, pid, run TS,
+start time and job, so a second launch fails within seconds naming the job in the way. The
+kernel drops a `flock` when its process dies, however it dies: a lock file left by a killed
+launcher is stale, and the next launch takes it over (and says so). The launchers of the other
+nodes (or tasks) never take it: they wait until the file names their own job and adopt its run
+TS, so the job's ranks all log under one TS; they fail at once when another job holds it.
+
+On NFS, Linux implements `flock` with the server's byte-range locks: it works across nodes when
+the filesystem has locking (NFSv4, or NFSv3 with lockd); a lock whose node crashed is freed when
+the server's lease runs out (about 90 s). On a filesystem without locks (`-o nolock`) `flock`
+fails with ENOLCK: then the file's contents alone decide (a holder on this host whose process is
+gone is stale; one on another host cannot be checked, and the message names the file to remove).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+from loguru import logger
+
+from ae.errors import UserError
+from ae.run_dir import RunDir
+
+LOCK_RETRY_S = 2.0  # a follower probing the lock holds it (shared) for a moment
+FOLLOW_TIMEOUT_S = 120.0  # NFS may show a new file to other nodes only after its cache timeout
+FOLLOW_POLL_S = 0.2
+CHECKPOINTS_LISTED = 5
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    host: str
+    pid: int
+    run_ts: str
+    started: str
+    job: str
+
+    def describe(self) -> str:
+        return (
+            f"{self.job} (pid {self.pid} on {self.host}, run {self.run_ts}, started {self.started})"
+        )
+
+    def gone(self) -> bool:
+        """Its process is gone (decidable on this host only)."""
+        return self.host == socket.gethostname() and not psutil.pid_exists(self.pid)
+
+    def alive_here(self) -> bool:
+        return self.host == socket.gethostname() and psutil.pid_exists(self.pid)
+
+
+def read_lock(path: Path) -> LockInfo | None:
+    """The lock file's holder, or None (no file, or not written yet)."""
+    try:
+        return LockInfo(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+class RunFolderBusy(UserError):
+    def __init__(self, run_dir: RunDir, holder: LockInfo | None) -> None:
+        who = holder.describe() if holder else "a job whose lock file is not written yet"
+        super().__init__(
+            f"{run_dir.root} is in use by another run: {who}.\n"
+            f"  Wait for it to end, stop it, or train into another --output_dir "
+            f"(one run per folder: {run_dir.lock})."
+        )
+
+
+class EarlierCheckpoints(UserError):
+    def __init__(self, run_dir: RunDir, found: list[Path]) -> None:
+        names = ", ".join(p.name for p in found[:CHECKPOINTS_LISTED])
+        if len(found) > CHECKPOINTS_LISTED:
+            names += f" and {len(found) - CHECKPOINTS_LISTED} more"
+        super().__init__(
+            f"{run_dir.checkpoints} holds checkpoints of an earlier run: {names}.\n"
+            f"  To continue that run: --resume_from_checkpoint=last\n"
+            f"  To start afresh: another --output_dir, or --overwrite=true (deletes those "
+            f"checkpoints; logs are kept)"
+        )
+
+
+class LeaderMissing(UserError):
+    def __init__(self, run_dir: RunDir, job: str, waited: float) -> None:
+        super().__init__(
+            f"{job}: the launcher of the first node (SLURM task 0) did not take the lock of "
+            f"{run_dir.root} within {waited:.0f}s: it failed (see its output), or the folder is "
+            f"not on a filesystem that every node shares."
+        )
+
+
+class RunLock:
+    """The lock held by this process; `release()` removes the file and unlocks."""
+
+    def __init__(self, path: Path, fd: int | None, info: LockInfo, taken_over: LockInfo | None):
+        self.path, self.fd, self.info, self.taken_over = path, fd, info, taken_over
+
+    def release(self) -> None:
+        if self.fd is None and read_lock(self.path) != self.info:
+            return  # without kernel locks: not ours any more
+        try:
+            if self.fd is None or os.stat(self.path).st_ino == os.fstat(self.fd).st_ino:
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+
+def _write(fd: int, info: LockInfo) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(asdict(info)).encode(), 0)
+    os.fsync(fd)
+
+
+def _read_fd(fd: int) -> LockInfo | None:
+    try:
+        return LockInfo(**json.loads(os.pread(fd, 4096, 0)))
+    except (ValueError, TypeError):
+        return None
+
+
+def acquire(run_dir: RunDir, job: str, run_ts: str) -> RunLock:
+    """Take the folder's lock for `job`, or raise RunFolderBusy naming the job that holds it."""
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    path = run_dir.lock
+    info = LockInfo(
+        socket.gethostname(), os.getpid(), run_ts, time.strftime("%Y-%m-%d %H:%M:%S"), job
+    )
+    deadline = time.monotonic() + LOCK_RETRY_S
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = read_lock(path)
+            # A live holder on this host: busy. Else it may be a follower's probe: try again.
+            if time.monotonic() > deadline or (holder is not None and holder.alive_here()):
+                raise RunFolderBusy(run_dir, holder) from None
+            time.sleep(0.1)
+            continue
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            return _acquire_without_locks(run_dir, info)
+        try:
+            same_file = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same_file = False
+        if not same_file:  # the previous holder removed it between our open and our lock
+            os.close(fd)
+            continue
+        previous = _read_fd(fd)  # a holder that never released it: killed
+        _write(fd, info)
+        return RunLock(path, fd, info, previous)
+
+
+def _acquire_without_locks(run_dir: RunDir, info: LockInfo) -> RunLock:
+    logger.warning(f"{run_dir.root}: this filesystem has no file locks; {run_dir.lock} decides")
+    holder = read_lock(run_dir.lock)
+    if holder is not None and not holder.gone():
+        raise RunFolderBusy(run_dir, holder)
+    run_dir.lock.write_text(json.dumps(asdict(info)))
+    return RunLock(run_dir.lock, None, info, holder)
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a process holds the lock now (a shared lock taken for a moment tells)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no locks here: the contents decide
+        holder = read_lock(path)
+        return holder is not None and not holder.gone()
+    finally:
+        os.close(fd)  # also drops the shared lock
+    return False
+
+
+def follow(run_dir: RunDir, job: str, timeout: float = FOLLOW_TIMEOUT_S) -> LockInfo:
+    """For the launchers that do not hold the lock: wait until it names `job`, and return it
+    (its run TS is the job's). Raise at once when another live job holds it. A file that no one
+    holds is stale (its job's launcher was killed): wait for the leader to take it over."""
+    deadline = time.monotonic() + timeout
+    while True:
+        holder = read_lock(run_dir.lock)
+        if holder is not None and lock_held(run_dir.lock):
+            if holder.job == job:
+                return holder
+            raise RunFolderBusy(run_dir, holder)
+        if time.monotonic() > deadline:
+            raise LeaderMissing(run_dir, job, timeout)
+        time.sleep(FOLLOW_POLL_S)
+
+
+def earlier_checkpoints(run_dir: RunDir, resume: str | None, overwrite: bool) -> list[Path]:
+    """A fresh run (no resume) refuses to start over an earlier run's checkpoints: their steps
+    would mix with its own in `last.ckpt` and the rotation. With `overwrite` they are deleted
+    (and returned)."""
+    found = sorted(run_dir.checkpoints.glob("*.ckpt")) if resume is None else []
+    if found and not overwrite:
+        raise EarlierCheckpoints(run_dir, found)
+    for path in found:
+        path.unlink(missing_ok=True)
+    return found
+
+
+def unused_run_ts(logs_dir: Path, ts: str) -> str:
+    """`ts`, or the next second that no file in `logs_dir` carries yet (a run started within
+    the same second as the previous one must not append to its logs)."""
+    t = time.mktime(time.strptime(ts, "%Y%m%d_%H%M%S"))
+    while logs_dir.is_dir() and any(logs_dir.glob(f"*_{ts}.*")):
+        t += 1
+        ts = time.strftime("%Y%m%d_%H%M%S", time.localtime(t))
+    return ts

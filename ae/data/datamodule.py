@@ -1,0 +1,258 @@
+"""LightningDataModule over WebDataset shards with an even split across ranks and workers.
+
+`setup()` is where the ranks agree on the data: the node's local rank 0 counts the samples of
+every shard (`ae.data.counts`, cached in `<output_dir>/cache/`), the others read its counts after
+a barrier, and all ranks check they hold the same counts (one all-reduce) before building the
+same plan. A data problem that makes training pointless raises `DataError` with a
+message naming the split's flag, on every rank alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from loguru import logger
+from torch.utils.data import DataLoader
+
+from ae.config import DataConfig
+from ae.data.counts import shared_counts
+from ae.data.decode import InputSpec, SampleDecoder, SampleError
+from ae.data.errors import DataError
+from ae.data.loader import PreemptibleLoader
+from ae.data.resume import ResumableLoader
+from ae.data.stream import ShardStream
+from ae.data.tar_samples import iter_samples
+from ae.forensics.progress import in_phase
+from ae.forensics.step_times import step_times
+from ae.log_lines import INPUT_FIELD, SHARD_PLAN, main_log
+
+
+def silence_known_warnings() -> None:
+    """Lightning warns that an IterableDataset with __len__ may be inaccurate with several
+    workers unless each is configured independently; ours are (the shard plan gives each worker
+    its slot). Call after logging is configured: a filter added later takes precedence."""
+    warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined")
+
+
+# Samples tried before a split with no usable sample is given up on: the first samples of a
+# dataset tell whether its fields can be decoded, without reading all of it.
+PROBE_SAMPLES = 1000
+
+
+def probe_decoder(
+    split: str, urls: list[str], cfg: DataConfig, decoder: SampleDecoder | None = None
+) -> SampleDecoder:
+    """The decoder of the run, from the first sample that decodes (trying shards in order;
+    damaged ones are reported by the planner and the readers, not here). With `decoder` (the
+    train split's), check that this split's samples decode the same way and shape instead."""
+    problem, tried = "no samples", 0
+    for url in urls:
+        try:
+            for sample in iter_samples(url):
+                tried += 1
+                try:
+                    if decoder is None:
+                        return SampleDecoder.probe(sample, cfg)
+                    decoder.decode(sample)
+                    return decoder
+                except SampleError as e:  # a bad sample: try the next one
+                    problem = f"{url}: sample {sample['__key__']}: {e}"
+                if tried == PROBE_SAMPLES:
+                    break
+        except DataError:  # flags that cannot work on this data
+            raise
+        except Exception as e:  # an unreadable shard: try the next one
+            problem = f"{url}: {type(e).__name__}: {e}"
+        if tried == PROBE_SAMPLES:
+            break
+    raise DataError(
+        f"{split}_shards: no readable sample in any of {len(urls)} shards (first {tried} "
+        f"samples tried; last problem: {problem})"
+    )
+
+
+def log_input(decoder: SampleDecoder, cfg: DataConfig) -> None:
+    source = "--input_key" if cfg.input_key else "the first decodable field of the first sample"
+    main_log.info(
+        INPUT_FIELD.format(
+            field=decoder.field_names,
+            source=source,
+            shape="x".join(map(str, decoder.shape)),
+            detail=decoder.describe(),
+        )
+    )
+
+
+def same_on_all_ranks(values: list[int], device: torch.device, keep: list[torch.Tensor]) -> bool:
+    """One all-reduce: the MAX of (d, -d) over ranks is (max d, -min d), equal iff every rank's
+    digest d of `values` is the same. The reduced tensor is appended to `keep`, which the caller
+    holds until the run ends: were the tensor's last reference dropped while gloo's worker thread
+    still held the op, that thread would take the GIL to free it, and a dataloader worker forked
+    at that moment can hang in fork (seen once here: gloo, CPython 3.11)."""
+    digest = int.from_bytes(hashlib.sha256(json.dumps(values).encode()).digest()[:7])
+    both = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    keep.append(both)
+    return int(both[0]) == -int(both[1])
+
+
+class ShardDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        cfg: DataConfig,
+        train_urls: list[str],
+        val_urls: list[str],
+        *,
+        cache_dir: Path,
+        seed: int,
+        debug: bool = False,
+    ) -> None:
+        """`cache_dir`: where this run keeps its shard counts; `debug`: per-shard lines."""
+        super().__init__()
+        self.cfg = cfg
+        self.cache_dir, self.seed, self.debug = cache_dir, seed, debug
+        self.train_urls = train_urls
+        self.val_urls = val_urls
+        self.decoder = probe_decoder("train", train_urls, cfg)
+        probe_decoder("val", val_urls, cfg, self.decoder)
+        log_input(self.decoder, cfg)
+        self.train_set: ShardStream | None = None
+        self.val_set: ShardStream | None = None
+        self._collective_inputs: list[torch.Tensor] = []
+
+    @property
+    def spec(self) -> InputSpec:
+        return self.decoder.spec
+
+    def _counts(self, split: str, urls: list[str]) -> list[int]:
+        """Counted once per node, then checked to be the same on every rank: different counts
+        (nodes seeing different files) would give different plans and a hang."""
+        trainer = self.trainer
+        counts = shared_counts(
+            split,
+            urls,
+            self.cache_dir,
+            local_zero=trainer is None or trainer.local_rank == 0,
+            barrier=trainer.strategy.barrier if trainer else lambda: None,
+        )
+        if counts.total == 0:
+            raise DataError(f"{split}_shards: no readable sample in {len(urls)} shards")
+        if (
+            trainer is not None
+            and trainer.world_size > 1
+            and not same_on_all_ranks(
+                counts.counts, trainer.strategy.root_device, self._collective_inputs
+            )
+        ):
+            raise DataError(
+                f"{split}_shards: ranks counted different samples per shard (do all nodes see"
+                " the same files?); see the `Shard counts` line in each rank's log"
+            )
+        return counts.counts
+
+    def _stream(self, split: str, urls: list[str], shuffle: bool) -> ShardStream:
+        cfg, trainer = self.cfg, self.trainer
+        stream = ShardStream(
+            split=split,
+            urls=urls,
+            counts=self._counts(split, urls),
+            decoder=self.decoder,
+            batch_size=cfg.batch_size,
+            rank=trainer.global_rank if trainer else 0,
+            world_size=trainer.world_size if trainer else 1,
+            num_workers=cfg.num_workers,
+            mode=cfg.shard_split,
+            shuffle=shuffle,
+            augment=shuffle,  # training: random crops and flips; validation: center crops
+            shuffle_buffer=cfg.shuffle_buffer,
+            tar_reader=cfg.tar_reader,
+            seed=self.seed,
+            debug=self.debug,
+        )
+        plan = stream.plan()
+        if plan.batches_per_rank == 0:
+            raise DataError(
+                f"{split}_shards: {plan.total_samples} samples cannot give each of "
+                f"{plan.world_size} ranks one batch of {cfg.batch_size}; lower --batch_size"
+                " or use --shard_split=pad"
+            )
+        main_log.info(
+            SHARD_PLAN.format(
+                split=split,
+                shards=len(urls),
+                samples=plan.total_samples,
+                batches=plan.batches_per_rank,
+                batch_size=cfg.batch_size,
+                ranks=plan.world_size,
+                workers=plan.num_workers,
+                mode=cfg.shard_split,
+                dropped=plan.dropped,
+                repeated=plan.repeated,
+                rank_samples=plan.samples_per_rank,
+                worker_batches="/".join(
+                    str(plan.worker_batches(w)) for w in range(plan.num_workers)
+                ),
+            )
+        )
+        return stream
+
+    def setup(self, stage: str) -> None:
+        with in_phase("shard planning"):
+            if stage == "fit" and self.train_set is None:
+                self.train_set = self._stream("train", self.train_urls, shuffle=True)
+                # the heartbeat shows how fast this rank's train workers read
+                step_times.data_workers = self.train_set.worker_rates
+            if stage in ("fit", "validate") and self.val_set is None:
+                self.val_set = self._stream("val", self.val_urls, shuffle=False)
+
+    def teardown(self, stage: str) -> None:
+        """The run-end error summary of this rank, one line per split (workers have exited)."""
+        for dataset in (self.train_set, self.val_set):
+            if dataset is not None:
+                dataset.errors.log_summary(dataset.split)
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.train_set is not None:
+            self.train_set.epoch = epoch
+
+    def _loader(
+        self, dataset: ShardStream, cls: type[PreemptibleLoader] = PreemptibleLoader
+    ) -> DataLoader:
+        workers = self.cfg.num_workers
+        return cls(
+            dataset,
+            batch_size=None,  # workers yield whole batches
+            num_workers=workers,
+            pin_memory=torch.cuda.is_available(),
+            persistent_workers=False,  # each epoch re-pickles the dataset with its new epoch
+            prefetch_factor=4 if workers else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        assert self.train_set is not None
+        self.set_epoch(self.trainer.current_epoch if self.trainer else 0)
+        # On resume, Lightning then restores the loader's position (ae.data.resume).
+        return self._loader(self.train_set, ResumableLoader)
+
+    def val_dataloader(self) -> DataLoader:
+        assert self.val_set is not None
+        return self._loader(self.val_set)
+
+
+class EpochSync(L.Callback):
+    """Keeps the data order in step with the trainer's epoch (shuffle and plan per epoch).
+
+    Epoch 0's iterator is created before this hook runs; `train_dataloader()` covers it. A resumed
+    epoch gets no epoch-start hook: the loader's restored state sets its epoch."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dm = trainer.datamodule
+        if isinstance(dm, ShardDataModule):
+            dm.set_epoch(trainer.current_epoch)
+            logger.debug(f"Data epoch set to {trainer.current_epoch}")

@@ -1,0 +1,69 @@
+"""DataLoaders whose worker processes leave stop signals to their rank, and the exit-time reaper.
+
+Dataloader workers are in their rank's process group, so a stop signal for the job (SIGTERM:
+preemption, `scancel`; SIGINT: Ctrl-C through the launcher) reaches them too. Were they to die of
+it mid-batch, the rank's clean save (`ae.training.preemption`) would die with them. So workers
+ignore both and their rank shuts them down; the signals are held back while they are forked, so
+none can die of one before its handler is in place.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+@contextmanager
+def sigterm_blocked() -> Iterator[None]:
+    """Hold the stop signals back (they stay pending) while dataloader workers are forked: they
+    inherit the block, so none can die of one before `ignore_sigterm_in_worker` runs."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def ignore_sigterm_in_worker(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: replaces torch's worker SIGTERM handler (which dies), and
+    Python's SIGINT one (KeyboardInterrupt ends torch's worker loop)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def _kill_leftover_workers() -> None:
+    """At exit, kill the dataloader workers still running. They ignore SIGTERM, and
+    multiprocessing's own exit handler stops daemonic children with SIGTERM and then joins them:
+    a rank leaving on an exception (its loader iterator still alive in the traceback) would wait
+    for them forever, and its peers with it, in their next all-reduce."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would report the kills
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+
+
+def install_worker_reaper() -> None:
+    """Register the exit-time kill of leftover workers. Call once from the rank's entry point,
+    after torch is imported: atexit runs handlers last-registered first, so this runs before
+    multiprocessing's own handler (registered when torch imports it)."""
+    atexit.register(_kill_leftover_workers)
+
+
+class PreemptibleLoader(DataLoader):
+    """A DataLoader whose worker processes leave stop signals to their rank."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, worker_init_fn=ignore_sigterm_in_worker, **kwargs)
+
+    def __iter__(self) -> Iterator[Any]:
+        with sigterm_blocked():  # workers start in the iterator's constructor
+            return super().__iter__()

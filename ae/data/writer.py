@@ -1,0 +1,101 @@
+"""Write samples into WebDataset `.tar` shards (one tar member per sample field), each with its
+index sidecar (`ae.data.index`), so training counts samples without reading the shards."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ae.data.index import write_index
+
+Sample = dict[str, bytes]  # {"__key__": b"000123", "png": b"...", "cls": b"3"}
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """The `.npy` file of `array`, as a sample field."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array))
+    return buf.getvalue()
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """A PNG of a uint8 HxW (grayscale) or HxWx3 (RGB) array, as a sample field."""
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+class ShardWriter:
+    """One shard written a sample at a time, into `<path>.tmp`; `close()` renames it into place
+    and writes its index, so the shard appears whole or not at all."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._tmp = path.with_name(path.name + ".tmp")
+        # Open across add() calls: closed by close() or discard().
+        self._tar = tarfile.open(self._tmp, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
+        self.offsets: list[int] = []
+
+    def add(self, sample: Sample) -> None:
+        key = sample["__key__"].decode()
+        self.offsets.append(self._tar.offset)  # where this sample's first header goes
+        for ext, data in sample.items():
+            if ext == "__key__":
+                continue
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size = len(data)
+            info.mode = 0o444
+            self._tar.addfile(info, io.BytesIO(data))
+
+    def close(self) -> int:
+        """Finish the shard and its index; returns its sample count."""
+        self._tar.close()
+        self._tmp.replace(self.path)
+        write_index(self.path, len(self.offsets), self.offsets)
+        return len(self.offsets)
+
+    def discard(self) -> None:
+        """Drop a shard that cannot be finished (its tmp file goes, nothing else changes)."""
+        self._tar.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+def write_shard(path: Path, samples: Iterable[Sample]) -> int:
+    """Write one shard atomically (tmp file + rename) and its index; return the sample count."""
+    writer = ShardWriter(path)
+    try:
+        for sample in samples:
+            writer.add(sample)
+    except BaseException:
+        writer.discard()
+        raise
+    return writer.close()
+
+
+def write_shards(
+    out_dir: Path, prefix: str, samples: Iterable[Sample], per_shard: int
+) -> list[Path]:
+    """Write `<prefix>-000000.tar`, ... with at most `per_shard` samples each (streamed: only one
+    shard's samples are held at a time)."""
+    paths: list[Path] = []
+    chunk: list[Sample] = []
+
+    def flush() -> None:
+        path = out_dir / f"{prefix}-{len(paths):06d}.tar"
+        write_shard(path, chunk)
+        paths.append(path)
+        chunk.clear()
+
+    for sample in samples:
+        chunk.append(sample)
+        if len(chunk) == per_shard:
+            flush()
+    if chunk:
+        flush()
+    return paths

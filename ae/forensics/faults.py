@@ -1,0 +1,187 @@
+"""Fault injection for tests and for building broken runs on purpose: off unless AE_FAULT is set.
+
+Syntax (several faults separated by `,`)::
+
+    AE_FAULT="<action>@<point>[:key=value]..."
+
+actions:
+  sleep   block in `_injected_sleep` for `secs` seconds (default 3600): a hang
+  raise   raise `InjectedFault` from `_injected_raise`: an exception
+  segv    SIGSEGV to the process itself from `_injected_segv`: a native crash
+  kill    SIGKILL to the process itself from `_injected_kill`: the OOM killer
+  oom     raise `torch.cuda.OutOfMemoryError` from `_injected_oom` (exists in CPU builds too)
+  slow    sleep `ms` milliseconds in `_injected_slow` at every call from `step` on (until
+          `until`): a straggler -- per batch at `data`, per optimizer step at `train`
+points (who calls `fault_point`):
+  data        in the dataset iteration (the dataloader worker, or the rank with 0 workers),
+              before the rank's batch `step` of the run (epoch * batches per epoch + batch);
+              fires in the one process that produces that batch
+  train       in `training_step`, at optimizer step `step` (trainer.global_step)
+  checkpoint  in a checkpoint write, after its bytes and before the rename (rank 0 writes)
+  sampling    in reconstruction sampling, before each sampling batch
+keys:
+  rank=R   only on global rank R (default: every rank)
+  step=N   data: at batch N exactly; other points: the first call with step >= N (default 0);
+           slow: every call with step >= N
+  secs=S   sleep duration (default 3600)
+  ms=M     slow: milliseconds per call (required)
+  until=N  slow: not from step N on (default: never stops)
+
+Examples::
+
+    AE_FAULT="sleep@data:rank=1:step=3:secs=60"      rank 1 hangs while loading batch 3
+    AE_FAULT="raise@train:rank=1:step=2"             rank 1 raises in training step 2
+    AE_FAULT="sleep@checkpoint:rank=0:secs=600"      rank 0 hangs in its first checkpoint save
+    AE_FAULT="segv@train:rank=1:step=2,kill@train:rank=0:step=2"
+    AE_FAULT="slow@data:rank=1:ms=50"                 rank 1's batches each take 50 ms longer
+    AE_FAULT="slow@train:rank=1:ms=40:until=500"      rank 1's steps 0-499 take 40 ms longer
+
+Each fault but `slow` fires at most once per process. A `FAULT injected: ...` WARNING is logged
+first (once), so the fault is placed in the logs. With AE_FAULT unset, `fault_point` is one
+`None` check.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from loguru import logger
+
+from ae.errors import UserError
+from ae.log_lines import FAULT_INJECTED
+
+ACTIONS = ("sleep", "raise", "segv", "kill", "oom", "slow")
+KEYS = {"rank": int, "step": int, "secs": float, "ms": float, "until": int}
+POINTS = ("data", "train", "checkpoint", "sampling")
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a `raise@...` fault."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    point: str
+    rank: int | None = None
+    step: int = 0
+    secs: float = 3600.0
+    ms: float = 0.0
+    until: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.action}@{self.point}"
+
+
+class FaultSpecError(UserError):
+    """A malformed AE_FAULT value."""
+
+
+def parse_faults(spec: str) -> list[Fault]:
+    """`sleep@data:rank=1:step=3:secs=60,raise@train` -> Faults; FaultSpecError names the bad
+    part."""
+    faults = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        head, *pairs = item.split(":")
+        action, _, point = head.partition("@")
+        if action not in ACTIONS or point not in POINTS:
+            raise FaultSpecError(
+                f"AE_FAULT: {item!r}: expected <{'|'.join(ACTIONS)}>@<{'|'.join(POINTS)}>"
+            )
+        kwargs: dict[str, float | int] = {}
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if key not in KEYS:
+                raise FaultSpecError(f"AE_FAULT: {item!r}: unknown key {key!r} ({', '.join(KEYS)})")
+            try:
+                kwargs[key] = KEYS[key](value)
+            except ValueError:
+                raise FaultSpecError(f"AE_FAULT: {item!r}: {key} needs a number") from None
+        if action == "slow" and not kwargs.get("ms", 0) > 0:
+            raise FaultSpecError(f"AE_FAULT: {item!r}: slow needs ms=M (milliseconds, > 0)")
+        faults.append(Fault(action, point, **kwargs))  # type: ignore[arg-type]
+    return faults
+
+
+_UNREAD: list[Fault] = []  # sentinel: AE_FAULT not read yet
+_faults: list[Fault] | None = _UNREAD
+_fired: set[int] = set()
+
+
+def active_faults() -> list[Fault] | None:
+    """The faults of AE_FAULT, parsed on first use (None when unset); FaultSpecError when it is
+    malformed. The launcher calls this first, so a bad value stops the run before any rank."""
+    global _faults
+    if _faults is _UNREAD:
+        spec = os.environ.get("AE_FAULT")
+        _faults = parse_faults(spec) if spec else None
+    return _faults
+
+
+def fault_point(point: str, step: int) -> None:
+    """A place where a fault may be injected; one `None` check when AE_FAULT is unset."""
+    if _faults is None:
+        return
+    faults = active_faults()
+    if faults is None:
+        return
+    rank = int(os.environ.get("RANK", 0))
+    for i, fault in enumerate(faults):
+        if fault.point != point or fault.rank not in (None, rank):
+            continue
+        if fault.action == "slow":
+            if step >= fault.step and (fault.until is None or step < fault.until):
+                if i not in _fired:  # logged once, acts every time
+                    _fired.add(i)
+                    logger.warning(
+                        FAULT_INJECTED.format(action="slow", point=point, step=step, rank=rank)
+                    )
+                _injected_slow(fault.ms / 1000)
+            continue
+        if i in _fired:
+            continue
+        if step == fault.step or (point != "data" and step > fault.step):
+            _fired.add(i)
+            logger.warning(
+                FAULT_INJECTED.format(action=fault.action, point=point, step=step, rank=rank)
+            )
+            _ACT[fault.action](fault.secs)
+
+
+# Named functions, so a stack dump shows which fault is acting.
+def _injected_sleep(secs: float) -> None:
+    time.sleep(secs)
+
+
+def _injected_slow(secs: float) -> None:
+    time.sleep(secs)
+
+
+def _injected_raise(secs: float) -> None:
+    raise InjectedFault("raise fault injected by AE_FAULT")
+
+
+def _injected_segv(secs: float) -> None:
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def _injected_kill(secs: float) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _injected_oom(secs: float) -> None:
+    import torch  # only here: fault points sit in torch-free modules too
+
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory (oom fault injected by AE_FAULT)")
+
+
+_ACT = {
+    "sleep": _injected_sleep,
+    "raise": _injected_raise,
+    "segv": _injected_segv,
+    "kill": _injected_kill,
+    "oom": _injected_oom,
+}

@@ -1,0 +1,207 @@
+"""Follows Lightning's loop on each rank: the markers and progress lines of the grep table
+(docs/CONTRACT.md) into the debug log, and progress beats for the stall watchdog.
+
+Markers (`========== EPOCH e TRAINING START ==========` ...) are INFO: they are in every run.
+Progress lines come every `log_every_n_*_batches`; with `--debug` a `Training step` line comes
+for every batch, with throughput and memory. `TRAINING END` is written after the epoch's last
+training batch, *before* the epoch-end validation, so a hang between the two is placed.
+
+Beats (`ae.forensics.progress`): a batch handed to the training step is progress in phase
+"training step" (with the optimizer step); from the end of a step until the next batch arrives
+the rank is in "data loading" (the fetch, and Lightning's per-step SIGTERM broadcast); validation
+batches beat in "validation". They live here rather than in a callback of their own: Lightning
+calls every hook of every callback each step, and one more callback costs more than the beats.
+The step clock (`ae.forensics.step_times`) is closed here too, at the end of each batch, and each
+epoch ends with a `Step times` line in the train log (one all-gather of four numbers per rank).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from loguru import logger
+
+from ae.forensics.process_stats import memory_summary
+from ae.forensics.progress import progress
+from ae.forensics.step_times import step_times, time_gradient_allreduce
+from ae.log_lines import (
+    EPOCH_STEP_TIMES,
+    PROCESSED_TRAIN,
+    TRAIN_STEP,
+    VAL_STEP,
+    epoch_marker,
+    main_log,
+)
+from logging_cfg import debug_line
+
+
+class DebugCallback(L.Callback):
+    def __init__(self, *, debug: bool, every_train: int, every_val: int) -> None:
+        self.debug = debug
+        self.every_train = every_train
+        self.every_val = every_val
+        self._epoch_t0 = 0.0
+        self._last_t = 0.0
+        self._batches = 0
+        self._train_open = False
+        self._global_step = 0  # at the previous batch end: tells an optimizer step
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        time_gradient_allreduce(trainer.strategy.model)  # wrapped by DDP by now
+
+    # --- training ---------------------------------------------------------------------------
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_t0 = self._last_t = time.perf_counter()
+        self._batches = 0
+        self._train_open = True
+        self._global_step = trainer.global_step
+        step_times.new_epoch()
+        progress.enter("data loading", epoch=trainer.current_epoch)
+        logger.info(epoch_marker(trainer.current_epoch, "TRAINING", "START"))
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
+    ) -> None:
+        progress.enter("training step", step=trainer.global_step)
+        # A resumed epoch gets no epoch-start hook from Lightning: open it at its first batch.
+        if not self._train_open:
+            self._epoch_t0 = self._last_t = time.perf_counter()
+            self._batches = idx
+            self._train_open = True
+            self._global_step = trainer.global_step
+            marker = epoch_marker(trainer.current_epoch, "TRAINING", "START")
+            logger.info(f"{marker} (resumed at batch {idx})")
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        step = trainer.global_step
+        step_times.batch_end(time.perf_counter(), step - self._global_step)
+        self._global_step = step
+        progress.enter("data loading", step=step)
+        self._batches += 1
+        on_cadence = self._batches % self.every_train == 0
+        if self.debug or on_cadence:
+            # .item() syncs with the device: only on the lines that print the loss.
+            loss = outputs["loss"].item() if isinstance(outputs, dict) else float("nan")
+            if self.debug:  # per batch: the cheap path, not logger.debug
+                debug_line(self._step_line(trainer, loss, self._debug_detail(trainer, batch)))
+            if on_cadence:
+                logger.info(self._processed_line(trainer))
+                if not self.debug:
+                    logger.info(self._step_line(trainer, loss, ""))
+        self._last_t = time.perf_counter()
+        if self._batches == trainer.num_training_batches:
+            self._end_training(trainer)
+
+    def _debug_detail(self, trainer: L.Trainer, batch: Any) -> str:
+        batch_n = len(batch) if isinstance(batch, torch.Tensor) else 0
+        rate = batch_n / max(time.perf_counter() - self._last_t, 1e-9)
+        lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0
+        detail = f", lr={lr:.3g}, {rate:.0f} samples/s"
+        if (times := step_times.last) is not None:  # this batch, in ms
+            _, _, data, compute, sync = times
+            detail += (
+                f", own={1000 * (data + compute):.1f}ms (data {1000 * data:.1f}, compute "
+                f"{1000 * compute:.1f}), sync={1000 * sync:.1f}ms"
+            )
+        return f"{detail}, {memory_summary()}"
+
+    @staticmethod
+    def _step_line(trainer: L.Trainer, loss: float, detail: str) -> str:
+        return TRAIN_STEP.format(step=trainer.global_step, loss=f"{loss:.6f}", detail=detail)
+
+    def _processed_line(self, trainer: L.Trainer) -> str:
+        rate = self._batches / max(time.perf_counter() - self._epoch_t0, 1e-9)
+        return PROCESSED_TRAIN.format(
+            batches=self._batches, epoch=trainer.current_epoch, rate=f"{rate:.2f}"
+        )
+
+    def _end_training(self, trainer: L.Trainer) -> None:
+        if not self._train_open:
+            return
+        self._train_open = False
+        logger.info(self._processed_line(trainer))
+        logger.info(epoch_marker(trainer.current_epoch, "TRAINING", "END"))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._end_training(trainer)
+        self._step_times_line(trainer, pl_module)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        shown = ", ".join(f"{k}={v:.5f}" for k, v in sorted(metrics.items()) if "/" in k)
+        main_log.info(
+            f"Epoch {trainer.current_epoch} done: {self._batches} batches in "
+            f"{time.perf_counter() - self._epoch_t0:.1f}s, step {trainer.global_step}; {shown}"
+        )
+
+    @staticmethod
+    def _step_times_line(trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Rank 0 logs the spread of the ranks' own time per step over the epoch. Every rank
+        takes part in the all-gather (this hook runs on all of them)."""
+        steps, data, compute, _ = step_times.epoch
+        mine = torch.tensor([steps, data, compute], dtype=torch.float64, device=pl_module.device)
+        rows = trainer.strategy.all_gather(mine).reshape(-1, 3).tolist()
+        if trainer.global_rank != 0:
+            return
+        ranked = [(r, 1000 * (d + c) / n, 100 * d / (d + c)) for r, (n, d, c) in enumerate(rows)
+                  if n > 0 and d + c > 0]  # fmt: skip
+        if not ranked:
+            return
+        own = sorted(o for _, o, _ in ranked)
+        waits = sorted(w for _, _, w in ranked)
+        main_log.info(
+            EPOCH_STEP_TIMES.format(
+                epoch=trainer.current_epoch, ranks=len(rows), own_min=f"{own[0]:.1f}",
+                own_median=f"{statistics.median(own):.1f}", own_max=f"{own[-1]:.1f}",
+                slowest=max(ranked, key=lambda x: x[1])[0], data_min=f"{waits[0]:.0f}",
+                data_median=f"{statistics.median(waits):.0f}", data_max=f"{waits[-1]:.0f}",
+            )
+        )  # fmt: skip
+
+    # --- validation -------------------------------------------------------------------------
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        progress.enter("validation")
+        if trainer.sanity_checking:
+            return
+        self._val_batches = 0
+        logger.info(epoch_marker(trainer.current_epoch, "VALIDATION", "START"))
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        progress.beat()
+        if trainer.sanity_checking:
+            return
+        self._val_batches += 1
+        if self._val_batches % self.every_val == 0 or self.debug:
+            loss = outputs.item() if isinstance(outputs, torch.Tensor) else float("nan")
+            detail = f" (global step {trainer.global_step})"
+            log = debug_line if self._val_batches % self.every_val else logger.info
+            log(VAL_STEP.format(step=self._val_batches, loss=f"{loss:.6f}", detail=detail))
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        progress.enter("data loading")
+        step_times.restart()  # validation is no part of the next training step
+        if trainer.sanity_checking:
+            return
+        logger.info(f"Validated {self._val_batches} batches")
+        logger.info(epoch_marker(trainer.current_epoch, "VALIDATION", "END"))
+
+    # --- end --------------------------------------------------------------------------------
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        progress.enter("teardown")
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        progress.enter("teardown")

@@ -1,0 +1,158 @@
+"""Where each training step's time goes on this rank: data wait, own compute, and sync.
+
+Per training batch, three clocks (host time, `time.perf_counter`):
+- data: the time spent in the train loader's `next()`, waiting for the batch (`fetched`, called
+  by `ae.data.resume.ResumableLoader`);
+- sync: the time spent waiting for the other ranks. The gradient all-reduce is timed by a DDP
+  communication hook (`timed_allreduce`, registered when fitting starts): from the launch of
+  the step's last bucket to the completion of all of them, the time backward only waits. Added to
+  it is the stretch between the end of one batch and the fetch of the next: Lightning's per-step
+  stop-signal broadcast (a collective, where a fast rank waits when its peer was slow after the
+  all-reduce), the other callbacks' bookkeeping, a checkpoint save;
+- compute: the rest, from the batch in hand to the end of the optimizer step.
+Own time = data + compute: what the rank would take alone. A fast rank waiting for a slow one
+has a short own time and a long sync; the slow one the reverse.
+
+The training loop calls `fetched`/`batch_end` (`ae.forensics.loop_tracer`), gloo's thread calls
+`collective`, and the watchdog thread reads `window()` for the heartbeat: the records are
+appended and the epoch sums swapped as whole tuples, so the readers need no lock. Validation
+and the start of an epoch restart the clock (`restart`): they are not training steps.
+
+On a GPU the all-reduce runs asynchronously on the device and the hook's times are those of the
+host; the split is exact on CPU (gloo), and on GPU the data wait is (the compute/sync split is not
+validated there).
+"""
+
+# No `from __future__ import annotations`: DDP checks a hook's annotations at registration, and
+# would find strings instead of dist.GradBucket.
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from ae.stragglers import RECENT_S
+
+# One batch: (end time, optimizer steps (0 or 1), data s, compute s, sync s)
+Record = tuple[float, int, float, float, float]
+
+
+class StepTimes:
+    def __init__(self, recent_s: float = RECENT_S) -> None:
+        self.recent_s = recent_s
+        self._records: deque[Record] = deque()
+        self.epoch: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0)  # steps, data, comp, sync
+        self.last: Record | None = None  # the last batch's
+        self._end: float | None = None  # end of the previous batch; None: restart at next fetch
+        self._fetched_at: float | None = None
+        self._data = 0.0
+        self._collectives: list[tuple[float, float]] = []
+        # Set by the data module: the train loader's workers, for the heartbeat.
+        self.data_workers: Callable[[], list[dict[str, Any]]] | None = None
+
+    def restart(self) -> None:
+        """The next batch's clock starts at its fetch (after validation, at an epoch start)."""
+        self._end = None
+        self._data = 0.0
+
+    def new_epoch(self) -> None:
+        self.epoch = (0, 0.0, 0.0, 0.0)
+        self.restart()
+
+    def fetched(self, started: float, done: float) -> None:
+        """The train loader handed out a batch, asked for at `started`."""
+        if self._end is None:
+            self._end = started
+        self._data += done - started
+        self._fetched_at = done
+
+    def collective(self, launched: float, done: float) -> None:
+        """A gradient bucket's all-reduce (called from the communication library's thread)."""
+        self._collectives.append((launched, done))
+
+    def batch_end(self, now: float, steps: int) -> Record | None:
+        """Close the batch that ends `now`; `steps`: optimizer steps it made (0 while
+        accumulating)."""
+        start, fetched = self._end, self._fetched_at
+        self._end = now
+        data, self._data = self._data, 0.0
+        collectives, self._collectives = self._collectives, []
+        if start is None or fetched is None:
+            return None
+        wait = 0.0
+        if collectives:
+            wait = max(0.0, max(d for _, d in collectives) - max(s for s, _ in collectives))
+        compute = max(0.0, now - fetched - wait)
+        sync = max(0.0, now - start - data - compute)
+        record = (now, steps, data, compute, sync)
+        self.last = record
+        records = self._records
+        records.append(record)
+        while records[0][0] <= now - self.recent_s:
+            records.popleft()
+        n, d, c, s = self.epoch
+        self.epoch = (n + steps, d + data, c + compute, s + sync)
+        return record
+
+    def window(self, now: float | None = None) -> dict[str, float] | None:
+        """The recent window per optimizer step (HEARTBEAT `timing.recent`), or None without a
+        step in it."""
+        now = time.perf_counter() if now is None else now
+        records = [r for r in tuple(self._records) if r[0] > now - self.recent_s]
+        steps = sum(r[1] for r in records)
+        if not steps:
+            return None
+        return per_step(self.recent_s, steps, *(sum(r[i] for r in records) for i in (2, 3, 4)))
+
+    def epoch_window(self) -> dict[str, float] | None:
+        steps, data, compute, sync = self.epoch
+        return per_step(0.0, steps, data, compute, sync) if steps else None
+
+    def heartbeat(self) -> dict[str, Any]:
+        """HEARTBEAT `timing` and `data_workers`."""
+        workers = self.data_workers() if self.data_workers is not None else []
+        return {"timing": {"recent": self.window(), "epoch": self.epoch_window()},
+                "data_workers": workers}  # fmt: skip
+
+
+def per_step(
+    window_s: float, steps: int, data: float, compute: float, sync: float
+) -> dict[str, float]:
+    """Sums over `steps` optimizer steps (seconds) -> the ms-per-step figures of a Window."""
+    ms = 1000 / steps
+    return {
+        "window_s": window_s,
+        "steps": steps,
+        "step_ms": round((data + compute + sync) * ms, 3),
+        "own_ms": round((data + compute) * ms, 3),
+        "data_ms": round(data * ms, 3),
+        "compute_ms": round(compute * ms, 3),
+        "sync_ms": round(sync * ms, 3),
+    }
+
+
+step_times = StepTimes()
+
+
+def time_gradient_allreduce(model: torch.nn.Module) -> None:
+    """Register `timed_allreduce` on a DDP-wrapped model (Lightning's `ddp_comm_hook` would
+    register it on CUDA only). Call once, after the strategy wrapped the model."""
+    if isinstance(model, DistributedDataParallel):
+        model.register_comm_hook(None, timed_allreduce)
+
+
+def timed_allreduce(
+    state: dist.ProcessGroup | None, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the default all-reduce (mean of the gradients), timed."""
+    launched = time.perf_counter()
+
+    def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        step_times.collective(launched, time.perf_counter())
+        return fut.value()
+
+    return allreduce_hook(state, bucket).then(done)  # type: ignore[arg-type]

@@ -1,0 +1,210 @@
+"""Per-rank stall watchdog: a daemon thread that watches `ae.forensics.progress` and reports stalls.
+
+When the rank makes no progress (no beat) for `stall_timeout` seconds, it logs a one-line
+`STALL detected` WARNING (also in train_<TS>.log) and a full `STALL report` in the rank's debug
+log: main-thread frame, collective-wait guess, process table (rank and workers), CUDA memory,
+all-thread stacks, then each forked dataloader worker dumps its own stacks. While the stall lasts
+the report repeats with back-off (at T, 2T, 4T, ... of idle time, at most an hour apart); when a
+beat comes again it logs `STALL RESOLVED`. Along the way it rewrites the rank's heartbeat file,
+and, before each write, looks for stragglers (`ae.forensics.stragglers`).
+
+Nothing here calls a collective, so every rank reports on its own even when the job is hung: the
+stuck rank and the ranks waiting for it in a collective (those say `collective wait: yes`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+from loguru import logger
+
+import logging_cfg
+from ae.forensics.heartbeat import heartbeat_path, heartbeat_record, write_heartbeat
+from ae.forensics.process_stats import RssReader
+from ae.forensics.progress import Progress, progress
+from ae.forensics.stall_report import (
+    collective_wait,
+    describe_frame,
+    dump_worker_stacks,
+    main_thread_frame,
+    report_body,
+)
+from ae.forensics.stragglers import Stragglers
+from ae.log_lines import STALL, STALL_REPORT, STALL_RESOLVED, STOP_SIGNAL
+from logging_cfg import LogPaths, RankContext
+
+MAX_REPORT_GAP_S = 3600.0
+
+
+class Watchdog(threading.Thread):
+    def __init__(
+        self,
+        timeout: float,
+        ctx: RankContext,
+        heartbeat: Path | None = None,
+        *,
+        progress: Progress = progress,
+        cuda_device: int | None = None,
+        stragglers: Stragglers | None = None,
+    ) -> None:
+        super().__init__(name="ae-watchdog", daemon=True)
+        self.timeout = timeout
+        self.ctx = ctx
+        self.heartbeat = heartbeat
+        self.progress = progress
+        self.cuda_device = cuda_device
+        # A stall is noticed at most `poll_s` late; the heartbeat is a few seconds old at most.
+        self.poll_s = min(1.0, timeout / 4)
+        self.heartbeat_s = min(5.0, max(1.0, timeout / 2))
+        self.stragglers = stragglers
+        if stragglers is not None:  # a short straggler window needs fresh figures
+            self.heartbeat_s = min(self.heartbeat_s, max(1.0, stragglers.window_s / 5))
+        self._rss = RssReader()
+        self._stop_event = threading.Event()
+        self._last_heartbeat = float("-inf")
+        self._stall_beat: float | None = None  # progress.last_beat when the stall began
+        self._stall_where = ("", 0, 0)  # phase, epoch, step when the stall began
+        self._next_report_at = timeout  # idle seconds of the next report
+        self.reports = 0
+        self._failed = False
+        self._signal_logged = False
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.poll_s):
+            # Native code holding the interpreter lock starves this thread: a native timer
+            # dumps the stacks then (cancelled as soon as this thread runs again).
+            logging_cfg.dump_stacks_later(self.timeout + 2 * self.poll_s)
+            try:
+                self.check()
+            except Exception:
+                if not self._failed:  # never kill the rank, never flood its log
+                    self._failed = True
+                    logger.exception("Watchdog check failed; watching goes on")
+        logging_cfg.cancel_dump_stacks_later()
+
+    def check(self) -> None:
+        p = self.progress
+        if p.stop_signal is not None and not self._signal_logged:
+            self._signal_logged = True
+            logger.warning(STOP_SIGNAL.format(signal=p.stop_signal, phase=p.phase, step=p.step))
+        beat, idle = p.last_beat, p.idle_s()
+        if self._stall_beat is not None and beat != self._stall_beat:
+            self._resolved(beat - self._stall_beat)
+        if idle >= self._next_report_at:
+            if self._stall_beat is None:
+                self._stall_beat, self._stall_where = beat, (p.phase, p.epoch, p.step)
+            self._report(idle)
+            self._next_report_at += min(self._next_report_at, MAX_REPORT_GAP_S)
+        due = time.monotonic() - self._last_heartbeat >= self.heartbeat_s
+        if self.heartbeat is not None and due:
+            if self.stragglers is not None:
+                self.stragglers.check()
+            self.write_heartbeat()
+
+    def write_heartbeat(self, state: str = "running") -> None:
+        assert self.heartbeat is not None
+        stalled = self._stall_beat is not None
+        episodes = self.stragglers.episodes if self.stragglers is not None else None
+        record = heartbeat_record(
+            self.ctx, self.progress, self._rss, stalled=stalled, state=state, stragglers=episodes
+        )
+        write_heartbeat(self.heartbeat, record)
+        self._last_heartbeat = time.monotonic()
+
+    def _report(self, idle: float) -> None:
+        self.reports += 1
+        phase, epoch, step = self._stall_where
+        frame = main_thread_frame()
+        where, collective = describe_frame(frame), collective_wait(frame)
+        del frame  # a frame reference keeps the whole stack alive
+        logger.warning(
+            STALL.format(
+                idle=f"{idle:.1f}", phase=phase, epoch=epoch, step=step,
+                report=self.reports, frame=where, collective=collective,
+            )
+        )  # fmt: skip
+        head = STALL_REPORT.format(
+            report=self.reports, rank=self.ctx.rank, pid=os.getpid(), idle=f"{idle:.1f}",
+            phase=phase,
+        )  # fmt: skip
+        logger.info(f"{head}\n{report_body(where, collective, self.cuda_device)}")
+        if pids := dump_worker_stacks():
+            logger.info(
+                f"STALL report {self.reports}: dataloader workers {pids} dumped their stacks "
+                "above (faulthandler)"
+            )
+        if self.heartbeat is not None:
+            self.write_heartbeat()
+
+    def _resolved(self, stall_s: float) -> None:
+        phase, epoch, step = self._stall_where
+        p = self.progress
+        logger.warning(
+            STALL_RESOLVED.format(
+                idle=f"{stall_s:.1f}", phase=phase, epoch=epoch, step=step,
+                now=f"phase {p.phase}, step {p.step}",
+            )
+        )  # fmt: skip
+        self._stall_beat = None
+        self._next_report_at = self.timeout
+
+    def stop(self, state: str = "exited") -> None:
+        """Stop watching (a last check may log STALL RESOLVED); the heartbeat file gets its last
+        `state`."""
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=10)
+        if self.is_alive():  # stuck in a report: leave its state alone
+            return
+        self.check()
+        if self.heartbeat is not None:
+            self.write_heartbeat(state=state)
+
+
+_watchdog: Watchdog | None = None
+
+
+def start_watchdog(
+    stall_timeout: float,
+    accelerator: str,
+    ctx: RankContext,
+    paths: LogPaths,
+    run_ts: str,
+    *,
+    straggler_factor: float = 0.0,
+    straggler_window: float = 60.0,
+) -> None:
+    """Start this rank's watchdog (nothing when `--stall_timeout=0`); with a `straggler_factor`
+    it also looks for stragglers (several ranks only)."""
+    global _watchdog
+    if stall_timeout <= 0:
+        return
+    cuda_device = None  # the watchdog thread's current device is cuda:0, not this rank's
+    if accelerator != "cpu" and torch.cuda.is_available():
+        cuda_device = ctx.local_rank % torch.cuda.device_count()
+    heartbeat = heartbeat_path(paths.logs_dir, ctx.rank, run_ts)
+    stragglers = None
+    if straggler_factor > 0 and ctx.world_size > 1:
+        # A heartbeat older than a few writes belongs to a rank that is not running steps.
+        stragglers = Stragglers(
+            straggler_factor, straggler_window, paths.logs_dir, run_ts, ctx,
+            max_age_s=max(10.0, 3 * min(5.0, straggler_window / 5)),
+        )  # fmt: skip
+    _watchdog = Watchdog(
+        stall_timeout, ctx, heartbeat, cuda_device=cuda_device, stragglers=stragglers
+    )
+    _watchdog.start()
+
+
+def stop_watchdog() -> None:
+    """Call from a `finally`: the heartbeat's last state is `failed` while an exception is on
+    its way out of the rank, else `exited`."""
+    global _watchdog
+    if _watchdog is not None:
+        _watchdog.stop("failed" if sys.exc_info()[1] is not None else "exited")
+        _watchdog = None

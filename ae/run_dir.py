@@ -1,0 +1,62 @@
+"""The run folder (`--output_dir`): every path of a run is named here, once.
+
+<output_dir>/
+  run.lock               held by the running job's launcher: host, pid, run TS, start time
+  config.yaml            the resolved config of the latest run (a valid --config file)
+  logs/                  train_<TS>.log, debug_rank<N>_<TS>.log, native_rank<N>_<TS>.log,
+                         heartbeat_rank<N>_<TS>.json, launcher_<TS>.log (see logging_cfg.formats)
+  checkpoints/           step-<N>.ckpt, last.ckpt, best.ckpt
+  cache/                 shard counts of this run's shard sets
+  samples/               reconstruction grids, step_<N>.png
+  metrics/<TS>/          metrics.csv of each run
+  tensorboard/<TS>/      event files (when tensorboard is installed)
+  loss_curve.png         every run's metrics in this folder, as one curve
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @property
+    def lock(self) -> Path:
+        """One run per folder: the lock file of the job that runs in it (ae.cli.run_folder)."""
+        return self.root / "run.lock"
+
+    @property
+    def config_yaml(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def cache(self) -> Path:
+        return self.root / "cache"
+
+    @property
+    def samples(self) -> Path:
+        return self.root / "samples"
+
+    @property
+    def metrics(self) -> Path:
+        """Parent of the per-run `<TS>/metrics.csv` folders (Lightning's CSVLogger layout)."""
+        return self.root / "metrics"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def loss_curve(self) -> Path:
+        return self.root / "loss_curve.png"

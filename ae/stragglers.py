@@ -1,0 +1,177 @@
+"""Straggler scores: which rank is slow, by how much, and whether it waits for data or computes.
+
+Each rank measures, per optimizer step, its *own time*: the time it waits for its next batch
+(data) plus the time of its own work (compute), without the time it waits for the other ranks in
+collectives (sync). In synchronous DDP every rank runs at the slowest one's pace, so their step
+times are all alike; their own times are not. A rank's score is its own time per step over the
+recent window divided by the median over all ranks (1.0 = median); a score above
+`--straggler_factor` for `--straggler_window` seconds makes a straggler (the detector on rank 0,
+`ae.forensics.stragglers`). Its cause is the part of its own time that exceeds the median most:
+`data` (a starved dataloader, slow storage) or `compute` (a slow or throttled device, a busy CPU).
+
+The figures come from the heartbeat files (`timing` and `data_workers`, written by
+`ae.forensics.heartbeat`); the detector and `ae-diagnose` both judge with the functions here, so
+they cannot disagree. Torch-free: `ae-diagnose` imports it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, fields
+from typing import Any
+
+MIN_STEPS = 5  # a rank with fewer optimizer steps in its recent window is not scored
+RECENT_S = 30.0  # the recent window, unless --straggler_window is shorter
+CAUSES = ("data", "compute")
+
+
+def recent_window_s(straggler_window: float) -> float:
+    """The recent window of the step times: 30 s, or the straggler window when shorter (a short
+    window is meant to react fast)."""
+    return min(RECENT_S, straggler_window)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Per optimizer step over a window of steps, in milliseconds."""
+
+    window_s: float
+    steps: int
+    step_ms: float  # wall time per step: own + sync
+    own_ms: float  # data + compute
+    data_ms: float  # waiting for the next batch
+    compute_ms: float  # own work: forward, backward, optimizer step
+    sync_ms: float  # waiting for the other ranks (all-reduce, per-step broadcast), bookkeeping
+
+    @property
+    def data_pct(self) -> float:
+        return 100 * self.data_ms / self.own_ms if self.own_ms > 0 else 0.0
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Window | None:
+        if not isinstance(raw, dict):
+            return None
+        names = [f.name for f in fields(cls)]
+        try:
+            return cls(
+                float(raw["window_s"]), int(raw["steps"]), *(float(raw[k]) for k in names[2:])
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
+class WorkerRate:
+    """A dataloader worker of a rank: its current shard and how fast it reads it."""
+
+    worker: int
+    pid: int
+    shard: str | None
+    mb_per_s: float | None  # bytes read from the current shard / time spent producing batches
+    batch_ms: float | None  # time to produce a batch (moving average)
+    batches: int
+
+    @classmethod
+    def from_json(cls, raw: Any) -> WorkerRate | None:
+        try:
+            return cls(
+                int(raw["worker"]), int(raw["pid"]), raw.get("shard"),
+                _opt_float(raw.get("mb_per_s")), _opt_float(raw.get("batch_ms")),
+                int(raw.get("batches", 0)),
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+
+def _opt_float(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    rank: int
+    recent: Window | None
+    workers: tuple[WorkerRate, ...] = ()
+
+    @classmethod
+    def from_heartbeat(cls, raw: dict[str, Any]) -> RankTiming | None:
+        """From a heartbeat record; None when it has no step times (an older heartbeat)."""
+        timing = raw.get("timing")
+        if not isinstance(timing, dict):
+            return None
+        workers = [WorkerRate.from_json(w) for w in raw.get("data_workers") or []]
+        return cls(
+            int(raw["rank"]),
+            Window.from_json(timing.get("recent")),
+            tuple(w for w in workers if w is not None),
+        )
+
+
+@dataclass(frozen=True)
+class Judgement:
+    rank: int
+    score: float
+    cause: str  # data or compute
+    evidence: str  # the figures behind the cause, in words
+
+
+def scores(timings: dict[int, RankTiming]) -> dict[int, float]:
+    """Own time per step of each rank over the median of all ranks (those with at least
+    MIN_STEPS steps in their recent window; two at least, else no scores)."""
+    own = {
+        r: t.recent.own_ms
+        for r, t in timings.items()
+        if t.recent is not None and t.recent.steps >= MIN_STEPS
+    }
+    if len(own) < 2:
+        return {}
+    median = statistics.median(own.values())
+    if median <= 0:
+        return {}
+    return {r: own[r] / median for r in sorted(own)}
+
+
+def judge(rank: int, timings: dict[int, RankTiming]) -> Judgement | None:
+    """Score and cause of `rank` against the others; None when it cannot be scored."""
+    score = scores(timings).get(rank)
+    mine = timings[rank].recent if rank in timings else None
+    if score is None or mine is None:
+        return None
+    windows = [t.recent for t in timings.values() if t.recent and t.recent.steps >= MIN_STEPS]
+    data_median = statistics.median(w.data_ms for w in windows)
+    compute_median = statistics.median(w.compute_ms for w in windows)
+    if mine.data_ms - data_median >= mine.compute_ms - compute_median:
+        others = [w for r, t in timings.items() if r != rank for w in t.workers]
+        evidence = f"{mine.data_pct:.0f}% of it waiting for data"
+        if reader := _slowest_worker(timings[rank].workers):
+            evidence += f"; {_worker_text(reader, others)}"
+        return Judgement(rank, score, "data", evidence)
+    evidence = (
+        f"compute {mine.compute_ms:.1f} ms per step (median {compute_median:.1f} ms); "
+        f"{mine.data_pct:.0f}% of it waiting for data"
+    )
+    return Judgement(rank, score, "compute", evidence)
+
+
+def _slowest_worker(workers: tuple[WorkerRate, ...]) -> WorkerRate | None:
+    timed = [w for w in workers if w.batch_ms is not None]
+    return max(timed, key=lambda w: w.batch_ms or 0.0) if timed else None
+
+
+def _worker_text(w: WorkerRate, others: list[WorkerRate]) -> str:
+    text = (
+        f"worker {w.worker} reads {w.shard or '?'} at {_mb(w.mb_per_s)}, "
+        f"{w.batch_ms or 0.0:.1f} ms per batch"
+    )
+    rates = [o.mb_per_s for o in others if o.mb_per_s is not None]
+    times = [o.batch_ms for o in others if o.batch_ms is not None]
+    if rates and times:
+        rate, ms = statistics.median(rates), statistics.median(times)
+        text += f" (other ranks' workers {_mb(rate)}, {ms:.1f} ms)"
+    return text
+
+
+def _mb(rate: float | None) -> str:
+    if rate is None:
+        return "? MB/s"
+    return f"{rate:.2f} MB/s" if rate < 10 else f"{rate:.0f} MB/s"

@@ -1,0 +1,204 @@
+"""When checkpoints are saved during training, and what goes into them.
+
+- every `--checkpointing_period` optimizer steps, after the last step of training, and on
+  preemption (`ae.training.preemption`): a step checkpoint, which `last.ckpt` then points at;
+- after a validation that lowers the val loss: `best.ckpt` (`--save_best`).
+Files, atomicity and retention are `ae.training.checkpoint_files`. Each checkpoint also carries the
+resolved config (`ae_config`), so a checkpoint says how it was trained.
+
+All step checkpoints are saved at the end of a training batch: that is the state Lightning
+resumes exactly (a state saved once the fit loop has finished resumes into an empty epoch).
+Lightning's `trainer.save_checkpoint` is collective under DDP (every rank dumps its state, rank 0
+writes, all meet at a barrier), so every decision to save is taken identically on all ranks: step
+counts are equal on every rank, and the best-loss decision is rank 0's, broadcast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from loguru import logger
+
+from ae.config import CheckpointConfig
+from ae.forensics.faults import fault_point
+from ae.forensics.progress import in_phase, progress
+from ae.log_lines import CHECKPOINT_END, CHECKPOINT_START, RESUMED, main_log
+from ae.run_dir import RunDir
+from ae.training.checkpoint_files import CheckpointStore, atomic_write, human_size
+
+# Keys whose change between a checkpoint and the resumed run is expected, not news.
+_UNREMARKABLE = {"config", "print_config", "resume_from_checkpoint", "overwrite"}
+
+
+# Modules that pickled classes lived in before they moved, and where they live now: checkpoints
+# written by older versions of `ae` still load (they pickle `InputSpec` under its old path).
+MOVED_MODULES = {"ae.decode": "ae.data.decode"}
+
+
+@contextmanager
+def moved_modules_importable() -> Iterator[None]:
+    """While loading a checkpoint, let the old module paths resolve to the new modules."""
+    added = [old for old in MOVED_MODULES if old not in sys.modules]
+    for old in added:
+        sys.modules[old] = importlib.import_module(MOVED_MODULES[old])
+    try:
+        yield
+    finally:
+        for old in added:
+            sys.modules.pop(old, None)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch.save writer, but through a tmp file + fsync + rename; and a reader
+    that also loads checkpoints written before a module moved."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def write(f: Any) -> None:
+            torch.save(checkpoint, f)
+            fault_point("checkpoint", progress.step)  # tests: a kill here is a kill mid-save
+
+        atomic_write(path, write)
+
+    def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        with moved_modules_importable():
+            return super().load_checkpoint(path, *args, **kwargs)
+
+
+def _last_step_of_training(trainer: L.Trainer, batch_idx: int) -> bool:
+    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+        return True
+    last_epoch = (
+        trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
+    )
+    return last_epoch and batch_idx + 1 >= trainer.num_training_batches
+
+
+def current_lr(trainer: L.Trainer) -> float:
+    return trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+
+
+class Checkpointing(L.Callback):
+    def __init__(self, cfg: CheckpointConfig, run_dir: RunDir, settings: dict[str, Any]) -> None:
+        """`settings`: the run's whole flat config, recorded in every checkpoint."""
+        self.cfg = cfg
+        self.settings = settings
+        self.store = CheckpointStore(run_dir.checkpoints, cfg.checkpoints_total_limit)
+        self.best_loss = math.inf
+        self.best_step = -1
+        self.saved_step = -1  # step of the newest step checkpoint of this run
+        self._seen_step = -1
+        self._resumed_from: dict[str, Any] | None = None
+
+    # --- state carried in the checkpoint ----------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_loss": self.best_loss, "best_step": self.best_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best_loss = state_dict.get("best_loss", math.inf)
+        self.best_step = state_dict.get("best_step", -1)
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        checkpoint["ae_config"] = self.settings
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._resumed_from = {"step": checkpoint["global_step"], "epoch": checkpoint["epoch"]}
+        old, new = checkpoint.get("ae_config", {}), self.settings
+        changed = [
+            f"{k} {old[k]!r} -> {new[k]!r}"
+            for k in new
+            if k in old and old[k] != new[k] and k not in _UNREMARKABLE
+        ]
+        if changed and trainer.is_global_zero:
+            main_log.info("Settings changed since the checkpoint: " + ", ".join(changed))
+
+    # --- when to save -----------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if trainer.is_global_zero:
+            self.store.prepare()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._seen_step = trainer.global_step
+        if self._resumed_from is not None and trainer.is_global_zero:
+            main_log.info(
+                RESUMED.format(
+                    path=trainer.ckpt_path,
+                    step=trainer.global_step,
+                    epoch=trainer.current_epoch,
+                    lr=f"{current_lr(trainer):.8g}",
+                )
+            )
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step == self._seen_step:  # accumulating gradients: no optimizer step on this batch
+            return
+        self._seen_step = step
+        if self.cfg.checkpointing_period and step % self.cfg.checkpointing_period == 0:
+            self.save_step(trainer, "periodic")
+        if self.saved_step != step and _last_step_of_training(trainer, idx):
+            self.save_step(trainer, "final")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or not self.cfg.save_best:
+            return
+        loss = trainer.callback_metrics.get("val/loss")
+        value = float(loss) if loss is not None else math.inf
+        # val/loss is synced across ranks, but the save below is collective: one decision.
+        if not trainer.strategy.broadcast(value < self.best_loss, src=0):
+            return
+        self.best_loss, self.best_step = value, trainer.global_step
+        self._save(trainer, self.store.best, f"best, val/loss={value:.6f}")
+
+    # --- saving -----------------------------------------------------------------------------
+    def save_step(self, trainer: L.Trainer, reason: str) -> Path:
+        """Save the training state as a step checkpoint and point `last` at it (all ranks)."""
+        path = self.store.step_path(trainer.global_step)
+        self._save(trainer, path, reason)
+        self.saved_step = trainer.global_step
+        if trainer.is_global_zero:
+            for old in self.store.commit_step(path):
+                logger.info(f"Removed {old.name} (keeping {self.store.keep} step checkpoints)")
+        return path
+
+    def _save(self, trainer: L.Trainer, path: Path, reason: str) -> None:
+        step = trainer.global_step
+        log = main_log if trainer.is_global_zero else logger
+        with in_phase("checkpoint save"):
+            # START stays off the console (END says it all there); both are in the files.
+            log.bind(console=False).info(
+                CHECKPOINT_START.format(step=step, reason=reason, path=path)
+            )
+            t0 = time.perf_counter()
+            # Collective: all ranks dump, rank 0 writes, all meet at a barrier. The full state
+            # (optimizer, loops, data position), not only the weights.
+            trainer.save_checkpoint(path, weights_only=False)
+            seconds = f"{time.perf_counter() - t0:.2f}"
+            size = human_size(path.stat().st_size) if trainer.is_global_zero else "by rank 0"
+            log.info(
+                CHECKPOINT_END.format(
+                    step=step, reason=reason, path=path, size=size, seconds=seconds
+                )
+            )

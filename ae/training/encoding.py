@@ -1,0 +1,130 @@
+"""Encoding shards with a trained checkpoint: rebuild its model, run every sample through
+`encode`, and write one output shard per input shard (same keys, the latent as `.npy`).
+
+The model is rebuilt from the checkpoint's own record of its flags (`ae_config`) and loaded from
+its `state_dict`, which holds the EMA weights when the run kept an average (Lightning's EMA
+callback stores the live weights apart, as `current_model_state`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from loguru import logger
+
+from ae.config import Config
+from ae.data.decode import InputSpec
+from ae.data.writer import ShardWriter, npy_bytes
+from ae.errors import UserError
+from ae.forensics.faults import fault_point
+from ae.forensics.progress import progress
+from ae.log_lines import ENCODED_SHARD
+from ae.training.checkpointing import moved_modules_importable
+from ae.training.model import build_model
+
+
+class EncodeError(UserError):
+    """A checkpoint or shard set that cannot be encoded: one message naming it."""
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    try:
+        with moved_modules_importable():
+            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a user file can be broken in many ways
+        raise EncodeError(f"{path}: not a readable checkpoint: {type(e).__name__}: {e}") from e
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "ae_config" not in ckpt:
+        raise EncodeError(f"{path}: not a checkpoint written by ae (no state_dict or ae_config)")
+    return ckpt
+
+
+def model_from_checkpoint(
+    ckpt: dict[str, Any], spec: InputSpec, name: str
+) -> tuple[L.LightningModule, tuple[int, ...]]:
+    """The checkpoint's model in eval mode, and one sample's latent shape. `spec`: that of the
+    shards to encode, which must be what the model was trained on."""
+    trained_on = ckpt.get("hyper_parameters", {}).get("spec")
+    if isinstance(trained_on, InputSpec) and trained_on != spec:
+        raise EncodeError(
+            f"SPEC: samples have shape {spec.shape}, but {name} was trained on {trained_on.shape}"
+        )
+    cfg = Config.from_flat(ckpt["ae_config"])  # keys this version lacks are ignored
+    model_cfg = dataclasses.replace(cfg.model, compile=False)
+    module, latent = build_model(spec, model_cfg, cfg.optim, world_size=1)
+    try:
+        module.load_state_dict(ckpt["state_dict"])
+    except RuntimeError as e:
+        raise EncodeError(f"{name}: its weights do not fit its model: {e}") from e
+    if latent is None:
+        raise EncodeError(f"{name}: its model ({cfg.model.model}) has no encode(x) and decode(z)")
+    return module.eval(), latent
+
+
+def uses_ema(ckpt: dict[str, Any]) -> bool:
+    return "current_model_state" in ckpt
+
+
+class OutputShards:
+    """The output shards being written: one per input shard, opened at its first batch and
+    closed (renamed into place, indexed) at its last."""
+
+    def __init__(self, urls: list[str], out_paths: list[Path], field: str, dtype: str) -> None:
+        self.urls, self.out_paths = urls, out_paths
+        self.field, self.dtype = field, np.dtype(dtype)
+        self._open: dict[int, ShardWriter] = {}
+        self.samples = 0
+        self.shards = 0
+
+    def add(self, batch: dict[str, Any], latents: np.ndarray) -> None:
+        shard = batch["shard"]
+        writer = self._open.get(shard)
+        if writer is None:
+            writer = self._open[shard] = ShardWriter(self.out_paths[shard])
+        for key, latent, kept in zip(batch["keys"], latents, batch["kept"], strict=True):
+            writer.add({"__key__": key.encode(), **kept, self.field: npy_bytes(latent)})
+        if batch["last"]:
+            n = self._open.pop(shard).close()
+            self.samples += n
+            self.shards += 1
+            logger.info(ENCODED_SHARD.format(url=self.urls[shard], out=writer.path, samples=n))
+
+    def discard_open(self) -> None:
+        """After a failure: the unfinished shards leave no file behind."""
+        for writer in self._open.values():
+            writer.discard()
+        self._open.clear()
+
+
+def encode_all(
+    module: L.LightningModule,
+    batches: Iterable[dict[str, Any]],
+    outputs: OutputShards,
+    device: torch.device,
+) -> float:
+    """Run every batch through `module.encode` and hand the latents to `outputs`; returns the
+    seconds it took."""
+    t0 = time.perf_counter()
+    module.to(device)
+    try:
+        with torch.no_grad():
+            for i, batch in enumerate(batches):  # fetching the next batch: "data loading"
+                progress.enter("encoding", step=i)
+                fault_point("train", i)
+                x = batch["inputs"]
+                if len(x):
+                    z = module.encode(x.to(device, non_blocking=True)).float().cpu().numpy()
+                else:  # an empty last batch closes its shard
+                    z = np.empty((0,), np.float32)
+                outputs.add(batch, z.astype(outputs.dtype, copy=False))
+                progress.enter("data loading", step=i + 1)
+    except BaseException:
+        outputs.discard_open()
+        raise
+    return time.perf_counter() - t0

@@ -1,0 +1,301 @@
+"""The LightningModule that trains an autoencoder: any network of `ae.training.models`, `--loss`,
+an optional VAE bottleneck (`--kl_weight`), validation quality metrics, AdamW with per-module LR.
+
+`build_model` is the one entry point: it resolves `--model` (`auto` picks `mlp` for vectors and
+`conv` for images), builds the network, checks that `decode(encode(x))` has the shape of `x` on a
+dummy batch (a mistake is a `ModelError` before training starts, not a traceback mid-step), and
+returns the `AutoEncoder`, or the user's own LightningModule as it is.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict
+
+import lightning as L
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ae.config import BUILTIN_MODELS, ModelConfig, OptimConfig
+from ae.data.decode import InputSpec
+from ae.forensics.faults import fault_point
+from ae.log_lines import main_log
+from ae.training.lr import lr_factor, scale_lr, schedule_line
+from ae.training.models import ModelError, user
+from ae.training.models.conv import conv_autoencoder
+from ae.training.models.mlp import mlp_autoencoder
+from ae.training.models.resnet import resnet_autoencoder
+from ae.training.quality import QualityMetrics
+
+LOSSES = {"mse": F.mse_loss, "l1": F.l1_loss, "smooth_l1": F.smooth_l1_loss}
+
+
+def resolve_name(model: str, spec: InputSpec) -> str:
+    """`auto` -> `mlp` for vectors, `conv` for images; anything else as given."""
+    if model == "auto":
+        return "mlp" if spec.kind == "vector" else "conv"
+    return model
+
+
+def builtin_networks(spec: InputSpec, cfg: ModelConfig) -> tuple[nn.Module, nn.Module]:
+    """Encoder and decoder of a built-in model. A VAE's encoder outputs twice the latent
+    channels (mean, log-variance); the decoder takes the latent itself."""
+    name = resolve_name(cfg.model, spec)
+    factor = 2 if cfg.kl_weight > 0 else 1
+    wanted = "vector" if name == "mlp" else "image"
+    if spec.kind != wanted:
+        shape = "x".join(map(str, spec.shape))
+        raise ModelError(
+            f"model: {name} needs {wanted} samples; these are {spec.kind}s of {shape} (use "
+            f"{'mlp' if spec.kind == 'vector' else 'conv or resnet'}, or auto)"
+        )
+    if name == "mlp":
+        widths = cfg.hidden_dims or (cfg.hidden_dim, cfg.hidden_dim // 2)
+        return mlp_autoencoder(spec.shape[0], widths, cfg.latent_dim, factor * cfg.latent_dim)
+    if name == "conv":
+        return conv_autoencoder(spec.shape, cfg.hidden_dim, cfg.latent_dim, factor * cfg.latent_dim)
+    _, h, w = spec.shape
+    f = cfg.downsample
+    if h % f or w % f:
+        raise ModelError(
+            f"downsample: {h}x{w} images cannot be reduced by {f} (H and W must be multiples "
+            f"of it; resize the images, or pick a smaller --downsample)"
+        )
+    return resnet_autoencoder(
+        spec.shape,
+        downsample=f,
+        base_channels=cfg.base_channels,
+        channel_mult=cfg.channel_mult,
+        res_blocks=cfg.res_blocks,
+        latent_channels=cfg.latent_channels,
+        latent_out=factor * cfg.latent_channels,
+    )
+
+
+def kl_divergence(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    """KL(N(mean, var) || N(0, 1)), averaged over latent elements (as the reconstruction loss is
+    over input elements, so `--kl_weight` does not depend on the latent's size)."""
+    return 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).mean()
+
+
+class AutoEncoder(L.LightningModule):
+    """A built-in network (`encoder`, `decoder`), or a user nn.Module (`net`) with encode/decode."""
+
+    def __init__(
+        self,
+        spec: InputSpec,
+        model: ModelConfig | None = None,
+        optim: OptimConfig | None = None,
+        world_size: int = 1,
+        net: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        model = model or ModelConfig()
+        optim = optim or OptimConfig()
+        self.save_hyperparameters(
+            {
+                "spec": spec,
+                **asdict(model),
+                "model": resolve_name(model.model, spec),
+                "learning_rate": scale_lr(optim.learning_rate, world_size, optim.lr_scale),
+                "weight_decay": optim.weight_decay,
+                "warmup_steps": optim.warmup_steps,
+                "lr_scheduler": optim.lr_scheduler,
+                "encoder_lr_mult": optim.encoder_lr_mult,
+                "decoder_lr_mult": optim.decoder_lr_mult,
+            }
+        )
+        self.net = net
+        if net is None:
+            self.encoder, self.decoder = builtin_networks(spec, model)
+        self.kl_weight = model.kl_weight
+        self.recon_loss = LOSSES[model.loss]
+        self.quality = QualityMetrics(spec)
+        self._compile = model.compile
+        self._loss_sum: torch.Tensor | None = None  # this epoch's training loss, summed
+        self._loss_n = 0
+
+    # --- the network ----------------------------------------------------------------------
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """The latent of `x`: a VAE's mean (what downstream users of the latents want)."""
+        if self.net is not None:
+            return self.net.encode(x)
+        z = self.encoder(x)
+        return z.chunk(2, dim=1)[0] if self.kl_weight > 0 else z
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.net.decode(z) if self.net is not None else self.decoder(z)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(x))
+
+    def _step(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+        """(loss, reconstruction or None, {name: extra loss term}) of one batch."""
+        if self.net is not None and callable(getattr(self.net, "loss", None)):
+            loss, logs = self.net.loss(x)
+            return loss, None, dict(logs or {})
+        if self.net is not None or self.kl_weight == 0:
+            recon = self(x)
+            return self.recon_loss(recon, x), recon, {}
+        mean, logvar = self.encoder(x).chunk(2, dim=1)
+        logvar = logvar.clamp(-30.0, 20.0)  # exp() stays finite
+        # The reparameterised sample while training; the mean when evaluating (deterministic).
+        z = mean + torch.randn_like(mean) * (0.5 * logvar).exp() if self.training else mean
+        recon = self.decoder(z)
+        rec, kl = self.recon_loss(recon, x), kl_divergence(mean, logvar)
+        return rec + self.kl_weight * kl, recon, {"recon": rec, "kl": kl}
+
+    def setup(self, stage: str) -> None:
+        # After the callbacks' setup: the EMA copy (made there) stays a plain module.
+        if self._compile:
+            self._compile = False  # once, however often fit/validate call setup
+            if self.net is not None:
+                self.net.encode = torch.compile(self.net.encode)
+                self.net.decode = torch.compile(self.net.decode)
+            else:  # in place: the state dict keeps its keys
+                self.encoder.compile()
+                self.decoder.compile()
+
+    # --- training and validation -----------------------------------------------------------
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        fault_point("train", self.global_step)
+        loss, _, logs = self._step(batch)
+        # `self.log` costs ~0.3 ms a call (Lightning moves its metric state each time), as much
+        # as a whole step of a small model: the step loss is logged at the loggers' cadence, and
+        # the epoch mean is summed here and logged once, on the epoch's last batch.
+        trainer = self.trainer
+        if self.global_step % trainer.log_every_n_steps == 0:
+            # rank 0's own loss: a sync across ranks would cost a collective per step
+            self.log("train/loss", loss, prog_bar=True)
+            for name, value in logs.items():
+                self.log(f"train/{name}", value)
+        if batch_idx == 0 or self._loss_sum is None:  # a new (or resumed) epoch
+            self._loss_sum, self._loss_n = loss.detach(), 1
+        else:
+            self._loss_sum, self._loss_n = self._loss_sum + loss.detach(), self._loss_n + 1
+        if trainer.is_last_batch or 0 < trainer.max_steps <= self.global_step + 1:
+            # Epoch mean over all ranks: one collective per epoch.
+            mean = self._loss_sum / self._loss_n
+            self.log("train/loss_epoch", mean, on_step=False, on_epoch=True, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss, recon, logs = self._step(batch)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        for name, value in logs.items():
+            self.log(f"val/{name}", value, sync_dist=True)
+        self.quality.update(self(batch) if recon is None else recon, batch)
+        self.quality.log_to(self)
+        return loss
+
+    # --- optimizer -------------------------------------------------------------------------
+    def _param_groups(self) -> list[tuple[str, list[nn.Parameter], float]]:
+        hp = self.hparams
+        mults = (hp.encoder_lr_mult, hp.decoder_lr_mult)
+        owner = self.net if self.net is not None else self
+        halves = [getattr(owner, n, None) for n in ("encoder", "decoder")]
+        if not all(isinstance(m, nn.Module) for m in halves):
+            if mults != (1.0, 1.0):
+                raise ModelError(
+                    "encoder_lr_mult/decoder_lr_mult: the model has no `encoder` and `decoder` "
+                    "submodules to apply them to"
+                )
+            return [("model", list(self.parameters()), 1.0)]
+        groups = [
+            (name, list(m.parameters()), mult)
+            for name, m, mult in zip(("encoder", "decoder"), halves, mults, strict=True)
+        ]
+        taken = {id(p) for _, params, _ in groups for p in params}
+        rest = [p for p in self.parameters() if id(p) not in taken]
+        return groups + ([("other", rest, 1.0)] if rest else [])
+
+    def configure_optimizers(self) -> dict:
+        """AdamW with one parameter group per module (`--encoder_lr_mult`, `--decoder_lr_mult`),
+        and the warmup + decay schedule applied to all, stepped once per optimizer step."""
+        hp = self.hparams
+        groups = [
+            {"params": params, "lr": hp.learning_rate * mult, "name": name}
+            for name, params, mult in self._param_groups()
+        ]
+        opt = torch.optim.AdamW(groups, lr=hp.learning_rate, weight_decay=hp.weight_decay)
+        total = int(self.trainer.estimated_stepping_batches)
+        if self.trainer.is_global_zero:
+            main_log.info(schedule_line(hp.warmup_steps, total, hp.lr_scheduler))
+        schedule = functools.partial(
+            lr_factor, warmup_steps=hp.warmup_steps, total_steps=total, kind=hp.lr_scheduler
+        )
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def has_codec(module: nn.Module) -> bool:
+    """Whether the module has encode(x) and decode(z) (every AutoEncoder does)."""
+    return all(callable(getattr(module, m, None)) for m in ("encode", "decode"))
+
+
+def latent_shape(module: nn.Module, spec: InputSpec) -> tuple[int, ...] | None:
+    """The shape of one sample's latent, from `encode` on a dummy batch of 2 (None when the
+    module has no encode/decode). A `decode(encode(x))` of the wrong shape is a ModelError."""
+    if not has_codec(module):
+        return None
+    x = torch.zeros(2, *spec.shape)
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            z = module.encode(x)
+            out = module.decode(z)
+    except Exception as e:  # a user network may fail in any way on our batch
+        raise ModelError(
+            f"model: decode(encode(x)) fails on a batch of shape {tuple(x.shape)}: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
+    finally:
+        module.train(was_training)
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelError(f"model: decode(encode(x)) gives {got} for x of {tuple(x.shape)}")
+    return tuple(z.shape[1:]) if isinstance(z, torch.Tensor) else None
+
+
+def build_model(
+    spec: InputSpec, model: ModelConfig, optim: OptimConfig, world_size: int
+) -> tuple[L.LightningModule, tuple[int, ...] | None]:
+    """The module to train: an AutoEncoder around a built-in or user network, or the user's own
+    LightningModule; and the shape of one sample's latent (None without encode/decode). Every
+    problem is a ModelError naming the flag."""
+    if model.model in BUILTIN_MODELS:
+        module: L.LightningModule = AutoEncoder(spec, model, optim, world_size)
+    else:
+        obj = user.build(user.load_class(model.model), model.model_args, spec.shape)
+        if isinstance(obj, L.LightningModule):
+            if model.compile:
+                raise ModelError("compile: a LightningModule of your own compiles itself")
+            module = obj
+        else:
+            module = AutoEncoder(spec, model, optim, world_size, net=obj)
+    return module, latent_shape(module, spec)  # checked before any worker starts
+
+
+def describe(module: L.LightningModule, spec: InputSpec, latent: tuple[int, ...] | None) -> str:
+    """`Model: resnet, 771,123 parameters, latent 4x8x8 (256 numbers, 48x fewer than the
+    input)`."""
+    if not isinstance(module, AutoEncoder):
+        name = f"{type(module).__module__}:{type(module).__qualname__} (LightningModule)"
+    elif module.net is not None:
+        name = f"{type(module.net).__module__}:{type(module.net).__qualname__}"
+    else:
+        name = module.hparams["model"]
+    params = sum(p.numel() for p in module.parameters())
+    text = f"Model: {name}, {params:,} parameters"
+    if latent:
+        n = math.prod(latent)
+        text += (
+            f", latent {'x'.join(map(str, latent))} ({n} numbers, "
+            f"{math.prod(spec.shape) / n:.3g}x fewer than the input)"
+        )
+    if isinstance(module, AutoEncoder) and module.kl_weight > 0:
+        text += f", VAE (kl_weight {module.kl_weight:g})"
+    return text

@@ -1,0 +1,109 @@
+"""A stop signal -- SIGTERM (preemption, `scancel`, `docker stop`) or SIGINT (Ctrl-C) -- makes
+every rank save a checkpoint and stop cleanly.
+
+The chain: the launcher forwards the signal to torchrun (`ae.cli.launch`), torchrun signals each
+rank's process group, a rank's handler only records the signal and its time (no logging, no
+collectives: either could deadlock inside a signal handler), and at the next optimizer-step
+boundary all ranks agree with one all-reduce: if any rank was signalled, every rank saves the same
+step checkpoint (collective save), logs `PREEMPTED`, and stops. The rank processes exit 0;
+torchrun always fails when signalled, so the launcher exits 143 (128 + SIGTERM, what a job
+scheduler expects of a terminated job) or 130 (128 + SIGINT, Ctrl-C) and says whether the
+checkpoint was saved.
+
+Lightning installs its own SIGTERM handler at fit start, which broadcasts from inside the handler;
+ours replaces it when training starts. Dataloader workers ignore both signals (they are in the
+rank's process group, so they get them too): their rank shuts them down, instead of them dying
+mid-batch and taking the rank's clean save with them (`ae.data.loader`).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import lightning as L
+from loguru import logger
+
+from ae.forensics.progress import progress
+from ae.log_lines import PREEMPTED, STOP_SIGNAL_STUCK, main_log
+from ae.training.checkpointing import Checkpointing, current_lr
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# A rank that has made no progress for this long when a stop signal comes will not reach the next
+# step boundary to save: it is stuck (a hang, or waiting for a peer that died -- torchrun's SIGTERM
+# after a peer failure). It leaves at once through the exception path instead, so its `finally`
+# blocks run and its log says why, rather than being SIGKILLed by torchrun 30 s later.
+STUCK_AFTER_S = 10.0
+
+
+class SigtermWhileStuck(SystemExit):
+    """Raised by the stop-signal handler (SIGTERM or SIGINT) in a rank that has made no progress
+    for `STUCK_AFTER_S`: it leaves through its `finally` blocks; the rank's entry point logs why
+    (never the handler: logging there could re-enter a sink that the interrupted code was
+    writing)."""
+
+    def __init__(self, idle_s: float, phase: str, step: int, signum: int = signal.SIGTERM) -> None:
+        super().__init__(128 + signum)
+        self.idle_s, self.phase, self.step = idle_s, phase, step
+        self.signal = signal.Signals(signum).name
+
+    def describe(self) -> str:
+        return STOP_SIGNAL_STUCK.format(
+            signal=self.signal, idle=f"{self.idle_s:.0f}", phase=self.phase, step=self.step
+        )
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    """Records the first stop signal in `progress` (plain stores; the watchdog thread logs it),
+    and leaves a stuck rank. No logging and no collectives here: the handler runs between two
+    bytecodes of whatever the main thread was doing, a log write included."""
+    if progress.stop_signal is None:
+        progress.stop_signal = signal.Signals(signum).name
+        progress.stop_signal_at = time.time()
+    if (idle := progress.idle_s()) > STUCK_AFTER_S:
+        raise SigtermWhileStuck(idle, progress.phase, progress.step, signum)
+
+
+def stop_signal_received() -> bool:
+    return progress.stop_signal is not None
+
+
+class Preemption(L.Callback):
+    """Checks for a stop signal at every optimizer step; saves and stops on all ranks together."""
+
+    def __init__(self, checkpointing: Checkpointing) -> None:
+        self.checkpointing = checkpointing
+        self.stopped_at: int | None = None
+        self._seen_step = -1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for signum in STOP_SIGNALS:  # replaces Lightning's SIGTERM handler (and KeyboardInterrupt)
+            signal.signal(signum, _on_stop_signal)
+        self._seen_step = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step == self._seen_step or self.stopped_at is not None:
+            return
+        self._seen_step = step
+        # One tiny all-reduce per optimizer step: ranks may be signalled at different steps.
+        if not trainer.strategy.reduce_boolean_decision(stop_signal_received(), all=False):
+            return
+        ckpt = self.checkpointing
+        path = ckpt.store.last if ckpt.saved_step == step else ckpt.save_step(trainer, "preemption")
+        log = main_log if trainer.is_global_zero else logger
+        # The signal this rank got; `peer` when only a peer had one by this step.
+        name = progress.stop_signal or "peer"
+        lr = f"{current_lr(trainer):.8g}"
+        log.warning(PREEMPTED.format(signal=name, step=step, path=path, lr=lr))
+        self.stopped_at = step
+        trainer.should_stop = True
+
+
+def preempted_at(trainer: L.Trainer) -> int | None:
+    """The step at which a stop signal stopped this fit, or None."""
+    found = [cb.stopped_at for cb in trainer.callbacks if isinstance(cb, Preemption)]
+    return found[0] if found else None

@@ -1,0 +1,65 @@
+"""Validation quality of the reconstructions, accumulated over the epoch by torchmetrics.
+
+Images: `val/psnr` and `val/ssim` (torchmetrics, data range 1: the inputs are in [0, 1], and the
+reconstructions are clamped to it first, as an image viewer would). Vectors: `val/rel_error`, the
+mean over samples of |x_hat - x| / |x|, and `val/cosine`, the mean cosine similarity of x_hat to x.
+Both kinds also get `val/mse`, comparable across `--loss` choices.
+
+Every state is a running sum (no per-sample lists), so memory stays constant however long the
+validation set is; torchmetrics syncs the sums across ranks when the epoch's value is computed.
+The states are not part of the model's state dict.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torchmetrics import MeanMetric, MeanSquaredError
+from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
+
+from ae.data.decode import InputSpec
+
+
+def ssim_kernel(height: int, width: int) -> int:
+    """SSIM's usual 11x11 window, smaller for images under 6 px (its reflect padding must stay
+    below the image size)."""
+    size = min(11, 2 * min(height, width) - 1)
+    return size if size % 2 else size - 1
+
+
+class QualityMetrics(nn.Module):
+    def __init__(self, spec: InputSpec) -> None:
+        super().__init__()
+        self.images = spec.kind == "image"
+        self.mse = MeanSquaredError()
+        if self.images:
+            _, h, w = spec.shape
+            self.psnr = PeakSignalNoiseRatio(data_range=1.0)
+            self.ssim = StructuralSimilarityIndexMeasure(
+                data_range=1.0, kernel_size=ssim_kernel(h, w)
+            )
+        else:
+            self.rel_error = MeanMetric()
+            self.cosine = MeanMetric()
+
+    @torch.no_grad()
+    def update(self, recon: torch.Tensor, x: torch.Tensor) -> None:
+        recon, x = recon.float(), x.float()
+        self.mse.update(recon, x)
+        if self.images:
+            clamped = recon.clamp(0.0, 1.0)
+            self.psnr.update(clamped, x)
+            self.ssim.update(clamped, x)
+        else:
+            flat_r, flat_x = recon.flatten(1), x.flatten(1)
+            err = (flat_r - flat_x).norm(dim=1) / flat_x.norm(dim=1).clamp_min(1e-12)
+            self.rel_error.update(err)
+            self.cosine.update(F.cosine_similarity(flat_r, flat_x, dim=1))
+
+    def log_to(self, module: L.LightningModule) -> None:
+        """Log the metric objects: Lightning computes (synced) and resets them at epoch end."""
+        names = ("mse", "psnr", "ssim") if self.images else ("mse", "rel_error", "cosine")
+        for name in names:
+            module.log(f"val/{name}", getattr(self, name), on_step=False, on_epoch=True)

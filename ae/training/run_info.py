@@ -1,0 +1,93 @@
+"""What a rank writes about itself at start: the debug-log header and the train-log setup."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+from pathlib import Path
+
+import lightning
+import lightning as L
+import torch
+from lightning.pytorch.utilities.model_summary import ModelSummary
+from loguru import logger
+
+import ae
+from ae.config import Config
+from ae.log_lines import EFFECTIVE_BATCH, RESOLVED_CONFIG, main_log
+from ae.training.checkpoint_files import atomic_write
+from ae.training.lr import effective_lr_line
+from logging_cfg import LogPaths, RankContext
+
+_ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+             "CUDA_VISIBLE_DEVICES", "TORCHELASTIC_RUN_ID",
+             "SLURM_JOB_ID", "NCCL_DEBUG", "TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG_LEVEL",
+             "OMP_NUM_THREADS")  # fmt: skip
+
+
+def nccl_available() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_nccl_available()
+
+
+def device_name(ctx: RankContext, accelerator: str) -> str:
+    if torch.cuda.is_available() and accelerator != "cpu":
+        return f"cuda:{ctx.local_rank} ({torch.cuda.get_device_name(ctx.local_rank)})"
+    return "cpu"
+
+
+def log_rank_header(ctx: RankContext, accelerator: str) -> None:
+    cuda = torch.cuda.is_available()
+    device = device_name(ctx, accelerator)
+    lines = [
+        f"pid={os.getpid()} host={socket.gethostname()} python={platform.python_version()}",
+        f"global_rank={ctx.rank} local_rank={ctx.local_rank} node_rank={ctx.node_rank} "
+        f"world_size={ctx.world_size}",
+        f"device={device} cuda_available={cuda} cuda_devices={torch.cuda.device_count()} "
+        f"nccl_available={nccl_available()}",
+        f"torch={torch.__version__} lightning={lightning.__version__} "
+        f"ae={importlib.metadata.version('ae')} ({Path(ae.__file__).parent})",
+        *(f"{k}={os.environ.get(k, '<unset>')}" for k in _ENV_KEYS),
+    ]
+    logger.info("==================== RANK HEADER ====================")
+    for line in lines:
+        logger.info(line)
+
+
+def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, val: int) -> None:
+    """Rank 0: setup, effective LR and batch, and the resolved config (train log and
+    `<output_dir>/config.yaml`)."""
+    if ctx.rank != 0:
+        return
+    run, optim = cfg.run, cfg.optim
+    mode = "distributed" if ctx.world_size > 1 else "single process"
+    nodes = ctx.world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)))
+    main_log.info(
+        f"Setup: {mode}, world size {ctx.world_size} ({nodes} node(s)), rank {ctx.rank}, "
+        f"local rank {ctx.local_rank}, device {device_name(ctx, run.accelerator)}, "
+        f"accelerator {run.accelerator}, precision {run.precision}"
+    )
+    main_log.info(effective_lr_line(optim.learning_rate, ctx.world_size, optim.lr_scale))
+    if (optim.encoder_lr_mult, optim.decoder_lr_mult) != (1.0, 1.0):
+        main_log.info(
+            f"Per-module LR: encoder x{optim.encoder_lr_mult:g}, decoder x{optim.decoder_lr_mult:g}"
+        )
+    accum, batch = optim.gradient_accumulation_steps, cfg.data.batch_size
+    main_log.info(
+        EFFECTIVE_BATCH.format(
+            batch=batch,
+            world=ctx.world_size,
+            accum=accum,
+            total=batch * ctx.world_size * accum,
+        )
+    )
+    main_log.info(f"Shards: {train} train, {val} val; logs in {paths.logs_dir}")
+    config_path = run.dir.config_yaml
+    # A valid --config file for the next run, written whole or not at all.
+    atomic_write(config_path, lambda f: f.write(cfg.to_yaml().encode()))
+    main_log.bind(console=False).info(f"{RESOLVED_CONFIG} {config_path}\n" + cfg.to_yaml().rstrip())
+
+
+def log_model_summary(model: L.LightningModule) -> None:
+    main_log.bind(console=False).info(f"Model:\n{ModelSummary(model, max_depth=2)}")

@@ -1,0 +1,197 @@
+"""Models on real photos: `conv` vs `resnet` at f=8 and f=4, and `--compile` vs eager.
+
+    .venv/bin/python -m bench.models_bench                 # both parts (~25 min on 2 CPUs)
+    .venv/bin/python -m bench.models_bench --part quality  # or: --part compile
+    .venv/bin/python -m bench.models_bench --part grids    # the comparison PNG of the last runs
+    .venv/bin/python -m bench.models_bench --epochs 2      # a smoke run
+
+Data: 64x64 RGB crops of the 20 photographs in the scikit-image wheel (`bench.real_photos`; the
+shorter side resized to 64 at three zooms, six crop positions, mirrored: 36 crops a photo), made
+here with Pillow and written with `ae.data.writer`. The photos are split, not the crops: 16
+photos train (576 crops), 4 others validate (144 crops: coffee, coins, gravel, rocket).
+
+`quality`: each model trains through the real launcher (1 process, batch 32, the default AdamW,
+LR 1e-3 with 50 warmup steps and cosine decay) for the same number of epochs, so the same steps;
+pairs have the same latent size (256 numbers: conv --latent_dim=256 vs resnet f=8 with 4 latent
+channels; 1024: --latent_dim=1024 vs resnet f=4) and similar parameter counts. The table has the
+final validation MSE / PSNR / SSIM (the run's metrics.csv); the runs' grids are kept, and
+`comparison.png` puts 8 validation crops (2 per held-out photo) over every model's
+reconstructions, from the final checkpoints.
+
+`compile`: the resnet f=8 model, eager and with `--compile=true`, 4 epochs each; steps/s is the
+trainer's own rate line of the last epoch (epoch 0 carries the compilation itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ae.data.writer import png_bytes, write_shards
+from ae.log_lines import PROCESSED_TRAIN
+from bench.common import RESULTS, write_record
+from bench.real_photos import photo_crops, real_photos
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZE = 64
+VAL_PHOTOS = ("coffee.png", "coins.png", "gravel.png", "rocket.jpg")
+COMMON = ["--devices=1", "--num_workers=1", "--batch_size=32", "--learning_rate=1e-3",
+          "--warmup_steps=50", "--checkpointing_period=0", "--save_best=false",
+          "--sample_batch_size=8", "--log_every_n_train_batches=6"]  # fmt: skip
+MODELS = {  # name -> flags; pairs share a latent size
+    "conv, latent 256": ["--model=conv", "--hidden_dim=64", "--latent_dim=256"],
+    "resnet f=8, latent 4x8x8": ["--model=resnet", "--downsample=8", "--base_channels=16",
+                                 "--channel_mult=1,2,4,4", "--res_blocks=1"],
+    "conv, latent 1024": ["--model=conv", "--hidden_dim=64", "--latent_dim=1024"],
+    "resnet f=4, latent 4x16x16": ["--model=resnet", "--downsample=4", "--base_channels=32",
+                                   "--channel_mult=1,2,4", "--res_blocks=1"],
+}  # fmt: skip
+
+
+def photo_shards(root: Path) -> tuple[str, str]:
+    """Train and val shard specs of the 64x64 photo crops (written once, then reused)."""
+    out = root / f"photos{SIZE}"
+    if not (out / "DONE").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        photos = real_photos()
+        split: dict[str, list[dict[str, bytes]]] = {"train": [], "val": []}
+        for name, photo in photos.items():
+            part = "val" if name in VAL_PHOTOS else "train"
+            for crop in photo_crops(photo, SIZE):
+                key = f"{len(split['train']) + len(split['val']):06d}".encode()
+                split[part].append({"__key__": key, "png": png_bytes(crop)})
+        write_shards(out, "train", split["train"], per_shard=144)
+        write_shards(out, "val", split["val"], per_shard=144)
+        (out / "DONE").write_text("")
+    return f"{out}/train-*.tar", f"{out}/val-*.tar"
+
+
+def train(name: str, flags: list[str], data: tuple[str, str], out: Path, epochs: int) -> Path:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out}",
+           f"--train_shards={data[0]}", f"--val_shards={data[1]}", f"--max_epochs={epochs}",
+           *COMMON, *flags]  # fmt: skip
+    print(f"--- {name}: {' '.join(flags)}", flush=True)
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
+    return out
+
+
+def final_metrics(out: Path) -> dict[str, Any]:
+    (path,) = (out / "metrics").glob("*/metrics.csv")
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val/psnr")]
+    last = rows[-1]
+    (log,) = (out / "logs").glob("train_*.log")
+    model = re.search(r"Model: (.*)", log.read_text())
+    params = re.search(r"([\d,]+) parameters", model[1] if model else "")
+    grids = sorted((out / "samples").glob("*.png"))
+    return {
+        "steps": int(last["step"]) + 1,  # the CSV has the index of the last step
+        "val_mse": float(last["val/mse"]),
+        "val_psnr": float(last["val/psnr"]),
+        "val_ssim": float(last["val/ssim"]),
+        "params": int(params[1].replace(",", "")) if params else None,
+        "model_line": model[1] if model else None,
+        "grid": str(grids[-1]) if grids else None,
+    }
+
+
+def rates(out: Path) -> dict[int, float]:
+    """Steps/s of each epoch, from rank 0's `Processed N training batches (epoch e, R
+    batches/s)` lines (the last line of an epoch covers all of it)."""
+    (log,) = (out / "logs").glob("debug_rank0_*.log")
+    lines = [PROCESSED_TRAIN.parse(line) for line in log.read_text().splitlines()]
+    return {int(m["epoch"]): float(m["rate"]) for m in lines if m}
+
+
+def quality(data: tuple[str, str], epochs: int, work: Path) -> dict[str, Any]:
+    results = {}
+    for i, (name, flags) in enumerate(MODELS.items()):
+        out = train(name, flags, data, work / f"quality-{i}", epochs)
+        results[name] = {"flags": flags, **final_metrics(out)}
+        print(json.dumps(results[name]), flush=True)
+    return results
+
+
+def compile_speed(data: tuple[str, str], epochs: int, work: Path) -> dict[str, Any]:
+    flags = MODELS["resnet f=8, latent 4x8x8"]
+    result = {}
+    for mode in ("eager", "compile"):
+        extra = ["--compile=true"] if mode == "compile" else []
+        out = train(f"resnet f=8 {mode}", [*flags, *extra, "--sample_every_epoch=false"], data,
+                    work / f"compile-{mode}", epochs)  # fmt: skip
+        per_epoch = rates(out)
+        result[mode] = {"steps_per_s_by_epoch": per_epoch, "steps_per_s": per_epoch[epochs - 1]}
+        print(mode, per_epoch, flush=True)
+    result["speedup"] = result["compile"]["steps_per_s"] / result["eager"]["steps_per_s"]
+    return result
+
+
+def comparison_grid(val_spec: str, work: Path) -> Path:
+    """One PNG: 8 validation crops (2 of each held-out photo) above each quality run's
+    reconstructions (its final checkpoint), a row per model, labelled."""
+    import numpy as np
+    import torch
+    from PIL import Image, ImageDraw
+
+    from ae.config import DataConfig
+    from ae.data.decode import SampleDecoder
+    from ae.data.spec import expand_shards
+    from ae.data.tar_samples import iter_samples
+    from ae.training.encoding import load_checkpoint, model_from_checkpoint
+    from ae.training.plots import to_image
+
+    samples = [s for url in expand_shards(val_spec) for s in iter_samples(url)]
+    picks = [samples[i] for i in range(0, len(samples), len(samples) // 8)][:8]
+    decoder = SampleDecoder.probe(picks[0], DataConfig())
+    x = torch.from_numpy(np.stack([decoder.decode(s) for s in picks]))
+    rows = [("input", x)]
+    for i, name in enumerate(MODELS):
+        ckpt = load_checkpoint(work / f"quality-{i}" / "checkpoints" / "last.ckpt")
+        model, _ = model_from_checkpoint(ckpt, ckpt["hyper_parameters"]["spec"], name)
+        with torch.no_grad():
+            rows.append((name, model.decode(model.encode(x))))
+    tile, gap, label_w = 2 * SIZE, 4, 190
+    canvas = Image.new("RGB", (label_w + 8 * (tile + gap), len(rows) * (tile + gap)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for r, (name, images) in enumerate(rows):
+        y = r * (tile + gap)
+        draw.text((4, y + tile // 2 - 6), name, fill=(40, 40, 40))
+        for c, image in enumerate(images.numpy()):
+            big = to_image(image).resize((tile, tile), Image.NEAREST)
+            canvas.paste(big, (label_w + c * (tile + gap), y))
+    path = work / "comparison.png"
+    canvas.save(path)
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--part", choices=("quality", "compile", "grids", "both"), default="both")
+    p.add_argument("--epochs", type=int, default=40, help="quality runs (18 steps an epoch)")
+    p.add_argument("--compile_epochs", type=int, default=4)
+    args = p.parse_args()
+    work = RESULTS / "models_bench"
+    data = photo_shards(RESULTS)
+    record: dict[str, Any] = {"epochs": args.epochs, "data": data, "common": COMMON}
+    if args.part in ("quality", "both"):
+        record["quality"] = quality(data, args.epochs, work)
+    if args.part in ("quality", "grids", "both"):
+        record["comparison_grid"] = str(comparison_grid(data[1], work))
+        print(record["comparison_grid"], flush=True)
+    if args.part in ("compile", "both"):
+        record["compile"] = compile_speed(data, args.compile_epochs, work)
+    print(write_record(f"models_bench_{args.part}", record))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""ae-encode's launcher side (arguments, output names) and its checkpoint checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ae.cli.encode import EncodeArgsError, check_outputs, output_paths, parse_args
+from ae.config import Config, ModelConfig, OptimConfig
+from ae.data.decode import InputSpec
+from ae.training.encoding import EncodeError, load_checkpoint, model_from_checkpoint
+from ae.training.model import AutoEncoder
+from tests.support.runs import ROOT
+
+
+def test_output_names_follow_the_input_names(tmp_path: Path) -> None:
+    urls = ["/data/a/train-000001.tar", "pipe:aws s3 cp s3://b/x/val-000002.tar -",
+            "https://h/p/shard-7.tar?sig=1", "pipe:make-a-shard"]  # fmt: skip
+    assert [p.name for p in output_paths(urls, tmp_path)] == [
+        "train-000001.tar", "val-000002.tar", "shard-7.tar", "shard-000003.tar"]  # fmt: skip
+    with pytest.raises(EncodeArgsError, match="would both be written to"):
+        urls = ["/a/train-0.tar", "/b/train-0.tar"]
+        check_outputs(urls, output_paths(urls, tmp_path))
+    shard = tmp_path / "in.tar"
+    shard.write_bytes(b"")
+    with pytest.raises(EncodeArgsError, match="would overwrite the input shard"):
+        check_outputs([str(shard)], output_paths([str(shard)], tmp_path))
+
+
+def test_argument_problems_all_at_once(tmp_path: Path) -> None:
+    with pytest.raises(EncodeArgsError) as err:
+        parse_args([str(tmp_path / "no.ckpt"), "x", "out", "--batch_size=0", "--field=latent",
+                    "--devices=two", "--keep_fields=cls,latent"])  # fmt: skip
+    assert [line.split(":")[0] for line in err.value.render().splitlines()] == [
+        "CKPT", "batch_size", "field", "keep_fields", "devices"]  # fmt: skip
+    with pytest.raises(EncodeArgsError, match=r"keep_fields: names the output field x\.npy"):
+        parse_args([__file__, "s", "o", "--field=x.npy", "--keep_fields=cls,x.npy"])
+    args = parse_args([__file__, "s", "o", "--keep_fields= cls, json ,", "--dtype=float16"])
+    assert args.keep == frozenset({"cls", "json"}) and args.dtype == "float16"
+
+
+def test_bad_arguments_fail_in_the_launcher_without_ranks(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ae.cli.encode", str(tmp_path / "x.ckpt"),
+         f"{tmp_path}/none-*.tar", str(tmp_path / "out"), "--dtype=float64"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "float64" in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def _checkpoint(tmp_path: Path, spec: InputSpec) -> Path:
+    cfg = Config.from_flat({"hidden_dim": 16, "latent_dim": 3})
+    model = AutoEncoder(spec, cfg.model, OptimConfig())
+    path = tmp_path / "m.ckpt"
+    torch.save(
+        {"state_dict": model.state_dict(), "ae_config": cfg.to_dict(),
+         "hyper_parameters": dict(model.hparams), "global_step": 7},
+        path,
+    )  # fmt: skip
+    return path
+
+
+def test_the_model_is_rebuilt_from_the_checkpoint(tmp_path: Path) -> None:
+    spec = InputSpec("vector", (10,))
+    ckpt = load_checkpoint(_checkpoint(tmp_path, spec))
+    model, latent = model_from_checkpoint(ckpt, spec, "m.ckpt")
+    assert latent == (3,) and not model.training
+    x = torch.rand(2, 10)
+    reference = AutoEncoder(spec, ModelConfig(hidden_dim=16, latent_dim=3))
+    reference.load_state_dict(ckpt["state_dict"])
+    assert torch.equal(model.encode(x), reference.encode(x))
+    with pytest.raises(EncodeError, match=r"samples have shape \(12,\), but m\.ckpt was trained"):
+        model_from_checkpoint(ckpt, InputSpec("vector", (12,)), "m.ckpt")
+
+
+def test_a_file_that_is_no_ae_checkpoint_is_named(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(EncodeError, match=r"junk\.ckpt: not a readable checkpoint"):
+        load_checkpoint(junk)
+    torch.save({"state_dict": {}}, junk)
+    with pytest.raises(EncodeError, match="not a checkpoint written by ae"):
+        load_checkpoint(junk)

@@ -1,0 +1,56 @@
+"""The launcher, in-process: what it hands torchrun, and the user errors it stops at once."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ae.cli import launch
+from ae.data import demo
+from ae.forensics import faults
+
+
+class _Done(Exception):
+    pass
+
+
+def test_demo_data_is_resolved_once_and_named_to_the_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    real = demo.demo_shard_specs
+
+    def counted() -> tuple[str, str]:
+        calls.append(1)
+        return real()
+
+    started: list[list[str]] = []
+
+    def popen(cmd: list[str], **kw: object) -> subprocess.Popen:
+        started.append(cmd)
+        raise _Done
+
+    monkeypatch.setenv("AE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(demo, "demo_shard_specs", counted)
+    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    with pytest.raises(_Done):
+        launch.main([f"--output_dir={tmp_path / 'run'}", "--devices=2"])
+    assert len(calls) == 1  # built/located once per launch, not once per use
+    (cmd,) = started
+    train, val = real()
+    assert f"--train_shards={train}" in cmd and f"--val_shards={val}" in cmd
+    assert cmd[cmd.index("-m", 3) + 1] == launch.RANK_MODULE  # the ranks run the package module
+
+
+def test_malformed_ae_fault_is_one_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AE_FAULT", "nap@data")
+    monkeypatch.setattr(faults, "_faults", faults._UNREAD)
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    assert launch.main([f"--output_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr()
+    text = err.out + err.err
+    assert "AE_FAULT: 'nap@data': expected" in text and "Traceback" not in text

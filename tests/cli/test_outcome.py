@@ -1,0 +1,95 @@
+"""What the launcher says when a run fails or is stopped, from the run's logs (synthetic, in the
+real line formats): the verdict, a user error's one message, the checkpoint after a stop."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from loguru import logger
+
+from ae.cli.outcome import report_failure, report_stop
+from ae.diagnose.synthetic import T0, TS, RankWriter, record, write_train_log
+from ae.log_lines import LAUNCHER_LOG_FILE, PREEMPTED, TRAIN_LOG_FILE
+
+
+@pytest.fixture
+def said() -> Iterator[list[str]]:
+    """What the launcher logs (its console)."""
+    lines: list[str] = []
+    handle = logger.add(lambda m: lines.append(m.record["message"]), format="{message}")
+    yield lines
+    logger.remove(handle)
+
+
+def two_ranks(logs: Path) -> tuple[RankWriter, RankWriter]:
+    write_train_log(logs, 2)
+    w0, w1 = RankWriter(logs, 0, 2), RankWriter(logs, 1, 2)
+    for w in (w0, w1):
+        w.start()
+        w.log("========== EPOCH 0 TRAINING START ==========")
+        w.steps(1, 3)
+    return w0, w1
+
+
+def test_a_failure_prints_the_verdict(tmp_path: Path, said: list[str]) -> None:
+    w0, w1 = two_ranks(tmp_path)
+    frames = [("/x/model.py", "training_step")]
+    w1.fatal("InjectedFault", "raise fault injected by AE_FAULT", frames)
+    w0.log("Stop signal SIGTERM received in phase training step at step 3", "WARNING")
+    for w in (w0, w1):
+        w.flush()
+    (tmp_path / LAUNCHER_LOG_FILE.format(ts=TS)).write_text("ChildFailedError: ...\n")
+    assert report_failure(tmp_path, TS, 1) == 1
+    verdict, more = said
+    assert verdict.startswith("Training failed: rank 1, phase training step: exception: Injected")
+    assert f"debug_rank1_{TS}.log:" in verdict
+    assert "FATAL uncaught exception InjectedFault" in verdict
+    assert more == (
+        f"More: ae-diagnose {tmp_path} --run {TS}  (torchrun's own report: "
+        f"{tmp_path / LAUNCHER_LOG_FILE.format(ts=TS)})"
+    )
+
+
+def test_a_user_error_in_a_rank_is_one_message(tmp_path: Path, said: list[str]) -> None:
+    """Rank 1's message (rank 0's own is on the console already, said by rank 0)."""
+    w0, w1 = two_ranks(tmp_path)
+    w1.log("1 problem in the configuration:", "ERROR")
+    w1.raw("  - precision: bf16-mixed needs a GPU with bfloat16")
+    w1.exit(2, "ConfigError")
+    w0.log("train_shards: no readable sample in 2 shards", "ERROR")
+    w0.exit(2, "DataError")
+    for w in (w0, w1):
+        w.flush()
+    assert report_failure(tmp_path, TS, 1) == 2
+    assert said == [
+        "1 problem in the configuration:\n  - precision: bf16-mixed needs a GPU with bfloat16"
+    ]
+
+
+def test_no_rank_log_shows_the_end_of_torchruns_report(tmp_path: Path, said: list[str]) -> None:
+    report = [f"line {i}" for i in range(20)] + ["torch.distributed.DistNetworkError: port in use"]
+    (tmp_path / LAUNCHER_LOG_FILE.format(ts=TS)).write_text("\n".join(report) + "\n")
+    assert report_failure(tmp_path, TS, 1) == 1
+    assert said[0].startswith("Training failed (exit 1) before any rank wrote a log.")
+    assert said[0].endswith("    line 19\n    torch.distributed.DistNetworkError: port in use")
+
+
+@pytest.mark.parametrize(("sig", "code", "what"), [
+    (signal.SIGINT, 130, "Interrupted"), (signal.SIGTERM, 143, "Preempted (SIGTERM)"),
+])  # fmt: skip
+def test_a_stop_names_the_checkpoint(
+    tmp_path: Path, said: list[str], sig: signal.Signals, code: int, what: str
+) -> None:
+    ckpt = tmp_path / "checkpoints" / "step-00000012.ckpt"
+    line = PREEMPTED.format(signal=sig.name, step=12, path=ckpt, lr="0.001")
+    (tmp_path / TRAIN_LOG_FILE.format(ts=TS)).write_text(record(T0, "WARNING", 0, 2, line) + "\n")
+    assert report_stop(tmp_path, TS, sig, killed=False) == code
+    assert said == [
+        f"{what} at step 12; checkpoint saved at {ckpt}; resume with --resume_from_checkpoint=last"
+    ]
+    said.clear()
+    assert report_stop(tmp_path, TS, sig, killed=True) == code
+    assert "stopped at once (second Ctrl-C)" in said[0]

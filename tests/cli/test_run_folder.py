@@ -1,0 +1,124 @@
+"""One run per output folder: the lock (held by a real second process), its stale leftovers, the
+followers of a multi-node job, and the refusal to start afresh over earlier checkpoints."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from ae.cli import run_folder
+from ae.cli.run_folder import (
+    EarlierCheckpoints,
+    LeaderMissing,
+    RunFolderBusy,
+    acquire,
+    earlier_checkpoints,
+    follow,
+    read_lock,
+    unused_run_ts,
+)
+from ae.run_dir import RunDir
+from tests.support.runs import ROOT
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from ae.cli.run_folder import acquire
+    from ae.run_dir import RunDir
+    acquire(RunDir(Path(sys.argv[1])), sys.argv[2], "20261123_101500")
+    print("locked", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@contextmanager
+def holder(root: Path, job: str = "SLURM job 7 step 0") -> Iterator[subprocess.Popen]:
+    """Another process holding the folder's lock."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(root), job], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_a_second_run_fails_at_once_naming_the_job_in_the_way(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path / "run")
+    with holder(run_dir.root) as proc:
+        t0 = time.monotonic()
+        with pytest.raises(RunFolderBusy) as err:
+            acquire(run_dir, "local job", "20261123_101600")
+        assert time.monotonic() - t0 < 1.0  # a live holder on this host: no retrying
+        message = err.value.render()
+        assert f"{run_dir.root} is in use by another run: SLURM job 7 step 0 (pid {proc.pid}" in (
+            message
+        )
+        assert "run 20261123_101500, started 20" in message and "another --output_dir" in message
+        # a launcher of another job's second node fails as fast
+        with pytest.raises(RunFolderBusy):
+            follow(run_dir, "SLURM job 8 step 0", timeout=5)
+
+
+def test_the_lock_of_a_killed_launcher_is_taken_over(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path / "run")
+    with holder(run_dir.root) as proc:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    stale = read_lock(run_dir.lock)
+    assert stale is not None and stale.pid == proc.pid and stale.gone()
+    lock = acquire(run_dir, "local job", "20261123_101600")
+    assert lock.taken_over == stale
+    assert read_lock(run_dir.lock) == lock.info and lock.info.pid == os.getpid()
+    lock.release()
+    assert not run_dir.lock.exists()  # released on exit: nothing left behind
+
+
+def test_followers_adopt_the_leaders_run_ts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = RunDir(tmp_path / "run")
+    with holder(run_dir.root, "SLURM job 7 step 0"):
+        info = follow(run_dir, "SLURM job 7 step 0", timeout=5)
+        assert info.run_ts == "20261123_101500"
+    monkeypatch.setattr(run_folder, "FOLLOW_POLL_S", 0.05)
+    with pytest.raises(LeaderMissing, match=r"did not take the lock .* within 0s"):
+        follow(run_dir, "SLURM job 7 step 0", timeout=0.2)  # its lock file is stale
+
+
+def test_a_fresh_run_refuses_earlier_checkpoints(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path / "run")
+    assert earlier_checkpoints(run_dir, None, overwrite=False) == []  # a new folder
+    run_dir.checkpoints.mkdir(parents=True)
+    for name in ("step-00000004.ckpt", "last.ckpt", "best.ckpt"):
+        (run_dir.checkpoints / name).write_bytes(b"x")
+    with pytest.raises(EarlierCheckpoints) as err:
+        earlier_checkpoints(run_dir, None, overwrite=False)
+    message = err.value.render()
+    assert "holds checkpoints of an earlier run: best.ckpt, last.ckpt, step-00000004.ckpt" in (
+        message
+    )
+    assert "--resume_from_checkpoint=last" in message and "--overwrite=true" in message
+    assert earlier_checkpoints(run_dir, "last", overwrite=False) == []  # a resume reads them
+    removed = earlier_checkpoints(run_dir, None, overwrite=True)
+    assert len(removed) == 3 and not list(run_dir.checkpoints.iterdir())
+
+
+def test_a_run_in_the_same_second_gets_the_next_ts(tmp_path: Path) -> None:
+    assert unused_run_ts(tmp_path / "none", "20261123_101559") == "20261123_101559"
+    (tmp_path / "train_20261123_101559.log").write_text("")
+    (tmp_path / "launcher_20261123_101600.log").write_text("")
+    assert unused_run_ts(tmp_path, "20261123_101559") == "20261123_101601"

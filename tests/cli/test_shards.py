@@ -1,0 +1,133 @@
+"""`ae-shards write / index / inspect` on real files."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ae.cli.shards import main
+from ae.data.index import read_index
+from ae.data.tar_samples import iter_samples
+from tests.support.runs import ROOT
+
+
+def _npy(tmp_path: Path, rows: int = 25, dim: int = 6) -> Path:
+    src = tmp_path / "x.npy"
+    np.save(src, np.arange(rows * dim, dtype=np.float32).reshape(rows, dim))
+    return src
+
+
+def test_write_npy_gives_indexed_shards_that_round_trip(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    assert main(["write", str(_npy(tmp_path)), str(out), "--per_shard", "10"]) == 0
+    shards = sorted(out.glob("train-*.tar"))
+    assert [read_index(str(p)).samples for p in shards] == [10, 10, 5]
+    sample = list(iter_samples(str(shards[2])))[-1]
+    assert sample["__key__"] == "00000024"
+    assert np.load(io.BytesIO(sample["npy"])).tolist() == list(range(144, 150))
+    assert "train-{000000..000002}.tar" in capsys.readouterr().out
+
+
+def test_write_npz_needs_key_when_ambiguous(tmp_path: Path) -> None:
+    src = tmp_path / "x.npz"
+    np.savez(src, a=np.zeros((3, 2)), b=np.ones((4, 2)))
+    assert main(["write", str(src), str(tmp_path / "o1")]) == 2
+    assert main(["write", str(src), str(tmp_path / "o2"), "--key", "b", "--prefix", "b"]) == 0
+    assert read_index(str(tmp_path / "o2" / "b-000000.tar")).samples == 4
+
+
+def test_image_folder_then_inspect_finds_the_bad_image(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "imgs"
+    (src / "sub").mkdir(parents=True)
+    for i in range(4):
+        Image.fromarray(np.full((8, 8), i * 40, np.uint8)).save(src / "sub" / f"{i}.png")
+    (src / "broken.png").write_bytes(b"not a png")
+    out = tmp_path / "out"
+    assert main(["write", str(src), str(out), "--per_shard", "3"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--json"]) == 1  # damage found
+    reports = json.loads(capsys.readouterr().out)
+    assert [r["samples"] for r in reports] == [3, 2] and reports[0]["index"] == "ok"
+    assert reports[0]["bad"][0][0] == "00000000"  # broken.png sorts first
+    assert "cannot decode .png" in reports[0]["bad"][0][1]
+    assert set(reports[0]["fields"]) == {"png", "path"}
+
+
+def test_index_rebuilds_missing_and_reports_truncated(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    main(["write", str(_npy(tmp_path)), str(out), "--per_shard", "10"])
+    for idx in out.glob("*.idx"):
+        idx.unlink()
+    damaged = out / "train-000001.tar"
+    damaged.write_bytes(damaged.read_bytes()[:3000])
+    assert main(["index", str(out)]) == 1  # one shard could not be indexed
+    assert read_index(str(out / "train-000000.tar")).samples == 10
+    assert read_index(str(damaged)) is None
+    assert "1 damaged" in capsys.readouterr().out
+    assert main(["inspect", str(out / "train-000001.tar")]) == 1
+    assert "unreadable after" in capsys.readouterr().out
+
+
+def _npy_shards(tmp_path: Path) -> Path:
+    out = tmp_path / "npy-shards"
+    main(["write", str(_npy(tmp_path)), str(out)])
+    return out
+
+
+def test_bad_input_is_one_line_without_traceback(tmp_path: Path) -> None:
+    for args in (
+        ["write", str(tmp_path / "missing.npy"), str(tmp_path / "o")],
+        ["inspect", str(tmp_path / "none-*.tar")],
+        ["index", "pipe:cat a.tar"],
+        ["inspect", str(_npy_shards(tmp_path)), "--input_key", "cls"],  # no decoder for cls
+    ):
+        res = subprocess.run(
+            [sys.executable, "-m", "ae.cli.shards", *args], cwd=ROOT, capture_output=True, text=True
+        )
+        assert res.returncode == 2, res
+        assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_inspect_photos_reports_sizes_modes_and_the_flags_a_run_needs(
+    tmp_path: Path, real_photos: list[Path], capsys
+) -> None:
+    src = tmp_path / "photos"
+    src.mkdir()
+    for p in real_photos:
+        (src / p.name).write_bytes(p.read_bytes())
+    out = tmp_path / "out"
+    assert main(["write", str(src), str(out), "--per_shard", "20"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0  # every photo decodes, whatever its size and mode
+    text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "input field: png or another image extension (the default" in text
+    assert re.search(r"images of (\d+) sizes \(17x23 \.\. 1411x1411\): pass --image_size", text)
+    assert "all converted to RGB (3 channels, as the first image); --channels=1" in text
+    assert main(["inspect", str(out), "--json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    modes = {m for r in reports for m in r["image_modes"]}
+    assert {"L", "LA", "RGB", "RGBA", "P", "CMYK", "I;16"} <= modes
+    sizes = {s for r in reports for s in r["image_sizes"]}
+    assert len(sizes) > 15 and "17x23" in sizes
+    kinds = {k for r in reports for t in r["field_types"].values() for k in t}
+    assert {"JPEG image", "PNG image", "WEBP image", "GIF image", "bytes"} <= kinds
+
+
+def test_inspect_integer_arrays_suggests_a_scale(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "u8.npy"
+    np.save(src, np.arange(60, dtype=np.uint8).reshape(10, 6))
+    main(["write", str(src), str(tmp_path / "out")])
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "out"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["field_types"]["npy"] == {"npy uint8 (6,)": 10}
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "vectors of 6 values" in text and "integer arrays (uint8)" in text
+    assert "--npy_scale=0.00392156863" in text

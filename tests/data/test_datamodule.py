@@ -1,0 +1,62 @@
+"""The data module's checks before any training: input shape, unusable data, rank agreement."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ae.cli.launch import free_port
+from ae.config import DataConfig
+from ae.data.datamodule import DataError, ShardDataModule, probe_decoder, same_on_all_ranks
+from ae.data.writer import write_shard
+from tests.support.shards import vector_samples
+
+
+def test_probe_skips_unreadable_shards_and_bad_samples(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"junk" * 500)
+    bad_first = tmp_path / "bad.tar"
+    write_shard(bad_first, [{"__key__": b"x", "npy": b"nope"}, *vector_samples(2, dim=6)])
+    assert probe_decoder("train", [str(junk), str(bad_first)], DataConfig()).shape == (6,)
+
+
+def test_every_shard_unreadable_is_a_clear_error(tmp_path: Path) -> None:
+    urls = []
+    for i in range(3):
+        path = tmp_path / f"junk-{i}.tar"
+        path.write_bytes(b"junk" * 500)
+        urls.append(str(path))
+    with pytest.raises(DataError, match=r"^train_shards: no readable sample in any of 3 shards"):
+        probe_decoder("train", urls, DataConfig())
+
+
+def test_val_shape_must_match_train(tmp_path: Path) -> None:
+    train, val = tmp_path / "t.tar", tmp_path / "v.tar"
+    write_shard(train, vector_samples(4, dim=6))
+    write_shard(val, vector_samples(4, dim=5))
+    shape = r"shape \(5,\), expected \(6,\)"
+    with pytest.raises(DataError, match=rf"^val_shards: no readable sample .*{shape}"):
+        ShardDataModule(DataConfig(), [str(train)], [str(val)], cache_dir=tmp_path, seed=0)
+
+
+def _agree(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        cpu = torch.device("cpu")
+        same = same_on_all_ranks([5, 7], cpu, [])
+        differ = same_on_all_ranks([5, 7 + rank], cpu, [])  # rank 1 counted another shard size
+        Path(out, f"rank{rank}").write_text(f"{same} {differ}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two processes
+def test_every_rank_finds_out_when_counts_differ(tmp_path: Path) -> None:
+    mp.spawn(_agree, args=(free_port(), str(tmp_path)), nprocs=2)
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["True False"] * 2

@@ -1,0 +1,200 @@
+"""End-to-end: each built-in model and a user class train on 2 ranks and resume from their
+checkpoint; ae-encode writes latents on 2 ranks and a second run trains on them.
+
+Each test reuses its launches: a first run of one epoch, then a resumed run to the second epoch;
+no dataloader workers (startup time: the data pipeline has tests of its own).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ae.data.index import read_index
+from ae.data.tar_samples import iter_samples
+from ae.data.writer import write_shard
+from tests.support.runs import ROOT, RunResult, run_launcher
+from tests.support.shards import vector_samples
+
+pytestmark = pytest.mark.slow
+
+USER_CLASS = "tests.support.my_autoencoder:TinyAutoEncoder"
+
+
+def metrics_rows(out: Path) -> list[dict[str, str]]:
+    rows = []
+    for path in sorted((out / "metrics").glob("*/metrics.csv")):
+        with open(path, newline="") as f:
+            rows += list(csv.DictReader(f))
+    return rows
+
+
+def train_then_resume(launch, args: list[str]) -> tuple[RunResult, RunResult]:
+    """One epoch, then a second launch resumed from last.ckpt to the end of epoch 2."""
+    first = launch([*args, "--max_epochs=1"])
+    assert first.returncode == 0, first.output
+    resumed = launch([*args, "--max_epochs=2", "--resume_from_checkpoint=last"])
+    assert resumed.returncode == 0, resumed.output
+    return first, resumed
+
+
+def assert_resumed(res: RunResult, at: int, to: int) -> None:
+    (log,) = [p for p in res.log("train_*.log") if "Resumed" in p.read_text()]
+    text = log.read_text()
+    assert re.search(rf"Resumed from \S+last\.ckpt at step {at} ", text), text
+    assert f"Training finished at step {to}" in text
+    assert "not created with WeightAveraging" not in text  # the EMA state came back too
+
+
+IMAGE_MODELS = {
+    "conv": ["--model=conv", "--hidden_dim=16", "--latent_dim=8"],
+    "resnet": ["--model=resnet", "--downsample=4", "--base_channels=8", "--channel_mult=1,2,2",
+               "--res_blocks=1", "--loss=l1"],
+    "resnet_vae_ema": ["--model=resnet", "--downsample=2", "--base_channels=8",
+                       "--channel_mult=1,2", "--res_blocks=1", "--kl_weight=0.01",
+                       "--ema_decay=0.9"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(IMAGE_MODELS))
+def test_image_model_trains_and_resumes(name: str, launch, make_shards, tmp_path: Path) -> None:
+    train = make_shards([16, 16], kind="png", name="train")  # 8x8 gray: 4 steps an epoch
+    val = make_shards([12], kind="png", name="val")
+    args = [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=4",
+            "--num_workers=0", "--checkpointing_period=2", *IMAGE_MODELS[name]]  # fmt: skip
+    first, resumed = train_then_resume(launch, args)
+    out = tmp_path / "run"
+    text = first.text("train_*.log")
+    model = "conv" if name == "conv" else "resnet"
+    assert re.search(rf"Model: {model}, [\d,]+ parameters, latent ", text)
+    (summary,) = re.findall(r"Epoch 0 done: .*", text)
+    assert all(re.search(rf"val/{m}=-?[\d.]+", summary) for m in ("mse", "psnr", "ssim"))
+    assert_resumed(resumed, at=4, to=8)
+    rows = metrics_rows(out)
+    psnr = [float(r["val/psnr"]) for r in rows if r.get("val/psnr")]
+    assert len(psnr) == 2 and all(0 < p < 100 for p in psnr)  # one per epoch, both runs
+    # the epoch-end grids, without --sample_period
+    assert sorted(p.name for p in (out / "samples").glob("*.png")) == [
+        "step_00000004.png",
+        "step_00000008.png",
+    ]
+    last = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 8
+    if name == "resnet_vae_ema":
+        assert any(r.get("val/kl") for r in rows) and "val/kl=" in text
+        assert "current_model_state" in last  # the live weights beside the EMA's
+        ema, live = last["state_dict"], last["current_model_state"]
+        assert any(not torch.equal(ema[k], live[k]) for k in ema)
+
+
+def _vector_shards(root: Path, sizes: list[int], name: str) -> str:
+    start = 0
+    for i, n in enumerate(sizes):
+        samples = vector_samples(n, 16, start)
+        for s in samples:
+            s["cls"] = str(int(s["__key__"]) % 10).encode()
+        write_shard(root / f"{name}-{i:06d}.tar", samples)
+        start += n
+    return str(root / f"{name}-{{000000..{len(sizes) - 1:06d}}}.tar")
+
+
+def test_mlp_then_encode_on_two_ranks_then_a_user_class_on_the_latents(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    train = _vector_shards(data, [20, 20, 12], "train")
+    val = _vector_shards(data, [16], "val")
+    run = tmp_path / "mlp"
+
+    def launch(args: list[str], out: Path = run) -> RunResult:
+        return run_launcher(args, out)
+
+    # 1. mlp: 52 samples, batch 4 x 2 ranks -> 6 steps an epoch; then resumed to epoch 2
+    mlp = [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=4",
+           "--num_workers=0", "--model=mlp", "--hidden_dims=32,16", "--latent_dim=4",
+           "--checkpointing_period=3"]  # fmt: skip
+    first, resumed = train_then_resume(launch, mlp)
+    text = first.text("train_*.log")
+    assert re.search(r"Model: mlp, [\d,]+ parameters, latent 4 \(4 numbers, 4x fewer", text)
+    assert re.search(r"Epoch 0 done: .*val/cosine=[-\d.]+, .*val/rel_error=[\d.]+", text)
+    assert_resumed(resumed, at=6, to=12)
+
+    # 2. ae-encode on 2 ranks: every input sample once, same keys per shard, float16 latents
+    out = tmp_path / "latents"
+    ckpt = run / "checkpoints" / "last.ckpt"
+    enc = subprocess.run(
+        [sys.executable, "-m", "ae.cli.encode", str(ckpt), train, str(out), "--devices=2",
+         "--batch_size=5", "--dtype=float16", "--keep_fields=cls"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert enc.returncode == 0, enc.stdout + enc.stderr
+    inputs = sorted(data.glob("train-*.tar"))
+    assert sorted(p.name for p in out.glob("*.tar")) == [p.name for p in inputs]
+    state = torch.load(ckpt, weights_only=False)
+    from ae.training.encoding import model_from_checkpoint  # torch-heavy: here, not at the top
+
+    model, latent = model_from_checkpoint(state, state["hyper_parameters"]["spec"], "ckpt")
+    assert latent == (4,)
+    for src in inputs:
+        expected = list(iter_samples(str(src)))
+        got = list(iter_samples(str(out / src.name)))
+        assert [s["__key__"] for s in got] == [s["__key__"] for s in expected]
+        assert read_index(str(out / src.name)).samples == len(expected)
+        for e, g in zip(expected, got, strict=True):
+            assert set(g) - {"__key__", "__url__"} == {"latent.npy", "cls"}
+            assert g["cls"] == e["cls"]
+            z = np.load(io.BytesIO(g["latent.npy"]))
+            assert z.dtype == np.float16 and z.shape == (4,)
+            x = torch.from_numpy(np.load(io.BytesIO(e["npy"])))[None]
+            want = model.encode(x)[0].detach().numpy()
+            np.testing.assert_allclose(z, want, rtol=2e-3, atol=2e-3)
+    logs = out / "logs"
+    summary = "".join(p.read_text() for p in logs.glob("train_*.log"))
+    assert "Encoding done: 52 of 52 samples written (0 bad samples skipped) to 3 shards" in summary
+    assert "(step 12, weights)" in summary  # no EMA in this run: the live weights
+    plans = [
+        re.search(r"this rank: (\d+) shards, (\d+) samples", p.read_text())
+        for p in sorted(logs.glob("debug_rank*.log"))
+    ]
+    assert sorted((int(m[1]), int(m[2])) for m in plans if m) == [(1, 20), (2, 32)]
+
+    # 3. a user class, by import path with model_args from the config file, on those latents
+    config = tmp_path / "user.yaml"
+    config.write_text(f"model: {USER_CLASS}\nmodel_args:\n  latent: 2\n  width: 8\n")
+    user = [f"--config={config}", f"--train_shards={out}", f"--val_shards={out}/train-000002.tar",
+            "--batch_size=4", "--num_workers=0", "--checkpointing_period=3"]  # fmt: skip
+    first, resumed = train_then_resume(lambda a: run_launcher(a, tmp_path / "user"), user)
+    text = first.text("train_*.log")
+    assert f"Model: {USER_CLASS}, " in text and "latent 2 (2 numbers, 2x fewer" in text
+    assert re.search(r"Epoch 0 done: .*val/recon=[\d.]+", text)  # its own loss() terms
+    assert_resumed(resumed, at=6, to=12)
+
+
+def test_user_class_mistakes_are_one_message(tmp_path: Path) -> None:
+    # the launcher: module not found, before any process starts
+    res = run_launcher(["--model=tests.support.nope:Net"], tmp_path / "a")
+    assert res.returncode == 2 and "model: no module 'tests.support.nope'" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "a" / "logs").exists()
+    res = run_launcher([f"--model={USER_CLASS}x"], tmp_path / "b")
+    assert res.returncode == 2 and "defines no 'TinyAutoEncoderx'" in res.output
+    # the rank: the constructor fails, before the trainer and any dataloader worker
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train_ae.py"), f"--output_dir={tmp_path / 'c'}",
+         f"--model={USER_CLASS}", "--model_args={latnet: 2}", "--num_workers=0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "AE_CACHE_DIR": str(tmp_path / "cache")},
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert re.search(r"model: \S+TinyAutoEncoder\(\*\*model_args\) .* TypeError: ", output)
+    assert "Traceback" not in output
+    (log,) = (tmp_path / "c" / "logs").glob("debug_rank0_*.log")
+    assert "Rank exiting with code 2: ModelError" in log.read_text()
+    assert "EPOCH 0 TRAINING START" not in log.read_text()

@@ -1,0 +1,154 @@
+"""Two nodes for real: two network namespaces joined by a veth pair, each with its own hostname
+(tests/support/two_hosts.py), the output folder shared as it would be on NFS. Each node runs the
+real launcher, as `NNODES=2 NODE_RANK=i MASTER_ADDR=192.168.77.1 ./train_ae.sh` would.
+
+The hosts' hostnames resolve to 127.0.1.1 (Debian's default), the setting in which gloo, left
+to itself, advertises a loopback address and the job dies in connectFullMesh."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.runs import ROOT
+from tests.support.two_hosts import TwoHosts, available
+
+_ok, _why = available()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not _ok, reason=f"two hosts: {_why}")]
+MASTER = "192.168.77.1"
+
+
+def node_env(node: int, port: int, tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_SOCKET_IFNAME")}
+    env.pop("AE_RUN_TS", None)
+    return {
+        **env, "NNODES": "2", "NODE_RANK": str(node), "MASTER_ADDR": MASTER,
+        "MASTER_PORT": str(port), "AE_CACHE_DIR": str(tmp_path / "cache"), **extra,
+    }  # fmt: skip
+
+
+def start_node(
+    hosts: TwoHosts, node: int, args: list[str], env: dict[str, str], out: Path
+) -> subprocess.Popen:
+    log = open(out.parent / f"console_node{node}.txt", "w")  # noqa: SIM115 -- closed by the OS
+    return hosts.popen(
+        node, [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out}", *args],
+        env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def console(out: Path, node: int) -> str:
+    return (out.parent / f"console_node{node}.txt").read_text()
+
+
+def diagnose_json(logs: Path) -> dict:
+    res = subprocess.run(
+        [sys.executable, "-m", "ae.diagnose", str(logs), "--json"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    return json.loads(res.stdout)
+
+
+def test_two_nodes_train_with_the_interface_chosen_for_them(tmp_path: Path, make_shards) -> None:
+    train = make_shards([24, 24, 24, 24], name="train")
+    val = make_shards([16], name="val")
+    out = tmp_path / "run"
+    args = [f"--train_shards={train}", f"--val_shards={val}", "--devices=1", "--max_epochs=1",
+            "--batch_size=8", "--num_workers=0"]  # fmt: skip
+    with TwoHosts() as hosts:
+        procs = [start_node(hosts, i, args, node_env(i, 29611, tmp_path), out) for i in (0, 1)]
+        codes = [p.wait(timeout=180) for p in procs]
+        assert codes == [0, 0], console(out, 0) + console(out, 1)
+        for node in (0, 1):
+            iface = hosts.ifnames[node]
+            text = console(out, node)
+            assert f"via interface {iface} ({hosts.addrs[node]})" in text
+            assert f"GLOO_SOCKET_IFNAME={iface}" in text and f"NCCL_SOCKET_IFNAME={iface}" in text
+            (log,) = (out / "logs").glob(f"debug_rank{node}_*.log")
+            head = log.read_text()
+            assert f"host=node{node}" in head and f"GLOO_SOCKET_IFNAME={iface}" in head
+            assert "EPOCH 0 TRAINING END" in head
+
+
+def test_unreachable_master_is_refused_at_once(tmp_path: Path) -> None:
+    """Node 1 with a MASTER_ADDR nobody answers at (an address of the test subnet that no host
+    holds): one message naming address, port and interface, well before any rank starts."""
+    out = tmp_path / "run"
+    with TwoHosts() as hosts:
+        env = {**node_env(1, 29612, tmp_path), "MASTER_ADDR": "192.168.77.9"}
+        t0 = time.monotonic()
+        res = hosts.run(1, [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out}",
+                            "--devices=1"], env=env, cwd=ROOT, timeout=60)  # fmt: skip
+        took = time.monotonic() - t0
+    text = res.stdout + res.stderr
+    assert res.returncode == 2, text
+    assert took < 10, took
+    assert re.search(r"MASTER_ADDR: node 1 cannot reach 192\.168\.77\.9:29612 \(interface "
+                     rf"{hosts.ifnames[1]}", text), text  # fmt: skip
+    assert "Traceback" not in text and not (out / "logs").exists()
+
+
+def _train_until_stepping(tmp_path: Path, make_shards, hosts: TwoHosts, port: int,
+                          extra: list[str]) -> tuple[Path, list[subprocess.Popen]]:  # fmt: skip
+    """Both nodes training a long run; returns once rank 1 has logged training steps."""
+    train = make_shards([400, 400, 400, 400], name="train")
+    val = make_shards([32], name="val")
+    out = tmp_path / "run"
+    args = [f"--train_shards={train}", f"--val_shards={val}", "--devices=1", "--max_epochs=100",
+            "--batch_size=8", "--num_workers=0", "--log_every_n_train_batches=5",
+            *extra]  # fmt: skip
+    procs = [start_node(hosts, i, args, node_env(i, port, tmp_path), out) for i in (0, 1)]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        logs = list((out / "logs").glob("debug_rank1_*.log")) if (out / "logs").exists() else []
+        if logs and len(re.findall("Processed", logs[0].read_text())) >= 2:
+            return out, procs
+        assert all(p.poll() is None for p in procs), console(out, 0) + console(out, 1)
+        time.sleep(0.5)
+    pytest.fail("training did not start within 120 s")
+
+
+def test_host_killed_mid_training_is_named(tmp_path: Path, make_shards) -> None:
+    """Every process of host 1 killed: host 0's launcher ends well within 60 s, and the verdict
+    names rank 1 on node1 (rank 0 only lost its peer)."""
+    with TwoHosts() as hosts:
+        out, (node0, node1) = _train_until_stepping(tmp_path, make_shards, hosts, 29613, [])
+        killed_at = time.monotonic()
+        hosts.kill_host(1)
+        assert node0.wait(timeout=90) != 0
+        assert time.monotonic() - killed_at < 60
+        node1.wait(timeout=10)
+    doc = diagnose_json(out / "logs")
+    assert [(c["rank"], c["host"], c["cause"]) for c in doc["culprits"]] == [
+        (1, "node1", "killed without trace")
+    ]
+    assert [(v["rank"], v["host"]) for v in doc["victims"]] == [(0, "node0")]
+
+
+def test_link_down_is_a_network_verdict(tmp_path: Path, make_shards) -> None:
+    """Host 1's interface goes down: both ranks report STALLs in a collective, both launchers end
+    by --pg_timeout, and the verdict names the link between the hosts, no rank."""
+    pg_timeout = 20
+    with TwoHosts() as hosts:
+        out, procs = _train_until_stepping(
+            tmp_path, make_shards, hosts, 29614, ["--stall_timeout=3", f"--pg_timeout={pg_timeout}"]
+        )
+        down_at = time.monotonic()
+        hosts.link_down(1)
+        codes = [p.wait(timeout=pg_timeout + 60) for p in procs]
+        took = time.monotonic() - down_at
+    assert codes[0] != 0 and codes[1] != 0 and took < pg_timeout + 30, (codes, took)
+    for rank in (0, 1):
+        (log,) = (out / "logs").glob(f"debug_rank{rank}_*.log")
+        assert re.search(r"STALL detected: .* collective wait: yes", log.read_text())
+    assert "hosts node0 and node1 cannot reach each other" in console(out, 0)
+    doc = diagnose_json(out / "logs")
+    assert doc["culprits"] == [] and doc["network"]["hosts"] == ["node0", "node1"]
+    assert "cannot reach each other" in doc["network"]["cause"]

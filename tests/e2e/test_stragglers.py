@@ -1,0 +1,192 @@
+"""End-to-end stragglers: real 2-rank DDP runs (gloo, CPU) where rank 1 is made slow, watched
+live. Rank 0 must name rank 1 with the right cause within --straggler_window + 10 s, never rank 0,
+say when it passes, and `ae-diagnose` must list it on the live run. Slowdowns: AE_FAULT's
+`slow@data` and `slow@train`, and a real one from outside (rank 1's dataloader workers stopped and
+continued in turns with SIGSTOP/SIGCONT)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ae.log_lines import MARKER, RECORD_PATTERN, STRAGGLER, STRAGGLER_RESOLVED
+from tests.support.live import diagnose, diagnose_json, live_run, wait_for
+
+pytestmark = pytest.mark.slow
+
+WINDOW = 5  # --straggler_window of these runs
+LATE_S = WINDOW + 10  # the bar: named within the window + 10 s of the slowdown's start
+
+
+def run_args(make_shards) -> list[str]:
+    # 1000 batches of 8 per rank per epoch: one epoch outlasts each test
+    train = make_shards([4000, 4000, 4000, 4000], name="train")
+    val = make_shards([32], name="val")
+    return [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=8", "--max_epochs=3",
+            "--num_workers=2", "--hidden_dim=16", "--latent_dim=4", "--checkpointing_period=0",
+            f"--straggler_window={WINDOW}", "--stall_timeout=60"]  # fmt: skip
+
+
+def lines(logs: Path, pattern: str) -> list[tuple[float, str, str]]:
+    """(time, rank tag, message) of the STRAGGLER and STRAGGLER RESOLVED records in the files."""
+    out = []
+    for path in sorted(logs.glob(pattern)):
+        for line in path.read_text(errors="replace").splitlines():
+            m = RECORD_PATTERN.match(line)
+            if m and m["message"].startswith("STRAGGLER "):
+                when = datetime.strptime(m["time"], "%Y-%m-%d %H:%M:%S.%f").timestamp()
+                out.append((when, m["rank"], m["message"]))
+    return sorted(out)
+
+
+def episodes(logs: Path) -> list[tuple[float, str, dict[str, str]]]:
+    """The train log's straggler lines, parsed: ("STRAGGLER" | "RESOLVED", fields)."""
+    out = []
+    for when, _, message in lines(logs, "train_*.log"):
+        if m := STRAGGLER.parse(message):
+            out.append((when, "STRAGGLER", m))
+        elif m := STRAGGLER_RESOLVED.parse(message):
+            out.append((when, "RESOLVED", m))
+    return out
+
+
+def training_start(logs: Path, rank: int) -> float:
+    for line in next(logs.glob(f"debug_rank{rank}_*.log")).read_text().splitlines():
+        m = RECORD_PATTERN.match(line)
+        if m and (marker := MARKER.parse(m["message"])) and marker["name"] == "EPOCH 0 TRAINING":
+            return datetime.strptime(m["time"], "%Y-%m-%d %H:%M:%S.%f").timestamp()
+    raise AssertionError(f"rank {rank} has no EPOCH 0 TRAINING START")
+
+
+def kind(message: str) -> str:
+    """`STRAGGLER <rank>` or `RESOLVED <rank>`."""
+    if m := STRAGGLER.parse(message):
+        return f"STRAGGLER {m['rank']}"
+    m = STRAGGLER_RESOLVED.parse(message)
+    return f"RESOLVED {m['rank']}" if m else message
+
+
+def nth(logs: Path, kind: str, n: int = 1) -> list[tuple[float, str, dict[str, str]]] | None:
+    found = [e for e in episodes(logs) if e[1] == kind]
+    return found if len(found) >= n else None
+
+
+def assert_rank0_never_named(logs: Path) -> None:
+    for _, _, message in lines(logs, "*.log"):
+        assert not re.match(r"STRAGGLER (RESOLVED )?rank 0\b", message), message
+
+
+def assert_live_diagnosis(logs: Path, cause: str) -> None:
+    doc = diagnose_json(logs)
+    assert doc["status"] == "running" and doc["culprits"] == [], doc
+    assert [(s["rank"], s["cause"]) for s in doc["stragglers"]] == [(1, cause)], doc["stragglers"]
+    (straggler,) = doc["stragglers"]
+    assert straggler["score"] > 1.3
+    assert "STRAGGLER rank 1" in straggler["evidence"][0]["text"]
+    scores = {r["rank"]: r["score"] for r in doc["ranks"]}
+    assert scores[1] > scores[0], scores
+    table = diagnose(logs)
+    assert f"Verdict: running, slowed by rank 1: {cause}" in table, table
+
+
+@contextlib.contextmanager
+def stop_in_turns(rank_pid: int, stopped_s: float, running_s: float) -> Iterator[None]:
+    """Stop the rank's dataloader workers (its child processes) with SIGSTOP for `stopped_s`,
+    continue them for `running_s`, over and over: a worker starved of CPU or of I/O, from
+    outside the job. Every worker is continued at the end."""
+    done = threading.Event()
+    seen: set[int] = set()
+
+    def signal_all(sig: int) -> None:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(rank_pid).children():
+                seen.add(child.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, sig)
+
+    def turns() -> None:
+        while not done.is_set():
+            signal_all(signal.SIGSTOP)
+            done.wait(stopped_s)
+            signal_all(signal.SIGCONT)
+            done.wait(running_s)
+
+    thread = threading.Thread(target=turns, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=10)
+        for pid in seen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def test_slow_data_on_rank_1_is_named_live_then_resolved(make_shards, tmp_path: Path) -> None:
+    """Rank 1's dataloader workers take 50 ms longer per batch for its first 600 batches."""
+    out = tmp_path / "run"
+    logs = out / "logs"
+    with live_run(run_args(make_shards), out, "slow@data:rank=1:ms=150:until=600"):
+        ((named_at, _, line),) = wait_for("STRAGGLER", lambda: nth(logs, "STRAGGLER"))
+        assert line["rank"] == "1" and line["cause"] == "data", line
+        assert named_at - training_start(logs, 1) <= LATE_S
+        assert float(line["score"]) > 1.3 and float(line["window"]) == WINDOW
+        # the evidence: its data wait, and its slowest worker's shard and read rate
+        assert re.match(r"\d+% of it waiting for data; worker [01] reads \S+train-\d+\.tar at "
+                        r"[\d.]+ MB/s, [\d.]+ ms per batch", line["evidence"]), line  # fmt: skip
+        assert_live_diagnosis(logs, "data")
+        watch = diagnose(logs, "--watch", "--count=1")
+        assert "score" in watch and "STRAGGLER data" in watch, watch
+
+        wait_for("STRAGGLER RESOLVED", lambda: nth(logs, "RESOLVED"))
+        assert [kind for _, kind, _ in episodes(logs)] == ["STRAGGLER", "RESOLVED"]
+        assert diagnose_json(logs)["stragglers"] == []
+
+        # the slow rank copies both lines into its own debug log (from rank 0's heartbeat)
+        def copied() -> list[str]:
+            own = [kind(m) for _, tag, m in lines(logs, "debug_rank1_*.log") if tag == "1"]
+            return own if len(own) == 2 else []
+
+        assert wait_for("rank 1's copies", copied, timeout=15) == ["STRAGGLER 1", "RESOLVED 1"]
+        beat = json.loads(next(logs.glob("heartbeat_rank1_*.json")).read_text())
+        assert beat["timing"]["recent"]["steps"] > 0 and beat["timing"]["epoch"]["data_ms"] > 0
+        assert {w["worker"] for w in beat["data_workers"]} == {0, 1}
+        assert all(w["shard"].endswith(".tar") and w["mb_per_s"] > 0 for w in beat["data_workers"])
+    assert_rank0_never_named(logs)
+
+
+def test_slow_step_then_stopped_workers_on_rank_1(make_shards, tmp_path: Path) -> None:
+    """Rank 1's training step takes 40 ms longer for its first 400 steps (cause compute); once
+    that is resolved, its dataloader workers are stopped 0.4 s of every 0.5 s from outside, the
+    way a starved worker behaves (cause data)."""
+    out = tmp_path / "run"
+    logs = out / "logs"
+    with live_run(run_args(make_shards), out, "slow@train:rank=1:ms=40:until=400"):
+        ((named_at, _, line),) = wait_for("STRAGGLER", lambda: nth(logs, "STRAGGLER"))
+        assert line["rank"] == "1" and line["cause"] == "compute", line
+        assert named_at - training_start(logs, 1) <= LATE_S
+        assert re.match(r"compute [\d.]+ ms per step \(median [\d.]+ ms\)", line["evidence"])
+        assert_live_diagnosis(logs, "compute")
+        wait_for("STRAGGLER RESOLVED", lambda: nth(logs, "RESOLVED"))
+
+        beat = json.loads(next(logs.glob("heartbeat_rank1_*.json")).read_text())
+        with stop_in_turns(beat["pid"], stopped_s=0.4, running_s=0.1):
+            started = time.time()
+            second = wait_for("a second STRAGGLER", lambda: nth(logs, "STRAGGLER", 2))
+            named_at, _, line = second[1]
+            assert line["rank"] == "1" and line["cause"] == "data", line
+            assert named_at - started <= LATE_S
+            assert_live_diagnosis(logs, "data")
+    assert_rank0_never_named(logs)

@@ -1,0 +1,33 @@
+"""Memory figures: the cheap per-step reader and the stall report's process table."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import time
+
+from ae.forensics.process_stats import RssReader, memory_summary, process_table
+
+
+def test_rank_and_worker_rss() -> None:
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    child = ctx.Process(target=lambda: (ready.set(), time.sleep(30)), daemon=True)
+    child.start()
+    try:
+        assert ready.wait(10)
+        reader = RssReader()
+        rss, children = reader.sample()
+        assert rss > 10 and child.pid in children and children[child.pid] > 1
+        assert re.fullmatch(r"rss=\d+MB workers=\d+x\d+MB", memory_summary())
+        table = process_table(cpu_window_s=0.05)
+        assert table[0].startswith(f"rank    pid={os.getpid()} status=")
+        assert any(line.startswith(f"worker  pid={child.pid} ") for line in table)
+        assert all("fds=" in line and "cpu=" in line for line in table)
+    finally:
+        child.kill()
+        child.join()
+    time.sleep(0.1)
+    reader.listed_at = float("-inf")  # re-list now rather than in CHILDREN_REFRESH_S
+    assert child.pid not in reader.sample()[1]

@@ -1,0 +1,86 @@
+"""Step times: how a batch's wall time splits into data wait, compute and sync, the rolling
+windows, and the timed all-reduce hook on a real (1-process gloo) DDP model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ae.forensics import step_times as st
+from ae.forensics.step_times import StepTimes, time_gradient_allreduce
+
+
+def test_a_batch_splits_into_data_compute_and_sync() -> None:
+    t = StepTimes(recent_s=30)
+    t.fetched(0.0, 0.010)  # the first batch starts the clock at its fetch
+    assert t.batch_end(0.030, steps=1) == (0.030, 1, 0.010, pytest.approx(0.020), 0.0)
+    # next batch: 2 ms between steps (broadcast, callbacks), 5 ms data wait, an all-reduce that
+    # waits 12 ms after its last bucket is launched (an earlier bucket overlapped compute)
+    t.fetched(0.032, 0.037)
+    t.collective(0.040, 0.045)
+    t.collective(0.050, 0.062)
+    _, steps, data, compute, sync = t.batch_end(0.070, steps=1)  # type: ignore[misc]
+    assert (steps, data) == (1, pytest.approx(0.005))
+    assert compute == pytest.approx(0.070 - 0.037 - 0.012)  # own work, without the wait
+    assert sync == pytest.approx(0.002 + 0.012)  # between steps + all-reduce wait
+    assert t.epoch == (2, pytest.approx(0.015), pytest.approx(0.041), pytest.approx(0.014))
+    assert t.last is not None and t.last[0] == 0.070
+
+
+def test_windows_per_optimizer_step() -> None:
+    t = StepTimes(recent_s=10)
+    now = 0.0
+    for i in range(20):  # 2 batches per optimizer step (accumulation), 1 s each
+        t.fetched(now, now + 0.25)
+        now += 1.0
+        t.batch_end(now, steps=i % 2)
+    w = t.window(now)
+    assert w is not None and w["steps"] == 5  # 10 batches in the last 10 s
+    assert w["data_ms"] == 500.0 and w["own_ms"] == 2000.0 and w["sync_ms"] == 0.0
+    assert t.epoch_window()["steps"] == 10  # type: ignore[index]
+    assert t.window(now + 60) is None  # nothing recent: no figures
+    t.new_epoch()
+    assert t.epoch_window() is None
+
+
+def test_validation_is_no_part_of_the_next_step() -> None:
+    t = StepTimes()
+    t.fetched(0.0, 0.001)
+    t.batch_end(0.010, steps=1)
+    t.restart()  # validation ran from 0.010 to 5.0
+    t.fetched(5.0, 5.001)
+    _, _, data, compute, sync = t.batch_end(5.010, steps=1)  # type: ignore[misc]
+    assert data + compute + sync == pytest.approx(0.010)
+
+
+def test_heartbeat_carries_the_workers_of_the_data_module() -> None:
+    t = StepTimes()
+    assert t.heartbeat() == {"timing": {"recent": None, "epoch": None}, "data_workers": []}
+    t.data_workers = lambda: [{"worker": 0}]
+    assert t.heartbeat()["data_workers"] == [{"worker": 0}]
+
+
+def test_timed_allreduce_on_a_ddp_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    times = StepTimes()
+    monkeypatch.setattr(st, "step_times", times)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)  # fmt: skip
+    try:
+        torch.manual_seed(0)
+        plain = torch.nn.Linear(4, 2)
+        model = DistributedDataParallel(torch.nn.Linear(4, 2))
+        model.module.load_state_dict(plain.state_dict())
+        time_gradient_allreduce(model)
+        x = torch.randn(3, 4)
+        times.fetched(0.0, 0.0)
+        model(x).sum().backward()
+        plain(x).sum().backward()
+        assert len(times._collectives) == 1  # one bucket, timed
+        for a, b in zip(model.module.parameters(), plain.parameters(), strict=True):
+            assert torch.allclose(a.grad, b.grad)  # the mean over 1 rank: the same gradients
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests (imported by test modules and conftest alike)."""

@@ -1,0 +1,53 @@
+"""Running the real launcher as a subprocess, and finding every process of a run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    output: str
+    logs: Path
+
+    def log(self, pattern: str) -> list[Path]:
+        return sorted(self.logs.glob(pattern))
+
+    def text(self, pattern: str) -> str:
+        return "".join(p.read_text() for p in self.log(pattern))
+
+
+def run_launcher(
+    args: list[str], out_dir: Path, env: dict[str, str] | None = None, timeout: float = 240
+) -> RunResult:
+    """Run the real launcher (`python -m ae.cli.launch`, what ./train_ae.sh execs) to completion."""
+    base = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
+    full_env = {**base, "AE_CACHE_DIR": str(out_dir.parent / "cache"), **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out_dir}", *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return RunResult(proc.returncode, proc.stdout + proc.stderr, out_dir / "logs")
+
+
+def run_processes(out_dir: Path) -> list[psutil.Process]:
+    """Every process of a run (launcher, torchrun, ranks, dataloader workers): their command
+    lines name its output dir. Ranks run in sessions of their own, out of the launcher's group."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(str(out_dir) in arg for arg in proc.info["cmdline"] or []):
+            found.append(proc)
+    return found

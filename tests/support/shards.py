@@ -1,0 +1,37 @@
+"""Tiny real shards for tests: samples with globally unique keys, written by ae's shard writer."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ae.data.decode import SampleDecoder
+from ae.data.writer import Sample, npy_bytes, png_bytes
+
+
+def vector_samples(n: int, dim: int = 16, start: int = 0, seed: int = 0) -> list[Sample]:
+    rng = np.random.default_rng(seed + start)
+    return [
+        {"__key__": f"{start + i:08d}".encode(), "npy": npy_bytes(rng.random(dim, np.float32))}
+        for i in range(n)
+    ]
+
+
+def image_samples(n: int, size: int = 8, start: int = 0) -> list[Sample]:
+    rng = np.random.default_rng(start)
+    return [
+        {
+            "__key__": f"{start + i:08d}".encode(),
+            "png": png_bytes(rng.integers(0, 256, (size, size), dtype=np.uint8)),
+        }
+        for i in range(n)
+    ]
+
+
+def vector_decoder(dim: int = 16) -> SampleDecoder:
+    """The decoder a run probes on `vector_samples`: the `npy` field, `dim` floats."""
+    return SampleDecoder((("npy", None),), "vector", (dim,))
+
+
+def image_decoder(size: int = 8) -> SampleDecoder:
+    """The decoder a run probes on `image_samples`: grayscale `png`, native size."""
+    return SampleDecoder((("png", None),), "image", (1, size, size), any_image=True, mode="L")

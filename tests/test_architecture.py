@@ -1,0 +1,200 @@
+"""The package layout is the architecture: imports go one way, and the launcher stays light.
+
+Layers, lowest first (a module may import its own package and any lower layer, never a higher one):
+    logging_cfg  <-  ae core (config, errors, log_lines, run_dir)  <-  ae.forensics  <-  ae.data
+    <-  ae.training  <-  ae.cli
+`ae.diagnose` sits on the core alone (torch-free: it reads the logs of dead runs anywhere).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.runs import ROOT
+
+LAYERS = {
+    "logging_cfg": 0,
+    "ae": 1,  # the core modules directly in ae/
+    "ae.forensics": 2,
+    "ae.diagnose": 2,
+    "ae.data": 3,
+    "ae.training": 4,
+    "ae.cli": 5,
+}
+# What each package may import besides itself: its layer's lower layers, except that diagnose
+# sees only the core (and nothing imports diagnose but the command line).
+ALLOWED = {
+    pkg: {other for other, lvl in LAYERS.items() if lvl < level} for pkg, level in LAYERS.items()
+}
+ALLOWED["ae.diagnose"] = {"logging_cfg", "ae"}
+for pkg in ("ae.data", "ae.training"):
+    ALLOWED[pkg].discard("ae.diagnose")
+
+
+def package_of(module: str) -> str:
+    """`ae.data.stream` -> `ae.data`; `ae.config` -> `ae`; `logging_cfg.sinks` -> `logging_cfg`."""
+    if module.split(".")[0] == "logging_cfg":
+        return "logging_cfg"
+    sub = ".".join(module.split(".")[:2])
+    return sub if sub in LAYERS else "ae"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (any import statement, lazy ones included)."""
+    files = [*ROOT.joinpath("ae").rglob("*.py"), *ROOT.joinpath("logging_cfg").rglob("*.py")]
+    names = {module_name(f) for f in files}
+    graph: dict[str, set[str]] = {}
+    for f in files:
+        mod = module_name(f)
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                base = node.module
+                targets = [base, *(f"{base}.{a.name}" for a in node.names)]
+            for t in targets:
+                # the longest project module that the target names
+                while t and t not in names:
+                    t = t.rpartition(".")[0]
+                if t and t != mod:
+                    deps.add(t)
+        graph[mod] = deps
+    return graph
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for mod, deps in graph.items():
+        pkg = package_of(mod)
+        for dep in deps:
+            dep_pkg = package_of(dep)
+            if dep_pkg != pkg and dep_pkg not in ALLOWED[pkg]:
+                out.append(f"{mod} -> {dep} ({pkg} may not import {dep_pkg})")
+    return sorted(out)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for mod, deps in graph.items():
+        pkg = package_of(mod)
+        out.setdefault(pkg, set()).update(package_of(d) for d in deps if package_of(d) != pkg)
+    return out
+
+
+def test_every_package_has_a_layer() -> None:
+    assert {package_of(m) for m in import_graph()} == set(LAYERS)
+
+
+def test_imports_go_one_way_without_cycles() -> None:
+    graph = import_graph()
+    assert layer_violations(graph) == []
+    assert cycles(graph) == []
+    assert cycles(package_graph(graph)) == []
+
+
+def test_the_checks_catch_an_injected_back_edge() -> None:
+    graph = import_graph()
+    graph["ae.data.stream"] = graph["ae.data.stream"] | {"ae.training.model"}
+    assert layer_violations(graph) == [
+        "ae.data.stream -> ae.training.model (ae.data may not import ae.training)"
+    ]
+    assert ["ae.data", "ae.training"] in cycles(package_graph(graph))
+    # a module cycle inside one package, which no layer rule sees
+    graph = import_graph()
+    graph["ae.data.spec"] = graph["ae.data.spec"] | {"ae.data.demo"}
+    assert any("ae.data.spec" in c and "ae.data.demo" in c for c in cycles(graph))
+
+
+def test_top_level_of_ae_stays_small() -> None:
+    entries = [p for p in ROOT.joinpath("ae").iterdir() if p.name != "__pycache__"]
+    # 5 packages and 6 modules: the core holds what forensics and diagnose share (config, errors,
+    # log_lines, run_dir, stragglers: the straggler rules both the detector and ae-diagnose apply)
+    assert len(entries) <= 11, sorted(p.name for p in entries)
+
+
+def test_launcher_and_diagnose_do_not_import_torch() -> None:
+    """--help and bad flags answer in well under a second: no torch, no Lightning (measured
+    the way `python -X importtime` lists them)."""
+    for module in ("ae.cli.launch", "ae.diagnose.cli"):
+        out = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", f"import {module}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()}
+        assert module in imported  # the measurement itself works
+        heavy = sorted(m for m in imported if m.split(".")[0] in ("torch", "lightning"))
+        assert heavy == [], f"{module} imports {heavy[:5]}"
+
+
+def test_no_work_at_import_time() -> None:
+    """Importing every module installs no signal handler, atexit hook or warnings filter, and
+    reads no AE_FAULT (a malformed one must not break an import)."""
+    script = (
+        "import atexit, pkgutil, signal, warnings, importlib, os\n"
+        "os.environ['AE_FAULT'] = 'not-a-fault'\n"
+        # the libraries' own import-time registrations are not ours
+        "import torch, lightning.pytorch, lightning.pytorch.loggers, webdataset\n"
+        "import loguru, PIL.Image\n"
+        "filters, term = list(warnings.filters), signal.getsignal(signal.SIGTERM)\n"
+        "n_exit = atexit._ncallbacks()\n"
+        "import ae, logging_cfg\n"
+        "for pkg in (ae, logging_cfg):\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        if not m.name.endswith('__main__'):\n"
+        "            importlib.import_module(m.name)\n"
+        "assert warnings.filters == filters, 'warnings filter installed at import'\n"
+        "assert signal.getsignal(signal.SIGTERM) == term, 'signal handler installed at import'\n"
+        "assert atexit._ncallbacks() == n_exit, 'atexit hook registered at import'\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -1,0 +1,123 @@
+"""Checkpoint files: atomic writes, last/best/step layout, retention, and a SIGKILL mid-save."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ae.training.checkpoint_files import CheckpointStore, atomic_write, human_size, resolve_resume
+from ae.training.checkpointing import AtomicCheckpointIO
+from tests.support.runs import ROOT
+
+
+def test_atomic_write_failure_leaves_the_previous_file(tmp_path: Path) -> None:
+    target = tmp_path / "a.ckpt"
+    atomic_write(target, lambda f: f.write(b"old"))
+
+    def broken(f) -> None:
+        f.write(b"half of the new")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(target, broken)
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt"]
+
+
+def test_store_links_last_and_keeps_at_most_n(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "ckpt", keep=2)
+    store.prepare()
+    io = AtomicCheckpointIO()
+    for step in (10, 20, 30):
+        path = store.step_path(step)
+        io.save_checkpoint({"global_step": step}, path)
+        os.utime(path, (step, step))  # distinct write times, oldest first
+        store.commit_step(path)
+    names = sorted(p.name for p in store.dir.iterdir())
+    assert names == ["last.ckpt", "step-00000020.ckpt", "step-00000030.ckpt"]
+    assert torch.load(store.last, weights_only=False)["global_step"] == 30
+    assert os.path.samefile(store.last, store.step_path(30))  # a link, not a second copy
+    # pruning the file `last` points at leaves `last` intact (it is a link, not a name)
+    CheckpointStore(store.dir, keep=1).commit_step(store.step_path(30))
+    store.step_path(30).unlink()
+    assert torch.load(store.last, weights_only=False)["global_step"] == 30
+
+
+def test_prepare_removes_leftovers_of_a_killed_save(tmp_path: Path) -> None:
+    (tmp_path / "step-00000004.ckpt.tmp").write_bytes(b"partial")
+    CheckpointStore(tmp_path, keep=3).prepare()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resolve_resume(tmp_path: Path) -> None:
+    assert resolve_resume(None, tmp_path) is None
+    assert resolve_resume("last", tmp_path) is None  # nothing yet: a fresh start
+    (tmp_path / "last.ckpt").write_bytes(b"x")
+    assert resolve_resume("last", tmp_path) == tmp_path / "last.ckpt"
+    assert resolve_resume("/x/step-1.ckpt", tmp_path) == Path("/x/step-1.ckpt")
+
+
+def test_human_size() -> None:
+    assert [human_size(n) for n in (12, 2048, 3 * 2**20, 5 * 2**30)] == [
+        "12 B", "2.0 KB", "3.0 MB", "5.00 GB"]  # fmt: skip
+
+
+def _train(
+    args: list[str], out: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """One training process without torchrun (world size 1): train_ae.py itself."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train_ae.py"), f"--output_dir={out}", *args],
+        cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigkill_during_checkpoint_save_leaves_last_loadable(tmp_path: Path, make_shards) -> None:
+    train = make_shards([32, 32], name="train")
+    val = make_shards([16], name="val")
+    out = tmp_path / "run"
+    args = [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=8", "--num_workers=0",
+            "--max_steps=6", "--checkpointing_period=2", "--save_best=false"]  # fmt: skip
+    # The 2nd checkpoint write (step 4) is killed after its bytes are written, before the rename.
+    killed = _train(args, out, {"AE_FAULT": "kill@checkpoint:step=4"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    ckpt = out / "checkpoints"
+    assert (ckpt / "step-00000004.ckpt.tmp").exists()  # the save really was cut off
+    assert not (ckpt / "step-00000004.ckpt").exists()
+    state = torch.load(ckpt / "last.ckpt", weights_only=False)
+    assert state["global_step"] == 2 and state["ae_config"]["checkpointing_period"] == 2
+    # ... and a run resumed from it continues from step 2, cleaning up the leftover.
+    resumed = _train([*args, "--resume_from_checkpoint=last"], out)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (log,) = [p for p in (out / "logs").glob("train_*.log") if "Resumed" in p.read_text()]
+    text = log.read_text()
+    assert re.search(r"Removing .*step-00000004\.ckpt\.tmp", text)
+    assert re.search(r"Resumed from .*last\.ckpt at step 2 ", text)
+    assert torch.load(ckpt / "last.ckpt", weights_only=False)["global_step"] == 6
+    assert not list(ckpt.glob("*.tmp"))
+
+
+@pytest.mark.slow
+def test_checkpoint_written_before_the_layout_change_resumes(tmp_path: Path) -> None:
+    """tests/fixtures/pre_layout_step3.ckpt was written by the code before `ae/` moved into
+    sub-packages (it pickles `ae.decode.InputSpec`): demo data, 1 process, hidden_dim=8,
+    latent_dim=4, max_steps=6, checkpointing_period=3; this is its step-3 checkpoint."""
+    fixture = ROOT / "tests" / "fixtures" / "pre_layout_step3.ckpt"
+    args = ["--devices=1", "--num_workers=0", "--hidden_dim=8", "--latent_dim=4",
+            "--max_steps=6", "--max_epochs=1", "--checkpointing_period=3",
+            f"--resume_from_checkpoint={fixture}"]  # fmt: skip
+    out = tmp_path / "run"
+    res = _train(args, out, {"AE_CACHE_DIR": str(tmp_path / "cache")})
+    assert res.returncode == 0, res.stderr[-3000:]
+    (log,) = (out / "logs").glob("train_*.log")
+    text = log.read_text()
+    assert re.search(r"Resumed from .*pre_layout_step3\.ckpt at step 3 ", text)
+    assert "Training finished at step 6" in text
+    assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6

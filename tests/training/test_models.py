@@ -1,0 +1,276 @@
+"""The networks behind --model: shapes, the VAE bottleneck, quality metrics, user classes."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ae.config import ModelConfig, OptimConfig
+from ae.data.decode import InputSpec
+from ae.training.checkpointing import moved_modules_importable
+from ae.training.model import AutoEncoder, build_model, describe, kl_divergence
+from ae.training.models import ModelError
+from ae.training.models.user import locate_class
+from ae.training.quality import QualityMetrics, ssim_kernel
+from tests.support.runs import ROOT
+
+IMAGE = InputSpec("image", (3, 32, 32))
+VECTOR = InputSpec("vector", (24,))
+
+
+def build(spec: InputSpec, **flags: object) -> tuple[AutoEncoder, tuple[int, ...] | None]:
+    return build_model(spec, ModelConfig(**flags), OptimConfig(), world_size=1)
+
+
+@pytest.mark.parametrize(
+    ("spec", "flags", "latent"),
+    [
+        (VECTOR, {}, (16,)),  # auto -> mlp
+        (VECTOR, {"hidden_dims": (32, 16, 8), "latent_dim": 4}, (4,)),
+        (IMAGE, {}, (16,)),  # auto -> conv
+        (IMAGE, {"model": "resnet", "base_channels": 8}, (4, 4, 4)),  # f=8
+        (IMAGE, {"model": "resnet", "base_channels": 8, "downsample": 2, "latent_channels": 3},
+         (3, 16, 16)),
+        (IMAGE, {"model": "resnet", "base_channels": 8, "downsample": 16,
+                 "channel_mult": (1, 1, 2, 2, 2)}, (4, 2, 2)),
+        (IMAGE, {"model": "resnet", "base_channels": 8, "kl_weight": 1e-3}, (4, 4, 4)),
+    ],
+)  # fmt: skip
+def test_every_builtin_model_reconstructs_the_input_shape(spec, flags, latent) -> None:
+    model, shape = build(spec, **flags)
+    assert shape == latent
+    x = torch.rand(3, *spec.shape)
+    assert model.encode(x).shape == (3, *latent)
+    assert model(x).shape == x.shape
+    loss, recon, _ = model._step(x)
+    loss.backward()  # every parameter gets a gradient: nothing is left out of the graph
+    assert all(p.grad is not None for p in model.parameters())
+    assert recon is not None and recon.shape == x.shape
+
+
+def test_hidden_dims_set_the_mlp_widths() -> None:
+    model, _ = build(VECTOR, hidden_dims=(40, 20), latent_dim=5)
+    widths = [m.out_features for m in model.encoder if isinstance(m, torch.nn.Linear)]
+    assert widths == [40, 20, 5]
+    default, _ = build(VECTOR, hidden_dim=64)  # hidden_dim alone, as before --hidden_dims
+    assert [m.out_features for m in default.encoder if hasattr(m, "out_features")] == [64, 32, 16]
+
+
+def test_resnet_has_groupnorm_residual_blocks_and_the_widths_asked_for() -> None:
+    model, _ = build(IMAGE, model="resnet", base_channels=8, channel_mult=(1, 2, 4, 4))
+    kinds = {type(m).__name__ for m in model.encoder.modules()}
+    assert {"ResBlock", "GroupNorm", "SiLU"} <= kinds
+    convs = [m for m in model.encoder if isinstance(m, torch.nn.Conv2d) and m.stride == (2, 2)]
+    assert [c.out_channels for c in convs] == [8, 16, 32]  # 3 stride-2 stages for f=8
+    assert model.decoder[-1].out_channels == 3
+
+
+def test_the_conv_default_keeps_the_layout_of_old_checkpoints() -> None:
+    """The pre-layout fixture (hidden_dim=8, latent_dim=4, 8x8 digits) loads into today's
+    `--model=auto` with the same flags: same keys, same shapes."""
+    with moved_modules_importable():
+        ckpt = torch.load(ROOT / "tests/fixtures/pre_layout_step3.ckpt", weights_only=False)
+    spec = ckpt["hyper_parameters"]["spec"]
+    model, _ = build(spec, hidden_dim=8, latent_dim=4)
+    model.load_state_dict(ckpt["state_dict"])  # strict: raises on any difference
+
+
+def test_vae_samples_in_training_and_uses_the_mean_in_evaluation() -> None:
+    model, _ = build(IMAGE, model="resnet", base_channels=8, kl_weight=0.5)
+    x = torch.rand(2, *IMAGE.shape)
+    assert model.encoder(x).shape[1] == 8  # mean and log-variance of 4 channels
+    model.train()
+    torch.manual_seed(0)
+    a = model._step(x)[1]
+    b = model._step(x)[1]
+    assert not torch.equal(a, b)  # a new latent sample each time
+    model.eval()
+    loss, recon, logs = model._step(x)
+    assert torch.equal(recon, model(x))  # the mean: deterministic, what encode() gives
+    assert set(logs) == {"recon", "kl"}
+    assert loss.item() == pytest.approx((logs["recon"] + 0.5 * logs["kl"]).item())
+
+
+def test_kl_divergence_is_zero_at_the_prior_and_positive_elsewhere() -> None:
+    zero = torch.zeros(2, 4)
+    assert kl_divergence(zero, zero).item() == 0.0
+    # KL(N(1, 1) || N(0, 1)) = 1/2 per element
+    assert kl_divergence(torch.ones(2, 4), zero).item() == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("loss", ["mse", "l1", "smooth_l1"])
+def test_loss_choice(loss: str) -> None:
+    model, _ = build(VECTOR, loss=loss)
+    x = torch.rand(4, 24)
+    expected = getattr(torch.nn.functional, f"{loss}_loss")(model(x), x)
+    assert model._step(x)[0].item() == pytest.approx(expected.item())
+
+
+def test_model_flag_mistakes_are_model_errors() -> None:
+    with pytest.raises(ModelError, match="resnet needs image samples; these are vectors of 24"):
+        build(VECTOR, model="resnet")
+    with pytest.raises(ModelError, match="mlp needs vector samples"):
+        build(IMAGE, model="mlp")
+    with pytest.raises(ModelError, match="downsample: 32x24 images cannot be reduced by 16"):
+        build(InputSpec("image", (1, 32, 24)), model="resnet", downsample=16,
+              channel_mult=(1, 1, 1, 1, 1))  # fmt: skip
+
+
+def test_quality_metrics_match_their_definitions() -> None:
+    metrics = QualityMetrics(InputSpec("image", (1, 16, 16)))
+    x = torch.full((4, 1, 16, 16), 0.5)
+    metrics.update(x + 0.1, x)  # MSE 0.01 -> PSNR 20 dB
+    assert metrics.mse.compute().item() == pytest.approx(0.01, rel=1e-4)
+    assert metrics.psnr.compute().item() == pytest.approx(20.0, abs=1e-3)
+    assert 0 < metrics.ssim.compute().item() <= 1
+    vectors = QualityMetrics(InputSpec("vector", (2,)))
+    x = torch.tensor([[3.0, 4.0], [1.0, 0.0]])
+    vectors.update(torch.tensor([[3.0, 4.0], [0.0, 2.0]]), x)
+    # sample 1: exact (error 0, cosine 1); sample 2: |(-1, 2)| / |(1, 0)| = sqrt 5, cosine 0
+    assert vectors.rel_error.compute().item() == pytest.approx(math.sqrt(5) / 2)
+    assert vectors.cosine.compute().item() == pytest.approx(0.5)
+    assert [ssim_kernel(s, s) for s in (64, 8, 5, 3)] == [11, 11, 9, 5]
+
+
+def test_validation_logs_the_quality_metrics() -> None:
+    model, _ = build(IMAGE, model="resnet", base_channels=8)
+    logged: dict[str, object] = {}
+    model.log = lambda name, value, **kw: logged.setdefault(name, value)  # type: ignore[method-assign]
+    model.validation_step(torch.rand(2, *IMAGE.shape), 0)
+    assert {"val/loss", "val/mse", "val/psnr", "val/ssim"} <= set(logged)
+
+
+def test_state_dict_holds_no_metric_state() -> None:
+    model, _ = build(IMAGE)
+    assert not [k for k in model.state_dict() if k.startswith("quality")]
+
+
+def test_describe_names_the_model_its_size_and_latent() -> None:
+    model, latent = build(IMAGE, model="resnet", base_channels=8, kl_weight=0.1)
+    text = describe(model, IMAGE, latent)
+    n = sum(p.numel() for p in model.parameters())
+    assert text == (
+        f"Model: resnet, {n:,} parameters, latent 4x4x4 (64 numbers, 48x fewer than the input),"
+        " VAE (kl_weight 0.1)"
+    )
+
+
+# --- your own class ------------------------------------------------------------------------
+USER_MODULE = """
+import torch
+from torch import nn
+import lightning as L
+
+class Flat(nn.Module):
+    def __init__(self, input_shape, latent=3):
+        super().__init__()
+        self.input_shape = input_shape
+        self.enc = nn.Linear(input_shape[0], latent)
+        self.dec = nn.Linear(latent, input_shape[0])
+    def encode(self, x):
+        return self.enc(x)
+    def decode(self, z):
+        return self.dec(z)
+
+class Halves(Flat):
+    def __init__(self, input_shape):
+        super().__init__(input_shape)
+        self.encoder, self.decoder = self.enc, self.dec
+
+class WrongShape(Flat):
+    def decode(self, z):
+        return z
+
+class NoDecode(nn.Module):
+    def encode(self, x):
+        return x
+
+class Lit(L.LightningModule):
+    def __init__(self, width=2):
+        super().__init__()
+        self.width = width
+
+NOT_A_CLASS = 3
+"""
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`mypkg.models` in a package of the working directory, as a user would have it."""
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise RuntimeError('a package __init__ that runs')\n")
+    (pkg / "models.py").write_text(USER_MODULE)
+    (tmp_path / "flatmods.py").write_text(USER_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in ("flatmods", "mypkg", "mypkg.models"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return "flatmods"
+
+
+def test_locate_class_finds_module_and_name_without_running_them(user_module: str) -> None:
+    # mypkg/__init__.py raises when run: locating never runs it
+    assert locate_class("mypkg.models:Flat") is None
+    assert locate_class("mypkg.models:NOT_A_CLASS") is None  # bound: load_class tells the rest
+    assert "no module 'mypkg.nope'" in (locate_class("mypkg.nope:Flat") or "")
+    assert "no module 'nowhere'" in (locate_class("nowhere:X") or "")
+    assert "defines no 'Flta'" in (locate_class("mypkg.models:Flta") or "")
+
+
+def test_user_nn_module_is_wrapped_with_input_shape_and_model_args(user_module: str) -> None:
+    model, latent = build(VECTOR, model="flatmods:Flat", model_args={"latent": 5})
+    assert isinstance(model, AutoEncoder) and latent == (5,)
+    assert model.net.input_shape == (24,)
+    model._trainer = SimpleNamespace(estimated_stepping_batches=10, is_global_zero=False)
+    groups = model.configure_optimizers()["optimizer"].param_groups
+    assert [g["name"] for g in groups] == ["model"]  # no encoder/decoder attributes
+    halves, _ = build(VECTOR, model="flatmods:Halves")
+    halves._trainer = model._trainer
+    groups = halves.configure_optimizers()["optimizer"].param_groups
+    assert [g["name"] for g in groups] == ["encoder", "decoder"]
+
+
+def test_user_lightning_module_is_used_as_it_is(user_module: str) -> None:
+    model, latent = build(VECTOR, model="flatmods:Lit", model_args={"width": 7})
+    assert type(model).__name__ == "Lit" and model.width == 7 and latent is None
+    with pytest.raises(ModelError, match="compiles itself"):
+        build(VECTOR, model="flatmods:Lit", compile=True)
+
+
+@pytest.mark.parametrize(
+    ("path", "args", "message"),
+    [
+        ("mypkg.models:Flat", None, "cannot import mypkg.models: RuntimeError: a package"),
+        ("flatmods:NOT_A_CLASS", None, "flatmods:NOT_A_CLASS: a int, not a class"),
+        ("flatmods:Flat", {"latnet": 2}, "failed: TypeError: .*unexpected keyword argument"),
+        ("flatmods:NoDecode", None, "must be a LightningModule, or an nn.Module with encode"),
+        ("flatmods:WrongShape", None, r"decode\(encode\(x\)\) gives \(2, 3\) for x of \(2, 24\)"),
+    ],
+)
+def test_user_class_that_cannot_be_used_is_one_model_error(
+    user_module: str, path: str, args: dict | None, message: str
+) -> None:
+    with pytest.raises(ModelError, match=message):
+        build(VECTOR, model=path, model_args=args)
+
+
+def test_lr_multipliers_need_encoder_and_decoder(user_module: str) -> None:
+    model = build_model(VECTOR, ModelConfig(model="flatmods:Flat"),
+                        OptimConfig(encoder_lr_mult=0.5), world_size=1)[0]  # fmt: skip
+    model._trainer = SimpleNamespace(estimated_stepping_batches=10, is_global_zero=False)
+    with pytest.raises(ModelError, match="no `encoder` and `decoder` submodules"):
+        model.configure_optimizers()
+
+
+def test_the_documented_example_class_builds_for_vectors_and_images() -> None:
+    for spec in (VECTOR, IMAGE):
+        model, latent = build(spec, model="tests.support.my_autoencoder:TinyAutoEncoder")
+        assert latent == (8,)
+        loss, recon, logs = model._step(torch.rand(2, *spec.shape))
+        assert recon is None and set(logs) == {"recon"} and loss > logs["recon"]

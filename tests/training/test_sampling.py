@@ -1,0 +1,190 @@
+"""Sampling without a Trainer run: OOM handling, the PNG grid, and the loss-curve history."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.plugins.precision import Precision
+from loguru import logger
+from PIL import Image
+
+from ae.config import ModelConfig, parse_config
+from ae.data import stream as stream_module
+from ae.data.decode import InputSpec
+from ae.data.spec import resolve_shards
+from ae.data.stream import ShardStream
+from ae.data.tar_samples import count_samples
+from ae.forensics import faults as fault_injection
+from ae.training.ema import EMA, averaged_module
+from ae.training.metrics import read_loss_history
+from ae.training.model import AutoEncoder
+from ae.training.plots import line_plot, reconstruction_grid
+from ae.training.sampling import Sampling, is_oom, reconstruct
+from tests.support.shards import image_decoder
+
+
+def test_is_oom() -> None:
+    assert is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert is_oom(RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate: out of memory"))
+    assert not is_oom(RuntimeError("shape mismatch")) and not is_oom(ValueError("out of memory"))
+
+
+def _fake_trainer(spec: str, out: Path, tar_reader: str = "fast") -> SimpleNamespace:
+    urls, _ = resolve_shards(spec, spec)
+    val = ShardStream(
+        split="val", urls=urls, counts=[count_samples(u) for u in urls],
+        decoder=image_decoder(8), batch_size=4, rank=0, world_size=1, num_workers=0,
+        shuffle=False, tar_reader=tar_reader,
+    )  # fmt: skip
+    return SimpleNamespace(
+        datamodule=SimpleNamespace(val_set=val), precision_plugin=Precision(), global_step=2,
+        global_rank=0, is_global_zero=True, should_stop=False,
+    )  # fmt: skip
+
+
+def test_oom_is_logged_batch_halved_and_the_next_sampling_works(
+    make_shards, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = parse_config([f"--output_dir={tmp_path}", "--sample_period=2",
+                        "--sample_batch_size=4", "--num_sample_batches=2"])  # fmt: skip
+    trainer = _fake_trainer(make_shards([12], kind="png", name="val"), tmp_path)
+    model = AutoEncoder(InputSpec("image", (1, 8, 8)), ModelConfig(hidden_dim=16, latent_dim=4))
+    lines: list[str] = []
+    sink = logger.add(lines.append, format="{level} {message}")
+    # What AE_FAULT=oom@sampling parses into, on first use.
+    monkeypatch.setattr(fault_injection, "_faults", fault_injection.parse_faults("oom@sampling"))
+    monkeypatch.setattr(fault_injection, "_fired", set())
+    try:
+        sampling = Sampling(cfg.obs, cfg.run.dir)
+        sampling.sample(trainer, model)
+        assert sampling.batch_size == 2 and not (tmp_path / "samples").exists()
+        trainer.global_step = 4
+        sampling.sample(trainer, model)
+    finally:
+        logger.remove(sink)
+    text = "".join(lines)
+    assert "WARNING SAMPLING OOM at step 2 with batch 4 per device: OutOfMemoryError" in text
+    assert "memory at failure rss=" in text and "sampling batch halved to 2" in text
+    assert "SAMPLING END ========== step 2: out of memory" in text
+    assert "SAMPLING START ========== step 4: 2 batch(es) x 2 per device" in text
+    assert "SAMPLING END ========== step 4: reconstruction loss=" in text
+    assert model.training  # put back in train mode
+    with Image.open(tmp_path / "samples" / "step_00000004.png") as img:
+        assert img.size[0] > img.size[1] > 64
+
+
+def test_sampling_reads_through_the_streams_own_tar_reader(
+    make_shards, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--tar_reader=tarfile applies to the sampling inputs too (they once had a pipeline of their
+    own, always on the fast reader)."""
+    trainer = _fake_trainer(make_shards([12], kind="png", name="val"), tmp_path, "tarfile")
+    readers: list[str] = []
+    real = stream_module.iter_samples
+
+    def spy(url: str, offset: int = 0, reader: str = "fast", count: object = None) -> object:
+        readers.append(reader)
+        return real(url, offset, reader, count)
+
+    monkeypatch.setattr(stream_module, "iter_samples", spy)
+    cfg = parse_config([f"--output_dir={tmp_path}", "--sample_batch_size=4"])
+    inputs = Sampling(cfg.obs, cfg.run.dir).sample_inputs(trainer)
+    assert inputs.shape == (4, 1, 8, 8)
+    assert readers and set(readers) == {"tarfile"}
+
+
+def test_oom_at_batch_one_turns_sampling_off(tmp_path: Path) -> None:
+    cfg = parse_config([f"--output_dir={tmp_path}", "--sample_period=5", "--sample_batch_size=1"])
+    sampling = Sampling(cfg.obs, cfg.run.dir)
+    assert "turned off" in sampling._after_oom(5, "OutOfMemoryError: x", "rss=1MB")
+    assert sampling.period == -1
+
+
+def test_reconstruction_grid_layout(tmp_path: Path) -> None:
+    x = np.random.default_rng(0).random((10, 3, 16, 16), dtype=np.float32)
+    reconstruction_grid(x, np.clip(x + 0.5, 0, 2), tmp_path / "g.png", per_row=8, tile=64)
+    with Image.open(tmp_path / "g.png") as img:
+        # 8 per row of 16x16 scaled x4; two groups (inputs + reconstructions each)
+        assert img.size == (34 + 8 * 68 + 4, 2 * (2 * 64 + 12) + 4) and img.mode == "RGB"
+
+
+def test_loss_history_of_a_resumed_run_continues_the_curve(tmp_path: Path) -> None:
+    def write(ts: str, rows: list[tuple[int, str, str]]) -> None:
+        path = tmp_path / ts / "metrics.csv"
+        path.parent.mkdir()
+        path.write_text(
+            "step,train/loss,val/loss\n" + "".join(f"{s},{t},{v}\n" for s, t, v in rows)
+        )
+
+    write("20260101_000000", [(0, "1.0", ""), (4, "0.8", "0.9"), (8, "0.6", ""), (9, "", "0.7")])
+    write("20260101_010000", [(5, "0.75", ""), (10, "0.5", "0.55")])  # resumed from step 5
+    history = read_loss_history(tmp_path)
+    assert history["train loss"] == [(0, 1.0), (4, 0.8), (5, 0.75), (10, 0.5)]
+    assert history["val loss"] == [(4, 0.9), (10, 0.55)]
+    line_plot(history, tmp_path / "curve.png", "loss")
+    assert (tmp_path / "curve.png").stat().st_size > 0
+    line_plot({"x": []}, tmp_path / "none.png", "empty")  # nothing to draw: no file
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_grid_at_each_epoch_end_for_images_once_per_step(make_shards, tmp_path: Path) -> None:
+    trainer = _fake_trainer(make_shards([12], kind="png", name="val"), tmp_path)
+    model = AutoEncoder(InputSpec("image", (1, 8, 8)), ModelConfig(hidden_dim=16, latent_dim=4))
+    cfg = parse_config([f"--output_dir={tmp_path}", "--sample_batch_size=4"])
+    lines: list[str] = []
+    sink = logger.add(lines.append, format="{message}")
+    try:
+        sampling = Sampling(cfg.obs, cfg.run.dir)
+        sampling.on_train_epoch_end(trainer, model)
+        sampling.on_train_epoch_end(trainer, model)  # the same step again: no second grid
+        off = parse_config([f"--output_dir={tmp_path}/off", "--sample_every_epoch=false"])
+        Sampling(off.obs, off.run.dir).on_train_epoch_end(trainer, model)
+    finally:
+        logger.remove(sink)
+    assert [p.name for p in (tmp_path / "samples").iterdir()] == ["step_00000002.png"]
+    assert sum("SAMPLING START" in line for line in lines) == 1
+    assert not (tmp_path / "off" / "samples").exists()
+
+
+def test_vector_data_gets_no_epoch_end_sampling(tmp_path: Path) -> None:
+    trainer = SimpleNamespace(
+        datamodule=SimpleNamespace(val_set=SimpleNamespace(spec=InputSpec("vector", (4,)))),
+        should_stop=False, global_step=3,
+    )  # fmt: skip
+    cfg = parse_config([f"--output_dir={tmp_path}"])
+    sampling = Sampling(cfg.obs, cfg.run.dir)
+    sampling.sample = lambda *a: pytest.fail("sampled vector data at an epoch end")
+    sampling.on_train_epoch_end(trainer, None)
+
+
+def test_sampling_shows_the_ema_weights(make_shards, tmp_path: Path) -> None:
+    trainer = _fake_trainer(make_shards([12], kind="png", name="val"), tmp_path)
+    model = AutoEncoder(InputSpec("image", (1, 8, 8)), ModelConfig(hidden_dim=16, latent_dim=4))
+    ema = EMA(decay=0.5)
+    ema.setup(trainer, model, "fit")  # the average starts as a copy of the model
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1)  # the live weights move on
+    trainer.callbacks = [ema]
+    cfg = parse_config([f"--output_dir={tmp_path}", "--sample_batch_size=4"])
+    sampling = Sampling(cfg.obs, cfg.run.dir)
+    x = sampling.sample_inputs(trainer)
+    _, recon = sampling._reconstruct(trainer, model, x)
+    with torch.no_grad():
+        assert torch.allclose(recon, reconstruct(ema.averaged(), x))
+        assert not torch.allclose(recon, reconstruct(model, x))
+    assert averaged_module(SimpleNamespace(callbacks=[]), model) is model
+
+
+def test_a_model_without_encode_decode_is_not_sampled(make_shards, tmp_path: Path) -> None:
+    """A user LightningModule without encode/decode: sampling turns itself off, no crash."""
+    trainer = _fake_trainer(make_shards([12], kind="png", name="val"), tmp_path)
+    cfg = parse_config([f"--output_dir={tmp_path}", "--sample_period=2"])
+    sampling = Sampling(cfg.obs, cfg.run.dir)
+    sampling.sample(trainer, torch.nn.Linear(2, 2))
+    assert sampling.period == -1 and not sampling.every_epoch
+    assert not (tmp_path / "samples").exists()
