@@ -182,6 +182,9 @@ ENCODE_DONE = LineFormat(
 
 # The record whose continuation lines are the resolved config as YAML (train log, rank 0).
 RESOLVED_CONFIG = "Resolved config:"
+# The rank header's first line: where the rank runs (a rank that dies before its first heartbeat
+# is still located by it).
+RANK_PROCESS = LineFormat("pid={pid} host={host} python={python}", {"pid": "int"})
 # Last line of a rank that left `main` on its own: 0 after training, 2 after a user mistake.
 RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})
 

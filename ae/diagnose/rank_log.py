@@ -21,6 +21,7 @@ from ae.log_lines import (
     MARKER,
     PROCESSED_TRAIN,
     RANK_EXIT,
+    RANK_PROCESS,
     SHARD_PLAN,
     STALL,
     STALL_REPORT,
@@ -136,6 +137,11 @@ class RankLog:
     native_dump: Evidence | None = None
     sigterm: Record | None = None
     heartbeat: Heartbeat | None = None
+    header_host: str | None = None  # from the rank header, for a rank without a heartbeat
+
+    @property
+    def host(self) -> str | None:
+        return self.heartbeat.host if self.heartbeat is not None else self.header_host
 
     @property
     def last_time(self) -> float | None:
@@ -323,6 +329,12 @@ class _Scanner:
 
     def _once_per_run(self, log: LogBytes) -> None:
         s = self.s
+        if s.header_host is None:
+            for start in log.find_records(_needle(RANK_PROCESS.prefix)):
+                rec = log.record(start)
+                if rec is not None and (m := RANK_PROCESS.parse(rec.message)):
+                    s.header_host = m["host"]
+                    break
         for start in log.find_records(_needle(SHARD_PLAN.prefix)):
             rec = log.record(start)
             if rec is not None and (m := SHARD_PLAN.parse(rec.message)):

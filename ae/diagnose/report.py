@@ -45,7 +45,7 @@ def _finding(run: RunState, f: Finding) -> dict[str, Any]:
     r = run.ranks.get(f.rank)
     return {
         "rank": f.rank,
-        "host": r.heartbeat.host if r is not None and r.heartbeat is not None else None,
+        "host": r.host if r is not None else None,
         "phase": f.phase,
         "cause": f.cause,
         "rule": f.rule,
@@ -88,7 +88,7 @@ def _rank(run: RunState, r: RankLog, state: str, tail: int, score: float | None)
         "stall_reports": r.stall_reports,
         "exit_code": r.exit_code,
         "pid": hb.pid if hb else None,
-        "host": hb.host if hb else None,
+        "host": r.host,
         "alive": hb.alive if hb else None,
         "heartbeat_age_s": _round(run.reference - hb.time) if hb and run.reference else None,
         "score": None if score is None else round(score, 2),

@@ -16,6 +16,7 @@ from ae.log_lines import (
     HEARTBEAT_FILE,
     PROCESSED_TRAIN,
     RANK_EXIT,
+    RANK_PROCESS,
     RECORD_FORMAT,
     RESOLVED_CONFIG,
     SHARD_PLAN,
@@ -72,9 +73,9 @@ class RankWriter:
         return self.path
 
     # --- what a rank writes -----------------------------------------------------------------
-    def start(self, batches: int = 15) -> None:
+    def start(self, batches: int = 15, host: str = "node0") -> None:
         self.log("==================== RANK HEADER ====================")
-        self.log(f"pid=1234{self.rank} host=node0 python=3.11.7")
+        self.log(RANK_PROCESS.format(pid=f"1234{self.rank}", host=host, python="3.11.7"))
         for split, n in (("train", batches), ("val", 2)):
             plan = SHARD_PLAN.format(split=split, shards=3, samples=240, batches=n, batch_size=8,
                                      ranks=self.world, workers=1, mode="drop", dropped=0,

@@ -314,7 +314,7 @@ def network_partition(run: RunState) -> Network | None:
     if not all(s is not None and s.waiting for s in stalls):
         return None
     steps = {s.step for s in stalls if s is not None}
-    hosts = sorted({r.heartbeat.host for r in ranks if r.heartbeat is not None})
+    hosts = sorted({r.host for r in ranks if r.host is not None})
     if len(steps) != 1 or len(hosts) < 2:
         return None
     return Network(hosts, steps.pop(), [s.evidence[0] for s in stalls if s is not None])

@@ -98,6 +98,10 @@ class Watchdog(threading.Thread):
         if idle >= self._next_report_at:
             if self._stall_beat is None:
                 self._stall_beat, self._stall_where = beat, (p.phase, p.epoch, p.step)
+                # The heartbeat says `stalled` before the log does (the report body takes a
+                # while): whoever has read the STALL line finds it in the heartbeat too.
+                if self.heartbeat is not None:
+                    self.write_heartbeat()
             self._report(idle)
             self._next_report_at += min(self._next_report_at, MAX_REPORT_GAP_S)
         due = time.monotonic() - self._last_heartbeat >= self.heartbeat_s
@@ -198,6 +202,7 @@ def start_watchdog(
     _watchdog = Watchdog(
         stall_timeout, ctx, heartbeat, cuda_device=cuda_device, stragglers=stragglers
     )
+    _watchdog.write_heartbeat()  # now, not one poll later: a rank may die in its first second
     _watchdog.start()
 
 

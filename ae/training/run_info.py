@@ -16,7 +16,7 @@ from loguru import logger
 
 import ae
 from ae.config import Config
-from ae.log_lines import EFFECTIVE_BATCH, RESOLVED_CONFIG, main_log
+from ae.log_lines import EFFECTIVE_BATCH, RANK_PROCESS, RESOLVED_CONFIG, main_log
 from ae.training.checkpoint_files import atomic_write
 from ae.training.lr import effective_lr_line
 from logging_cfg import LogPaths, RankContext
@@ -41,7 +41,9 @@ def log_rank_header(ctx: RankContext, accelerator: str) -> None:
     cuda = torch.cuda.is_available()
     device = device_name(ctx, accelerator)
     lines = [
-        f"pid={os.getpid()} host={socket.gethostname()} python={platform.python_version()}",
+        RANK_PROCESS.format(
+            pid=os.getpid(), host=socket.gethostname(), python=platform.python_version()
+        ),
         f"global_rank={ctx.rank} local_rank={ctx.local_rank} node_rank={ctx.node_rank} "
         f"world_size={ctx.world_size}",
         f"device={device} cuda_available={cuda} cuda_devices={torch.cuda.device_count()} "

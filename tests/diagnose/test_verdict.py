@@ -163,13 +163,16 @@ def test_killed_rank_whose_process_is_gone(tmp_path: Path) -> None:
 
 
 def test_killed_without_heartbeat_while_the_peer_failed(tmp_path: Path) -> None:
+    """Rank 0 died before its first heartbeat: its host still comes from its log header."""
     w0, w1 = writers(tmp_path)
     w0.steps(1, 4)
     w1.steps(1, 4)
     w1.fatal("DistBackendError", "NCCL communicator was aborted", BACKWARD_FRAMES)
     w0.flush()
     w1.flush()
-    assert [c[0::2] for c in culprits(run_diagnose(tmp_path))] == [(0, "killed without trace")]
+    doc = run_diagnose(tmp_path)
+    assert [c[0::2] for c in culprits(doc)] == [(0, "killed without trace")]
+    assert doc["culprits"][0]["host"] == "node0" and doc["ranks"][0]["host"] == "node0"
 
 
 def test_rank_stopped_by_torchrun_after_a_peer_failed_is_a_victim(tmp_path: Path) -> None:

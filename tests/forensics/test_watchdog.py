@@ -73,6 +73,28 @@ def test_stall_report_backoff_and_resolved(tmp_path: Path, records: list[str]) -
     assert final["state"] == "exited" and final["stalled"] is False and final["step"] == 8
 
 
+def test_heartbeat_is_stalled_before_the_stall_line(tmp_path: Path) -> None:
+    """Whoever reads a STALL line (ae-diagnose, then --watch) finds `stalled` in the heartbeat."""
+    heartbeat = tmp_path / "heartbeat_rank0_TS.json"
+    seen: list[bool] = []
+
+    def sink(m) -> None:
+        if str(m.record["message"]).startswith("STALL detected"):
+            seen.append(json.loads(heartbeat.read_text())["stalled"])
+
+    sink_id = logger.add(sink, level="WARNING")
+    prog = Progress()
+    prog.enter("training step", step=3, epoch=0)
+    dog = Watchdog(0.3, RankContext(), heartbeat, progress=prog)
+    dog.start()
+    try:
+        assert _wait_for(lambda: bool(seen))
+    finally:
+        dog.stop()
+        logger.remove(sink_id)
+    assert seen[0] is True
+
+
 def test_no_report_while_beating(records: list[str]) -> None:
     prog = Progress()
     dog = Watchdog(0.4, RankContext(), progress=prog)
