@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,15 +34,35 @@ def run_launcher(
     """Run the real launcher (`python -m ae.cli.launch`, what ./train_ae.sh execs) to completion."""
     base = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
     full_env = {**base, "AE_CACHE_DIR": str(out_dir.parent / "cache"), **(env or {})}
-    proc = subprocess.run(
-        [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out_dir}", *args],
-        cwd=ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out_dir}", *args],
+            cwd=ROOT,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(_hung_run(out_dir, e), pytrace=False)
     return RunResult(proc.returncode, proc.stdout + proc.stderr, out_dir / "logs")
+
+
+def _hung_run(out_dir: Path, e: subprocess.TimeoutExpired) -> str:
+    """What a run that outlived its test says about itself (ae-diagnose on its logs, then the
+    console's tail); its processes are killed so that they do not slow the tests after it."""
+    diagnosis = subprocess.run(
+        [sys.executable, "-m", "ae.diagnose", str(out_dir / "logs"), "--tail=5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    for proc in run_processes(out_dir):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    console = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+    return (
+        f"the run did not end within {e.timeout:.0f} s\n--- ae-diagnose ---\n"
+        f"{diagnosis.stdout}{diagnosis.stderr}\n--- console (tail) ---\n{console[-3000:]}"
+    )
 
 
 def run_processes(out_dir: Path) -> list[psutil.Process]:
