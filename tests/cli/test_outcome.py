@@ -44,7 +44,9 @@ def test_a_failure_prints_the_verdict(tmp_path: Path, said: list[str]) -> None:
     (tmp_path / LAUNCHER_LOG_FILE.format(ts=TS)).write_text("ChildFailedError: ...\n")
     assert report_failure(tmp_path, TS, 1) == 1
     verdict, more = said
-    assert verdict.startswith("Training failed: rank 1, phase training step: exception: Injected")
+    assert verdict.startswith(
+        "Training failed: rank 1 on node0, phase training step: exception: In"
+    )
     assert f"debug_rank1_{TS}.log:" in verdict
     assert "FATAL uncaught exception InjectedFault" in verdict
     assert more == (
