@@ -27,6 +27,7 @@ from loguru import logger
 import logging_cfg
 from ae.cli.network import prepare_node
 from ae.cli.outcome import preempted, report_failure, report_stop, stop_exit_code
+from ae.cli.peer_nodes import PeerNodes
 from ae.cli.run_folder import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.cli.supervise import wait
 from ae.cli.topology import Topology, topology
@@ -240,7 +241,8 @@ def run(
             f"\n  follow    : tail -f {logs}/debug_rank*_{ts}.log"
         )
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    rc, stops = wait(proc)
+    # Another node that dies closes no connection: its heartbeats tell (`ae.cli.peer_nodes`).
+    rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
     # Stopped by a signal (torchrun then fails; a SLURM task's one rank exits 0 after its save),
     # unless the run ended well just before.
     sig = stops.first

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +34,7 @@ class Stops:
     forwarded: set[signal.Signals] = field(default_factory=set)
     ctrl_c: int = 0
     killed: bool = False  # a second Ctrl-C: everything SIGKILLed
+    lost: str | None = None  # another node of the job was lost (`ae.cli.peer_nodes`)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -69,8 +70,12 @@ def stop_signals(proc: subprocess.Popen) -> Iterator[Stops]:
             signal.signal(s, h)
 
 
-def wait(proc: subprocess.Popen) -> tuple[int, Stops]:
-    """Wait for the child, passing stop signals on; returns its exit code and what came."""
+def wait(
+    proc: subprocess.Popen, peers_lost: Callable[[], str | None] | None = None
+) -> tuple[int, Stops]:
+    """Wait for the child, passing stop signals on; returns its exit code and what came.
+    `peers_lost` (multi-node runs) says when another node is gone: the child is then stopped
+    with SIGTERM, as a failure rather than a stop the user asked for."""
     with stop_signals(proc) as stops:
         told = False
         while True:
@@ -78,6 +83,10 @@ def wait(proc: subprocess.Popen) -> tuple[int, Stops]:
                 return proc.wait(timeout=POLL_S), stops
             except subprocess.TimeoutExpired:
                 pass
+            if peers_lost is not None and stops.lost is None and (lost := peers_lost()):
+                stops.lost = lost
+                logger.error(lost)
+                proc.send_signal(signal.SIGTERM)
             if stops.ctrl_c >= 2 and not stops.killed:
                 stops.killed = True
                 kill_tree(proc)
