@@ -98,8 +98,8 @@ class LogBytes:
         if m is None:
             return None
         return Record(
-            parse_time(m["time"]) - self.clock_offset, m["level"], int(m["rank"]), int(m["world"]), m["worker"],
-            m["message"], ev,
+            parse_time(m["time"]) - self.clock_offset, m["level"], int(m["rank"]),
+            int(m["world"]), m["worker"], m["message"], ev,
         )  # fmt: skip
 
     # --- searching --------------------------------------------------------------------------
