@@ -243,6 +243,8 @@ def run(
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     # Another node that dies closes no connection: its heartbeats tell (`ae.cli.peer_nodes`).
     rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
+    if stops.lost is not None:  # a failure, whatever the SIGKILLed torchrun returned
+        rc = rc if rc > 0 else 1
     # Stopped by a signal (torchrun then fails; a SLURM task's one rank exits 0 after its save),
     # unless the run ended well just before.
     sig = stops.first

@@ -6,13 +6,15 @@ the other nodes wait in their collective until `--pg_timeout` (600 s by default)
 watchdog thread rewrites its heartbeat file every few seconds, even while its main thread is
 blocked, so a heartbeat of another host that has not changed for NODE_LOST_S (while it said
 `running`) means that rank is gone. The launcher then logs which ranks of which host are lost
-and stops its own ranks (SIGTERM through torchrun: a rank blocked for that long leaves at once,
-see `ae.training.preemption`); the failure report that follows names the dead node's ranks.
+and stops its own ranks: SIGTERM through torchrun, then SIGKILL a few seconds later, since a rank
+blocked in a collective with the lost node can neither run its signal handler nor save; the
+failure report that follows names the dead node's ranks.
 
 Staleness is measured on this host's monotonic clock, from the moment a file's content last
-changed: the hosts' clocks need not agree. A lost link, by contrast, leaves every heartbeat fresh
-(the run folder is still shared): that job ends by `--pg_timeout`, and its verdict is the
-network's.
+changed: the hosts' clocks need not agree (on NFS, close-to-open consistency makes each open
+see the newest file that the writer renamed into place). A lost link, by contrast, leaves every
+heartbeat fresh (the run folder is still shared): that job ends by `--pg_timeout`, and its
+verdict is the network's.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from ae.diagnose.heartbeats import read_heartbeat
 from ae.log_lines import HEARTBEAT_FILE
 
-NODE_LOST_S = 30.0  # six missed heartbeats (one every 5 s at most)
+NODE_LOST_S = 20.0  # four missed heartbeats (one every 5 s at most)
 CHECK_S = 1.0
 
 

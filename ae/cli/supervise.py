@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ import psutil
 from loguru import logger
 
 POLL_S = 0.2
+# After another node was lost: time for this node's ranks to log the SIGTERM, then SIGKILL.
+LOST_GRACE_S = 5.0
 
 
 @dataclass
@@ -77,16 +80,21 @@ def wait(
     `peers_lost` (multi-node runs) says when another node is gone: the child is then stopped
     with SIGTERM, as a failure rather than a stop the user asked for."""
     with stop_signals(proc) as stops:
-        told = False
+        told, lost_at = False, 0.0
         while True:
             try:
                 return proc.wait(timeout=POLL_S), stops
             except subprocess.TimeoutExpired:
                 pass
             if peers_lost is not None and stops.lost is None and (lost := peers_lost()):
-                stops.lost = lost
+                stops.lost, lost_at = lost, time.monotonic()
                 logger.error(lost)
                 proc.send_signal(signal.SIGTERM)
+            elif stops.lost and not stops.killed and time.monotonic() - lost_at > LOST_GRACE_S:
+                # Blocked in a collective with the lost node (where signal handlers cannot run),
+                # the ranks would wait for torchrun's SIGKILL; none can save without that node.
+                stops.killed = True
+                kill_tree(proc)
             if stops.ctrl_c >= 2 and not stops.killed:
                 stops.killed = True
                 kill_tree(proc)
