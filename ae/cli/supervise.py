@@ -27,6 +27,7 @@ from loguru import logger
 POLL_S = 0.2
 # After another node was lost: time for this node's ranks to log the SIGTERM, then SIGKILL.
 LOST_GRACE_S = 5.0
+KILL_WAIT_S = 5.0
 
 
 @dataclass
@@ -41,7 +42,8 @@ class Stops:
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the child and every process below it (deepest first is not needed: SIGKILL)."""
+    """SIGKILL the child and every process below it (deepest first is not needed: SIGKILL), and
+    wait until they are gone: the diagnosis that follows must find their pids dead."""
     try:
         family = [*psutil.Process(proc.pid).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -49,6 +51,7 @@ def kill_tree(proc: subprocess.Popen) -> None:
     for p in [*family, proc]:
         with suppress(psutil.NoSuchProcess, ProcessLookupError):
             p.kill()
+    psutil.wait_procs(family, timeout=KILL_WAIT_S)
 
 
 @contextmanager
