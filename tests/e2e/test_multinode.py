@@ -18,10 +18,18 @@ from pathlib import Path
 import pytest
 
 from tests.support.runs import ROOT
-from tests.support.two_hosts import TwoHosts, available
+from tests.support.two_hosts import TwoHosts, available, cleanup_stale
 
 _ok, _why = available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not _ok, reason=f"two hosts: {_why}")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_stale_hosts() -> None:
+    """Namespaces left by an earlier test process that was killed before its teardown."""
+    cleanup_stale()
+
+
 MASTER = "192.168.77.1"
 
 
@@ -48,11 +56,12 @@ def console(out: Path, node: int) -> str:
     return (out.parent / f"console_node{node}.txt").read_text()
 
 
-def diagnose_json(logs: Path) -> dict:
-    res = subprocess.run(
-        [sys.executable, "-m", "ae.diagnose", str(logs), "--json"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+def diagnose_json(logs: Path, hosts: TwoHosts | None = None) -> dict:
+    """ae-diagnose --json of the run, on host 0 when given (where node 0's pids can be checked)."""
+    argv = [sys.executable, "-m", "ae.diagnose", str(logs), "--json"]
+    if hosts is not None:
+        return json.loads(hosts.run(0, argv, timeout=60, cwd=ROOT).stdout)
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
     return json.loads(res.stdout)
 
 
@@ -132,14 +141,15 @@ def test_host_killed_mid_training_is_named(tmp_path: Path, make_shards) -> None:
         took = time.monotonic() - killed_at
         assert took < 60, took
         node1.wait(timeout=10)
+        doc = diagnose_json(out / "logs", hosts)  # on node0, as its user would
     text = console(out, 0)
     assert "Node lost: no heartbeat for 20 s from host node1: rank 1" in text, text
     assert re.search(r"Training failed: rank 1 on node1, phase [^:]+: killed without trace", text)
     assert "Traceback" not in text and "ChildFailedError" not in text, text
-    doc = diagnose_json(out / "logs")
     assert [(c["rank"], c["host"], c["cause"]) for c in doc["culprits"]] == [
         (1, "node1", "killed without trace")
     ]
+    assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(0, "stopped after rank 1 died")]
 
 
 def test_link_down_is_a_network_verdict(tmp_path: Path, make_shards) -> None:
