@@ -155,7 +155,7 @@ def test_host_killed_mid_training_is_named(tmp_path: Path, make_shards) -> None:
 def test_link_down_is_a_network_verdict(tmp_path: Path, make_shards) -> None:
     """Host 1's interface goes down: both ranks report STALLs in a collective, both launchers end
     by --pg_timeout, and the verdict names the link between the hosts, no rank."""
-    pg_timeout = 20
+    pg_timeout = 12
     with TwoHosts() as hosts:
         out, procs = _train_until_stepping(
             tmp_path, make_shards, hosts, 29614, ["--stall_timeout=3", f"--pg_timeout={pg_timeout}"]
