@@ -20,13 +20,17 @@ import pytest
 from tests.support.runs import ROOT
 from tests.support.two_hosts import TwoHosts, available, cleanup_stale
 
-_ok, _why = available()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not _ok, reason=f"two hosts: {_why}")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _no_stale_hosts() -> None:
-    """Namespaces left by an earlier test process that was killed before its teardown."""
+def _two_hosts_possible() -> None:
+    """Skipped, saying why, where namespaces cannot be made (probed once, when the first of
+    these tests runs, not at collection); namespaces that an earlier test process left behind
+    when it was killed before its teardown are removed first."""
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"two hosts: {why}")
     cleanup_stale()
 
 
