@@ -250,7 +250,9 @@ def run(
     sig = stops.first
     if sig is not None and rc == 0 and not stops.killed and preempted(logs, ts) is None:
         sig = None
-    if not topo.leader:  # the first node's launcher (SLURM task 0) says how the job ended
+    # The first node's launcher (SLURM task 0) says how the job ended; each launcher that saw
+    # another node lost says it too (that node may be the first).
+    if not topo.leader and stops.lost is None:
         if sig is not None:
             return stop_exit_code(sig)
         if rc != 0 and topo.task is None:  # one line per node; tasks share srun's output
