@@ -300,7 +300,7 @@ class _Judge:
 
     def _crashed(self, r: RankLog, c: Crash, rule: str) -> None:
         cause = f"{'fatal signal' if c.signal else 'exception'}: {c.kind}"
-        self._culprit(r, c.phase or r.log_phase, cause, rule, c.evidence, c.time)
+        self._culprit(r, c.phase or r.log_phase or "setup", cause, rule, c.evidence, c.time)
         self.states[r.rank] = "crashed"
 
     def _culprit(

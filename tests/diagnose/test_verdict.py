@@ -192,6 +192,18 @@ def test_a_stall_its_watchdog_could_not_report_is_not_a_silent_kill(tmp_path: Pa
     assert doc["culprits"][0]["evidence"][-1]["line"] == main_thread + 2  # not the watchdog's
 
 
+def test_a_crash_before_the_first_marker_is_in_setup(tmp_path: Path) -> None:
+    """The console verdict said `phase ?` for a rank that failed while it set up (a GPU node
+    where the rank header could not read ae's version)."""
+    (w0,) = writers(tmp_path, world=1)
+    w0.fatal("PackageNotFoundError", "No package metadata was found for ae",
+             [("/x/ae/cli/rank.py", "main"), ("/usr/lib/python3.12/importlib/metadata.py",
+               "version")])  # fmt: skip
+    w0.flush()
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(0, "setup", "exception: PackageNotFoundError")]
+
+
 def test_killed_without_heartbeat_while_the_peer_failed(tmp_path: Path) -> None:
     """Rank 0 died before its first heartbeat: its host still comes from its log header."""
     w0, w1 = writers(tmp_path)
