@@ -19,6 +19,15 @@ def test_scores_are_relative_to_the_median() -> None:
     assert scores(runs) == pytest.approx({0: 1.0, 1: 1.0, 2: 3.0})
 
 
+def test_each_rank_is_scored_against_the_others() -> None:
+    """Two ranks: a rank twice as slow as its peer scores 2.0 (the median of both would give
+    1.33, under the default factor)."""
+    assert scores({0: timing(0, 1, 9), 1: timing(1, 11, 9)}) == pytest.approx({0: 0.5, 1: 2.0})
+    # an even number of others: the lower middle one is the median
+    three = {0: timing(0, 1, 9), 1: timing(1, 1, 11), 2: timing(2, 1, 29)}
+    assert scores(three) == pytest.approx({0: 10 / 12, 1: 1.2, 2: 3.0})
+
+
 def test_ranks_without_enough_steps_are_not_scored() -> None:
     runs = {0: timing(0, 1, 9), 1: timing(1, 1, 9, steps=MIN_STEPS - 1), 2: timing(2, 1, 19)}
     assert set(scores(runs)) == {0, 2}

@@ -135,10 +135,10 @@ def stop_in_turns(rank_pid: int, stopped_s: float, running_s: float) -> Iterator
 
 
 def test_slow_data_on_rank_1_is_named_live_then_resolved(make_shards, tmp_path: Path) -> None:
-    """Rank 1's dataloader workers take 50 ms longer per batch for its first 600 batches."""
+    """Rank 1's dataloader workers take 50 ms longer per batch for its first 1200 batches."""
     out = tmp_path / "run"
     logs = out / "logs"
-    with live_run(run_args(make_shards), out, "slow@data:rank=1:ms=150:until=600"):
+    with live_run(run_args(make_shards), out, "slow@data:rank=1:ms=50:until=1200"):
         ((named_at, _, line),) = wait_for("STRAGGLER", lambda: nth(logs, "STRAGGLER"))
         assert line["rank"] == "1" and line["cause"] == "data", line
         assert named_at - training_start(logs, 1) <= LATE_S
