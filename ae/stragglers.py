@@ -4,13 +4,13 @@ Each rank measures, per optimizer step, its *own time*: the time it waits for it
 (data) plus the time of its own work (compute), without the time it waits for the other ranks in
 collectives (sync). In synchronous DDP every rank runs at the slowest one's pace, so their step
 times are all alike; their own times are not. A rank's score is its own time per step over the
-recent window divided by the median of the other ranks' (1.0 = median; `_median_of_others`). Leaving the rank out of
-its own baseline changes nothing on a large job and is what makes 2 ranks readable: there the
-median of all is the mean of the two, and a rank 2x slower than its peer would score 1.33. A
-score above
-`--straggler_factor` for `--straggler_window` seconds makes a straggler (the detector on rank 0,
-`ae.forensics.stragglers`). Its cause is the part of its own time that exceeds the median most:
-`data` (a starved dataloader, slow storage) or `compute` (a slow or throttled device, a busy CPU).
+recent window divided by the median of the other ranks' (1.0 = median). Leaving the rank out
+of its own baseline changes nothing on a large job and is what makes 2 ranks readable: there
+the median of all is the mean of the two, and a rank 2x slower than its peer would score 1.33.
+A score above `--straggler_factor` for `--straggler_window` seconds makes a straggler (the
+detector on rank 0, `ae.forensics.stragglers`). Its cause is the part of its own time that
+exceeds the others' median most: `data` (a starved dataloader, slow storage) or `compute` (a
+slow or throttled device, a busy CPU).
 
 The figures come from the heartbeat files (`timing` and `data_workers`, written by
 `ae.forensics.heartbeat`); the detector and `ae-diagnose` both judge with the functions here, so
@@ -26,6 +26,10 @@ from typing import Any
 MIN_STEPS = 5  # a rank with fewer optimizer steps in its recent window is not scored
 RECENT_S = 30.0  # the recent window, unless --straggler_window is shorter
 CAUSES = ("data", "compute")
+# A data-bound rank whose slowest worker makes a batch faster than the rank waits for one: the
+# time is lost outside the workers' reading (their processes stopped or short of CPU between
+# batches, or the hand-over to the rank).
+NOT_READING = "its workers' reading does not explain the wait (stopped or CPU-starved workers?)"
 
 
 def recent_window_s(straggler_window: float) -> float:
@@ -162,6 +166,8 @@ def judge(rank: int, timings: dict[int, RankTiming]) -> Judgement | None:
         evidence = f"{mine.data_pct:.0f}% of it waiting for data"
         if reader := _slowest_worker(timings[rank].workers):
             evidence += f"; {_worker_text(reader, others)}"
+            if (reader.batch_ms or 0.0) < mine.data_ms:
+                evidence += f"; {NOT_READING}"
         return Judgement(rank, score, "data", evidence)
     evidence = (
         f"compute {mine.compute_ms:.1f} ms per step (median {compute_median:.1f} ms); "
