@@ -2,12 +2,12 @@
 
 Every rank's heartbeat carries its step times (`ae.forensics.step_times`) and its dataloader
 workers' read rates. Rank 0's watchdog thread reads the heartbeat files of all ranks each time it
-writes its own, scores them (`ae.stragglers`: own time per step / median of the ranks), and when a
-rank stays above `--straggler_factor` for `--straggler_window` seconds it logs one `STRAGGLER`
-WARNING (train log, console, its debug log) naming the rank, its score, the cause and the
-evidence; `STRAGGLER RESOLVED` when its score falls back. The episodes go into rank 0's heartbeat
-(`stragglers`), where every rank looks for its own name and copies the line into its own debug
-log, so `grep STRAGGLER debug_rank1_*.log` finds it too.
+writes its own, scores them (`ae.stragglers`: own time per step / the other ranks' median), and
+when a rank stays above `--straggler_factor` for `--straggler_window` seconds it logs one
+`STRAGGLER` WARNING (train log, console, its debug log) naming the rank, its score, the cause
+and the evidence; `STRAGGLER RESOLVED` when its score falls back. The episodes go into rank 0's
+heartbeat (`stragglers`), where every rank looks for its own name and copies the line into its
+own debug log, so `grep STRAGGLER debug_rank1_*.log` finds it too.
 
 Multi-node: where the logs folder is shared, rank 0 judges every rank. Where each node has a
 folder of its own (rank 0's heartbeat is not there), each node's local rank 0 judges the ranks of
