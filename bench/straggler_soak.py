@@ -12,8 +12,9 @@ overhead: the measurement's cost per optimizer step, timed in this process on th
 divided by the soak run's step time (the baseline, from the same run):
 - the training thread: the data-wait clock around the loader's `next()` (two clock reads and
   `StepTimes.fetched`), `StepTimes.batch_end`, and the timed all-reduce hook against DDP's own
-  all-reduce on a 1-process gloo group (blocks of backward passes alternate between the two
-  models, so both see the same load; the median of the block differences);
+  all-reduce on a 1-process gloo group (blocks of 200 backward passes alternate between the two
+  models; the fastest block of each, the one least disturbed by other processes, is compared:
+  on this shared machine a median of block differences swung from 30 to 430 us);
 - each dataloader worker: `SlotMeter.batch`, once per batch (one batch per step here);
 - the watchdog thread, once per heartbeat (every 5 s at the defaults): the heartbeat's `timing`
   and `data_workers`, and the detector reading and scoring both ranks' heartbeat files; spread
@@ -151,8 +152,11 @@ def hook_us(tmp: Path, blocks: int = 20, per_block: int = 200) -> float:
             return (time.perf_counter() - t0) / per_block * 1e6
 
         block(plain), block(timed)  # warm-up
-        diffs = [block(timed) - block(plain) for _ in range(blocks)]
-        return statistics.median(diffs)
+        plain_us, timed_us = [], []
+        for i in range(blocks):  # ABBA order; the fastest block of each: the least disturbed
+            for model, out in ((plain, plain_us), (timed, timed_us))[:: 1 if i % 2 else -1]:
+                out.append(block(model))
+        return min(timed_us) - min(plain_us)
     finally:
         dist.destroy_process_group()
         st.step_times = saved
