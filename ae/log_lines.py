@@ -185,6 +185,12 @@ RESOLVED_CONFIG = "Resolved config:"
 # The rank header's first line: where the rank runs (a rank that dies before its first heartbeat
 # is still located by it).
 RANK_PROCESS = LineFormat("pid={pid} host={host} python={python}", {"pid": "int"})
+# Each rank of a multi-process run, once the process group is up: its clock against rank 0's
+# (`ae.training.clock`); ae-diagnose subtracts it from the rank's times.
+CLOCK_OFFSET = LineFormat(
+    "Clock offset {offset}s against rank 0 (host {host}, measured to {error}s)",
+    {"offset": "float", "host": "word", "error": "float"},
+)
 # Last line of a rank that left `main` on its own: 0 after training, 2 after a user mistake.
 RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})
 

@@ -27,6 +27,7 @@ from loguru import logger
 import logging_cfg
 from ae.cli.network import prepare_node
 from ae.cli.outcome import preempted, report_failure, report_stop, stop_exit_code
+from ae.cli.peer_nodes import PeerNodes
 from ae.cli.run_folder import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.cli.supervise import wait
 from ae.cli.topology import Topology, topology
@@ -240,13 +241,18 @@ def run(
             f"\n  follow    : tail -f {logs}/debug_rank*_{ts}.log"
         )
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    rc, stops = wait(proc)
+    # Another node that dies closes no connection: its heartbeats tell (`ae.cli.peer_nodes`).
+    rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
+    if stops.lost is not None:  # a failure, whatever the SIGKILLed torchrun returned
+        rc = rc if rc > 0 else 1
     # Stopped by a signal (torchrun then fails; a SLURM task's one rank exits 0 after its save),
     # unless the run ended well just before.
     sig = stops.first
     if sig is not None and rc == 0 and not stops.killed and preempted(logs, ts) is None:
         sig = None
-    if not topo.leader:  # the first node's launcher (SLURM task 0) says how the job ended
+    # The first node's launcher (SLURM task 0) says how the job ended; each launcher that saw
+    # another node lost says it too (that node may be the first).
+    if not topo.leader and stops.lost is None:
         if sig is not None:
             return stop_exit_code(sig)
         if rc != 0 and topo.task is None:  # one line per node; tasks share srun's output

@@ -9,13 +9,14 @@ from the same LineFormats the writers use.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ae.diagnose.heartbeats import Heartbeat
 from ae.diagnose.logscan import Evidence, LogBytes, Record
 from ae.diagnose.phases import phase_after_marker, phase_of_frames
 from ae.log_lines import (
+    CLOCK_OFFSET,
     EPOCH_MARKER_NAME,
     FATAL,
     MARKER,
@@ -356,8 +357,17 @@ def read_rank(
     """`files`: the rank's debug logs, oldest rotation first."""
     state = RankLog(rank, files, heartbeat=heartbeat)
     scanner = _Scanner(state, max_shard_errors)
-    for path in files:
-        scanner.scan(LogBytes.read(path))
+    offset = 0.0
+    for i, path in enumerate(files):
+        log = LogBytes.read(path)
+        if i == 0:  # the oldest file holds the header and the offset measured after it
+            offset = clock_offset(log)
+        log.clock_offset = offset
+        scanner.scan(log)
+    if heartbeat is not None and offset:
+        heartbeat = state.heartbeat = replace(
+            heartbeat, time=heartbeat.time - offset, last_progress=heartbeat.last_progress - offset
+        )
     if heartbeat is not None:
         state.world_size = state.world_size or heartbeat.world_size
         if _newer(state.step_time, heartbeat.time):
@@ -367,6 +377,14 @@ def read_rank(
         if state.marker is None or _newer(state.marker.time, heartbeat.time):
             state.epoch = heartbeat.epoch
     return state
+
+
+def clock_offset(log: LogBytes) -> float:
+    """The rank's CLOCK_OFFSET against rank 0 (0 when it has none: one process, older runs)."""
+    start = next(log.find_records(_needle(CLOCK_OFFSET.prefix)), None)
+    rec = None if start is None else log.record(start)
+    m = CLOCK_OFFSET.parse(rec.message) if rec is not None else None
+    return float(m["offset"]) if m else 0.0
 
 
 def shard_of(rec: Record) -> str:

@@ -166,6 +166,12 @@ class _Judge:
         got SIGTERM, or went after (or just before) another rank's failure, was stopped."""
         ranks = self.run.ranks.values()
         ended = {r.rank for r in ranks if r.crashes or r.exit is not None or finished(r)}
+        # A rank of this host known dead: a rank of another host that went silent well before
+        # it (more than a heartbeat's interval) is gone too (a node lost, its processes killed).
+        dead = [
+            r.last_sign_of_life or 0.0 for r in ranks if r.heartbeat and r.heartbeat.alive is False
+        ]
+        before = max(dead, default=float("-inf")) - GAP_S
         gone: list[tuple[float, RankLog, list[Evidence]]] = []
         for r in ranks:
             if not r.files or r.rank in ended or open_stall(r) is not None:
@@ -173,7 +179,8 @@ class _Judge:
             hb = r.heartbeat
             alive = hb.alive if hb is not None else None
             stale = hb is not None and (self.run.reference or 0) - hb.time > STALE_S
-            if alive is not False and not (alive is None and (ended or stale)):
+            silent = hb is not None and hb.time < before
+            if alive is not False and not (alive is None and (ended or stale or silent)):
                 continue
             evidence = [r.last.evidence] if r.last else []
             if hb is not None and alive is False:
