@@ -53,6 +53,7 @@ MODELS = {  # name -> flags; pairs share a latent size
     "resnet f=4, latent 4x16x16": ["--model=resnet", "--downsample=4", "--base_channels=32",
                                    "--channel_mult=1,2,4", "--res_blocks=1"],
 }  # fmt: skip
+EXTRA: list[str] = []  # --accelerator of this bench run (main)
 
 
 def photo_shards(root: Path) -> tuple[str, str]:
@@ -77,7 +78,7 @@ def train(name: str, flags: list[str], data: tuple[str, str], out: Path, epochs:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out}",
            f"--train_shards={data[0]}", f"--val_shards={data[1]}", f"--max_epochs={epochs}",
-           *COMMON, *flags]  # fmt: skip
+           *COMMON, *EXTRA, *flags]  # fmt: skip
     print(f"--- {name}: {' '.join(flags)}", flush=True)
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if res.returncode != 0:
@@ -179,10 +180,12 @@ def main() -> None:
     p.add_argument("--part", choices=("quality", "compile", "grids", "both"), default="both")
     p.add_argument("--epochs", type=int, default=40, help="quality runs (18 steps an epoch)")
     p.add_argument("--compile_epochs", type=int, default=4)
+    p.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
     args = p.parse_args()
+    EXTRA.append(f"--accelerator={args.accelerator}")
     work = RESULTS / "models_bench"
     data = photo_shards(RESULTS)
-    record: dict[str, Any] = {"epochs": args.epochs, "data": data, "common": COMMON}
+    record: dict[str, Any] = {"epochs": args.epochs, "data": data, "common": [*COMMON, *EXTRA]}
     if args.part in ("quality", "both"):
         record["quality"] = quality(data, args.epochs, work)
     if args.part in ("quality", "grids", "both"):
