@@ -19,9 +19,10 @@ final validation MSE / PSNR / SSIM (the run's metrics.csv); the runs' grids are 
 `comparison.png` puts 8 validation crops (2 per held-out photo) over every model's
 reconstructions, from the final checkpoints.
 
-`compile`: a small resnet f=8 (`COMPILE_MODEL`: base 8 channels, the crops resized to 32x32),
-eager and with `--compile=true`, 4 epochs each; steps/s is the trainer's own rate line of the last
-epoch (epoch 0 carries the compilation itself). `--accelerator=cpu` measures it on the CPU.
+`compile`: a small resnet f=8 (`COMPILE_MODEL`: base 8 channels, the crops resized to 16x16,
+batch 16), eager and with `--compile=true`, `--compile_epochs` each; steps/s is the trainer's own
+rate line of the last epoch (epoch 0 carries the compilation itself). `--accelerator=cpu`
+measures it on the CPU.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ MODELS = {  # name -> flags; pairs share a latent size
 }  # fmt: skip
 # `compile`: the resnet f=8 layout at a size a shared 2-core CPU steps through in seconds.
 COMPILE_MODEL = ["--model=resnet", "--downsample=8", "--base_channels=8", "--channel_mult=1,2,4,4",
-                 "--res_blocks=1", "--image_size=32"]  # fmt: skip
+                 "--res_blocks=1", "--image_size=16", "--batch_size=16"]  # fmt: skip
 EXTRA: list[str] = []  # --accelerator of this bench run (main)
 
 
