@@ -31,9 +31,9 @@ from rich.progress import Progress
 
 import logging_cfg
 from ae.cli.inspect_shards import Inspector, print_reports
+from ae.data.header_walk import scan_shard
 from ae.data.index import read_index, write_index
 from ae.data.spec import expand_shards, is_remote
-from ae.data.tar_samples import scan_shard
 from ae.data.writer import Sample, npy_bytes, write_shards
 from ae.errors import UserError
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from loguru import logger
 
 from ae.data.errors import DataError
+from ae.data.header_walk import scan_shard
 from ae.data.index import read_index
 from ae.data.spec import is_remote
-from ae.data.tar_samples import scan_shard
 from ae.log_lines import BAD_SHARD_SCAN, SHARD_COUNTS
 
 # Counting is I/O bound (sidecar reads, remote fetches, header scans): a few threads overlap it.

@@ -78,20 +78,30 @@ class _Buffer:
         self.chunk = chunk
         self.buf = b""
         self.pos = 0
+        self.failed: Exception | None = None
 
     def fill(self, n: int) -> bool:
-        """Make `n` bytes available at `pos`; False if the stream ends first."""
+        """Make `n` bytes available at `pos`; False if the stream ends first. A stream that
+        fails (a damaged compressed shard) raises only once the bytes before the damage are
+        used up, so every whole member before it is read."""
         if len(self.buf) - self.pos >= n:
             return True
+        if self.failed is not None:
+            raise self.failed
         parts = [self.buf[self.pos :]]
         have = len(parts[0])
-        while have < n:  # pipes and sockets may return short reads
-            more = self.stream.read(max(self.chunk, n - have))
-            if not more:
-                break
-            parts.append(more)
-            have += len(more)
+        try:
+            while have < n:  # pipes and sockets may return short reads
+                more = self.stream.read(max(self.chunk, n - have))
+                if not more:
+                    break
+                parts.append(more)
+                have += len(more)
+        except Exception as e:  # the decompressors raise several kinds: all mean damage here
+            self.failed = e
         self.buf, self.pos = b"".join(parts), 0
+        if have < n and self.failed is not None:
+            raise self.failed
         return have >= n
 
     def available(self) -> int:
