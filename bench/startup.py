@@ -21,11 +21,12 @@ from bench.common import launch_run, tiny_shard_set, write_record
 DATA = Path("/tmp/ae-bench-data")
 
 
-def first_step_seconds(spec: str, out: Path) -> float:
+def first_step_seconds(spec: str, out: Path, extra: list[str] | None = None) -> float:
+    """Seconds from spawning the launcher to rank 0's first step; `extra` flags win."""
     t0 = time.time()
     proc = launch_run(
         [f"--train_shards={spec}", f"--val_shards={spec}", "--debug=true", "--max_steps=2",
-         "--batch_size=64", "--num_workers=2", "--checkpointing_period=0"],
+         "--batch_size=64", "--num_workers=2", "--checkpointing_period=0", *(extra or [])],
         out,
     )  # fmt: skip
     if proc.wait(timeout=300) != 0:
