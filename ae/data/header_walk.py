@@ -71,20 +71,36 @@ def _octal_fields(fields: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 _POW8 = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 
 
-def _next_headers(blocks: np.ndarray) -> list[int]:
+def _next_headers(blocks: np.ndarray) -> tuple[list[int], np.ndarray]:
     """For every block that looks like a header (ustar magic, a plain size field: what every
     tar writer writes below 8 GiB, 11 octal digits then NUL or space), the index of the block
     after its data; `_STOP` for the others (data, the end marker, odd headers), which the walk
-    takes one by one if the chain lands on them."""
+    takes one by one if the chain lands on them. Also the sizes (0 where not plain)."""
     n = len(blocks)
     looks = np.flatnonzero(blocks[:, 257] == ord("u"))  # skips data blocks for one byte each
     digits = blocks[looks, 124:135] - np.uint8(48)  # wraps below '0': only 0..7 are digits
     end = blocks[looks, 135]
     plain = (digits <= 7).all(1) & ((end == 0) | (end == 32))
     looks, digits = looks[plain], digits[plain]
+    sizes = np.zeros(n, dtype=np.int64)
+    sizes[looks] = digits.astype(np.int64) @ _POW8
     nxt = np.full(n, _STOP, dtype=np.int64)
-    nxt[looks] = looks + 1 + (digits.astype(np.int64) @ _POW8 + BLOCK - 1) // BLOCK
-    return nxt.tolist()
+    nxt[looks] = looks + 1 + (sizes[looks] + BLOCK - 1) // BLOCK
+    return nxt.tolist(), sizes
+
+
+def _checksums(headers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stored checksums: (values, ok). Tar writers write 6 octal digits, NUL, space; the
+    rare other spellings go through `_octal_fields`."""
+    field = headers[:, 148:156]
+    digits = field[:, :6] - np.uint8(48)
+    usual = (digits <= 7).all(1) & (field[:, 6] == 0) & (field[:, 7] == 32)
+    values = digits.astype(np.int64) @ _POW8[-6:]
+    ok = usual.copy()
+    if not usual.all():
+        odd = np.flatnonzero(~usual)
+        values[odd], ok[odd] = _octal_fields(field[odd])
+    return values, ok
 
 
 @dataclass
@@ -198,7 +214,7 @@ def _walk_window(window: _Window, pos: int, result: WalkResult) -> int:
     if n == 0:
         return _member_one_by_one(window, pos, result)  # reports the truncation
     blocks = np.frombuffer(window.data, np.uint8, n * BLOCK, skip).reshape(n, BLOCK)
-    nxt = _next_headers(blocks)
+    nxt, sizes = _next_headers(blocks)
     chain_list, k = [], 0
     while k < n:
         chain_list.append(k)
@@ -207,7 +223,7 @@ def _walk_window(window: _Window, pos: int, result: WalkResult) -> int:
     chain = np.array(chain_list, dtype=np.int64)
     types = blocks[chain, 156]
     ext = np.isin(types, _EXTENDED_TYPES)
-    names, hard = _extended_names(window, pos, blocks, chain, types)
+    names, hard = _extended_names(window, pos, blocks, chain, types, sizes)
     # The bulk part ends before the first extended header it cannot take (a PAX `size`, data
     # past the window) and before extended headers whose member is past the window.
     cut = len(chain) if hard is None else hard
@@ -223,7 +239,12 @@ def _walk_window(window: _Window, pos: int, result: WalkResult) -> int:
 
 
 def _extended_names(
-    window: _Window, pos: int, blocks: np.ndarray, chain: np.ndarray, types: np.ndarray
+    window: _Window,
+    pos: int,
+    blocks: np.ndarray,
+    chain: np.ndarray,
+    types: np.ndarray,
+    size: np.ndarray,
 ) -> tuple[dict[int, str], int | None]:
     """The names that GNU `L` and PAX `path` headers on the chain give to their member
     ({chain index of the header: name}), and the chain index of the first extended header the
@@ -233,8 +254,6 @@ def _extended_names(
     n = len(blocks)
     both = np.flatnonzero((types == ord("x")) | (types == ord("L")))
     at = chain[both]
-    size = np.zeros(n, dtype=np.int64)
-    size[at] = _octal_fields(blocks[at, 124:136])[0]
     past = at + 1 + (size[at] + BLOCK - 1) // BLOCK > n
     hard = int(both[past].min()) if past.any() else None
     pax = both[types[both] == ord("x")]
@@ -286,7 +305,7 @@ def _members_in_bulk(
     one with a bad checksum. False when there is one. A member's sample starts at its first
     extended header, and takes the name the last `L` or PAX `path` before it gives."""
     headers = blocks[chain]
-    stored, ok = _octal_fields(headers[:, 148:156])
+    stored, ok = _checksums(headers)
     total = headers.sum(1, dtype=np.uint32) - headers[:, 148:156].sum(1, dtype=np.uint32) + 8 * 32
     bad = np.flatnonzero(~ok | (total != stored))
     good = int(bad[0]) if len(bad) else len(chain)
