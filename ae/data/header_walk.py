@@ -35,10 +35,9 @@ from ae.data.tar_members import (
     CorruptTar,
     TarError,
     TruncatedTar,
-    _checksum_ok,
-    _member_name,
-    _octal,
-    _pax_records,
+    header_fields,
+    member_name,
+    pax_records,
 )
 from ae.data.tar_samples import open_shard, split_name
 
@@ -273,7 +272,7 @@ def _extended_names(
         if types[j] == ord("L"):
             names[j] = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
             continue
-        records = _pax_records(data)
+        records = pax_records(data)
         if "size" in records:
             return names, j
         if "path" in records:
@@ -346,7 +345,7 @@ def _bulk_keys(headers: np.ndarray) -> list[bytes | None]:
     cut = np.where(inside & (idx < dot[:, None]), names, 0)
     keys: list[bytes | None] = np.ascontiguousarray(cut).view(f"S{width}").ravel().tolist()
     for i in np.flatnonzero(~simple).tolist():
-        keys[i] = _key(_member_name(headers[i].tobytes(), {}, None))
+        keys[i] = _key(member_name(headers[i].tobytes(), {}, None))
     return keys
 
 
@@ -369,15 +368,7 @@ def _member_one_by_one(window: _Window, pos: int, result: WalkResult) -> int:
             raise TruncatedTar(f"truncated inside a header ({len(header)} of 512 bytes)")
         if header == bytes(BLOCK):
             return -1
-        try:
-            stored, size = _octal(header[148:156]), _octal(header[124:136])
-        except ValueError:
-            raise CorruptTar("unreadable header fields (not a tar stream?)") from None
-        if not _checksum_ok(header, stored):
-            raise CorruptTar("header checksum mismatch")
-        kind = header[156:157]
-        if "size" in pax:
-            size = int(pax["size"])
+        kind, size = header_fields(header, pax)
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
         body = b""
         if kind in (b"x", b"L"):
@@ -386,12 +377,12 @@ def _member_one_by_one(window: _Window, pos: int, result: WalkResult) -> int:
                 raise TruncatedTar("truncated inside an extended header")
         end = pos + BLOCK + padded
         if kind == b"x":
-            pax = _pax_records(body)
+            pax = pax_records(body)
         elif kind == b"L":
             long_name = body.rstrip(b"\0").decode("utf-8", "surrogateescape")
         elif kind not in _EXTENDED:
             if kind in (b"0", b"\0", b"7"):
-                result.member(start, end, _key(_member_name(header, pax, long_name)))
+                result.member(start, end, _key(member_name(header, pax, long_name)))
             return end
         pos = end
 

@@ -55,7 +55,7 @@ def _checksum_ok(header: bytes, stored: int) -> bool:
     return (byte_sum - stored) % 65521 == 0
 
 
-def _pax_records(data: bytes) -> dict[str, str]:
+def pax_records(data: bytes) -> dict[str, str]:
     """`<len> <key>=<value>\\n` records; `len` counts the whole record."""
     out: dict[str, str] = {}
     pos = 0
@@ -108,6 +108,19 @@ class _Buffer:
         return len(self.buf) - self.pos
 
 
+def header_fields(header: bytes, pax: dict[str, str]) -> tuple[bytes, int]:
+    """(type flag, data size) of a 512-byte header, checked; a PAX `size` record before it
+    wins. Raises CorruptTar on fields that do not parse or a checksum that does not match."""
+    try:
+        stored = _octal(header[148:156])
+        size = _octal(header[124:136])
+    except ValueError:
+        raise CorruptTar("unreadable header fields (not a tar stream?)") from None
+    if not _checksum_ok(header, stored):
+        raise CorruptTar("header checksum mismatch")
+    return header[156:157], int(pax["size"]) if "size" in pax else size
+
+
 def iter_members(stream: IO[bytes], chunk: int = 1 << 20) -> Iterator[tuple[str, bytes]]:
     """Yield `(name, data)` for each regular file of a tar stream, in order."""
     b = _Buffer(stream, chunk)
@@ -124,27 +137,18 @@ def iter_members(stream: IO[bytes], chunk: int = 1 << 20) -> Iterator[tuple[str,
         header = buf[pos : pos + BLOCK]
         if header == _ZERO_BLOCK:
             return  # end-of-archive marker
-        try:
-            stored = _octal(header[148:156])
-            size = _octal(header[124:136])
-        except ValueError:
-            raise CorruptTar("unreadable header fields (not a tar stream?)") from None
-        if not _checksum_ok(header, stored):
-            raise CorruptTar("header checksum mismatch")
-        kind = header[156:157]
-        if "size" in pax:
-            size = int(pax["size"])
+        kind, size = header_fields(header, pax)
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
         if not b.fill(BLOCK + padded):
             raise TruncatedTar(
                 f"stream ends inside a member ({b.available() - BLOCK} of {padded} bytes)",
-                _member_name(header, pax, long_name),
+                member_name(header, pax, long_name),
             )
         buf, pos = b.buf, b.pos
         data = buf[pos + BLOCK : pos + BLOCK + size]
         b.pos = pos + BLOCK + padded
         if kind == b"x":
-            pax = _pax_records(data)
+            pax = pax_records(data)
             continue
         if kind in (b"g", b"K"):
             continue
@@ -154,12 +158,12 @@ def iter_members(stream: IO[bytes], chunk: int = 1 << 20) -> Iterator[tuple[str,
         if kind not in _REGULAR:
             long_name, pax = None, {}
             continue
-        name = _member_name(header, pax, long_name)
+        name = member_name(header, pax, long_name)
         long_name, pax = None, {}
         yield name, data
 
 
-def _member_name(header: bytes, pax: dict[str, str], long_name: str | None) -> str:
+def member_name(header: bytes, pax: dict[str, str], long_name: str | None) -> str:
     if "path" in pax:
         return pax["path"]
     if long_name is not None:
