@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from loguru import logger
 
 import ae.data.counts as shard_counts
 from ae.data.counts import cache_path, count_shards, shared_counts
@@ -18,6 +19,7 @@ from ae.data.errors import DataError
 from ae.data.header_walk import scan_shard
 from ae.data.index import read_index
 from ae.data.writer import write_shard
+from ae.log_lines import COUNT_PROGRESS
 from tests.support.shards import vector_samples
 
 
@@ -162,3 +164,20 @@ def test_http_shards_counted_from_index_without_download(http_dir) -> None:
     assert counts.counts == [5, 8] and (counts.indexed, counts.scanned) == (1, 1)
     assert "/a.tar" not in requests and "/a.tar.idx" in requests  # a was never downloaded
     assert "/b.tar" in requests
+
+
+def test_a_long_count_says_how_far_it_is(tmp_path: Path, monkeypatch) -> None:
+    urls = _shards(tmp_path, [5, 6, 7])
+    for url in urls:
+        Path(url + ".idx").unlink()
+    monkeypatch.setattr(shard_counts, "PROGRESS_AFTER_S", 0.0)  # every shard: a line
+    monkeypatch.setattr(shard_counts, "PROGRESS_EVERY_S", 0.0)
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
+    try:
+        shared_counts("train", urls, None)
+    finally:
+        logger.remove(sink)
+    progress = [line for line in lines if line.startswith("Counting train_shards")]
+    assert progress[-1].startswith("Counting train_shards: 3/3 shards of this rank's share, 18 ")
+    assert COUNT_PROGRESS.parse(progress[-1])["eta"] == "0"
