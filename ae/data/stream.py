@@ -261,26 +261,16 @@ class ShardStream(IterableDataset):
         return Augment(self.seed, self.epoch) if self.augment else None
 
     def plan(self) -> EpochPlan:
+        common: dict[str, Any] = {
+            "world_size": self.world_size,
+            "num_workers": self.num_workers,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "epoch": self.epoch,
+        }
         if self.mode == "resampled":
-            return resampled_plan(
-                len(self.urls),
-                self.epoch_samples,
-                world_size=self.world_size,
-                num_workers=self.num_workers,
-                batch_size=self.batch_size,
-                seed=self.seed,
-                epoch=self.epoch,
-            )
-        return plan_epoch(
-            self.counts,
-            world_size=self.world_size,
-            num_workers=self.num_workers,
-            batch_size=self.batch_size,
-            mode=self.mode,
-            seed=self.seed,
-            epoch=self.epoch,
-            shuffle=self.shuffle,
-        )
+            return resampled_plan(len(self.urls), self.epoch_samples, **common)
+        return plan_epoch(self.counts, mode=self.mode, shuffle=self.shuffle, **common)
 
     def __len__(self) -> int:
         return self.plan().batches_per_rank
