@@ -115,7 +115,9 @@ def test_bad_data_is_logged_and_replaced(launch, make_shards, tmp_path: Path) ->
     assert f"Bad sample 00000013 in shard {shard1}: shape (7,), expected (16,)" in errors
     assert f"Bad sample 00000016 in shard {shard1}: cannot decode .npy" in errors
     errors = errors.splitlines()
-    assert any("train-000002.tar: ReadError" in e and "counted 6 whole" in e for e in errors)
+    assert any(
+        "train-000002.tar: TruncatedTar: truncated" in e and "counted 6 whole" in e for e in errors
+    )
     assert any(f"Bad shard pipe:cat {piped}: TruncatedTar" in e for e in errors)
     main = res.text("train_*.log")
     assert "Bad shard pipe:cat" in main and "Bad sample 00000016" in main  # every ERROR there too
