@@ -1,8 +1,8 @@
 """Startup: seconds from launch to the first optimizer step, 10 versus 10,000 shards.
 
 Users of multi-GPU jobs report waiting many minutes on dataset metadata before the first step.
-Here the launcher validates the spec, local rank 0 counts samples from index sidecars, the ranks
-plan their slices, workers start, and the first step runs; the clock starts when the launcher
+Here the launcher validates the spec, the ranks count samples from index sidecars (a share
+each), plan their slices, workers start, and the first step runs; the clock starts when the launcher
 process is spawned and stops at the timestamp of rank 0's first `Training step` line.
 Target: under 5 s difference between 10 and 10,000 shards.
 
