@@ -80,8 +80,24 @@ class DataConfig:
     val_shards: str | None = _opt(None, "validation shard spec; default: demo digits val split")
     batch_size: int = _opt(32, "samples per batch per device", lo=1)
     num_workers: int = _opt(2, "dataloader worker processes per rank", lo=0, hi=64)
-    shard_split: Literal["drop", "pad"] = _opt(
-        "drop", "even split across ranks: drop the remainder, or pad by repeating samples"
+    shard_split: Literal["drop", "pad", "resampled"] = _opt(
+        "drop",
+        "even split across ranks: drop the remainder, pad by repeating samples, or resampled "
+        "(no counting: each worker draws whole shards at random with replacement, an epoch is "
+        "--epoch_samples; for sets too large or too remote to count)",
+    )
+    epoch_samples: int = _opt(
+        0,
+        "samples per training epoch, all ranks together; required by --shard_split=resampled",
+        lo=0,
+    )
+    count_cache: str = _opt(
+        "auto",
+        "per-user cache of shard sample counts, reused by every run: auto (~/.cache/ae/"
+        "shard-counts, or $AE_CACHE_DIR/shard-counts), a folder, or off",
+    )
+    write_index: Literal["auto", "never"] = _opt(
+        "auto", "write the index sidecar of a local shard counted by reading it (writable folders)"
     )
     shuffle_buffer: int = _opt(1000, "samples in each worker's shuffle buffer (0 = off)", lo=0)
     tar_reader: Literal["fast", "tarfile"] = _opt(
@@ -418,6 +434,12 @@ def _cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
         ("pg_timeout",),
         f"must be above stall_timeout ({cfg.stall_timeout:g}s), or a rank waiting for a stuck"
         " peer fails before the stall is reported",
+    )
+    need(
+        (cfg.shard_split == "resampled") == (cfg.epoch_samples > 0),
+        ("shard_split", "epoch_samples"),
+        "--shard_split=resampled needs --epoch_samples (the samples of one epoch, all ranks "
+        "together), and --epoch_samples only applies to it",
     )
     need(cfg.channels in (0, 1, 3), ("channels",), f"must be 1, 3 or 0 (auto); got {cfg.channels}")
     need(

@@ -51,6 +51,12 @@ SHARD_COUNTS = LineFormat(
     "{scanned} scanned) {source}",
     {"shards": "int", "samples": "int", "indexed": "int", "scanned": "int", "source": "text"},
 )
+# While counting lasts more than a few seconds (rank 0 on the console, every rank in its log).
+COUNT_PROGRESS = LineFormat(
+    "Counting {split}_shards: {done}/{shards} shards of this rank's share, {samples} samples, "
+    "{rate} samples/s, ETA {eta}s",
+    {"done": "int", "shards": "int", "samples": "int", "rate": "int", "eta": "int"},
+)
 SHARD_PLAN = LineFormat(
     "Shard plan {split}: {shards} shards, {samples} samples -> {batches} batches x {batch_size} "
     "per rank on {ranks} ranks x {workers} workers ({mode}: {dropped} dropped, {repeated} "

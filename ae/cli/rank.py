@@ -59,9 +59,7 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     log_run_setup(ctx, cfg, paths, len(train_urls), len(val_urls))
     L.seed_everything(cfg.run.seed, verbose=False)
 
-    datamodule = ShardDataModule(
-        cfg.data, train_urls, val_urls, cache_dir=run_dir.cache, seed=cfg.run.seed, debug=obs.debug
-    )
+    datamodule = ShardDataModule(cfg.data, train_urls, val_urls, seed=cfg.run.seed, debug=obs.debug)
     # Before the trainer and any dataloader worker: a model that cannot be built is one message.
     model, latent = build_model(datamodule.spec, cfg.model, cfg.optim, ctx.world_size)
     if ctx.rank == 0:
