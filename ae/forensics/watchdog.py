@@ -27,6 +27,7 @@ import logging_cfg
 from ae.forensics.heartbeat import heartbeat_path, heartbeat_record, write_heartbeat
 from ae.forensics.process_stats import RssReader
 from ae.forensics.progress import Progress, progress
+from ae.forensics.resources import ResourceReader
 from ae.forensics.stall_report import (
     collective_wait,
     describe_frame,
@@ -65,6 +66,8 @@ class Watchdog(threading.Thread):
         if stragglers is not None:  # a short straggler window needs fresh figures
             self.heartbeat_s = min(self.heartbeat_s, max(1.0, stragglers.window_s / 5))
         self._rss = RssReader()
+        # the heartbeat sits in <output_dir>/logs/: the output folder's disk is its parent's
+        self._resources = ResourceReader(heartbeat.parent.parent) if heartbeat else None
         self._stop_event = threading.Event()
         self._last_heartbeat = float("-inf")
         self._stall_beat: float | None = None  # progress.last_beat when the stall began
@@ -114,9 +117,11 @@ class Watchdog(threading.Thread):
         assert self.heartbeat is not None
         stalled = self._stall_beat is not None
         episodes = self.stragglers.episodes if self.stragglers is not None else None
+        resources = self._resources.sample() if self._resources is not None else None
         record = heartbeat_record(
-            self.ctx, self.progress, self._rss, stalled=stalled, state=state, stragglers=episodes
-        )
+            self.ctx, self.progress, self._rss, stalled=stalled, state=state,
+            stragglers=episodes, resources=resources,
+        )  # fmt: skip
         write_heartbeat(self.heartbeat, record)
         self._last_heartbeat = time.monotonic()
 
