@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from ae.diagnose.heartbeats import Heartbeat
 from ae.diagnose.logscan import Evidence
-from ae.diagnose.rank_log import RankLog
+from ae.diagnose.rank_log import Crash, RankLog
 
 
 class Finding(Protocol):
@@ -45,7 +45,7 @@ _ENOSPC = re.compile(r"No space left on device|ENOSPC|Errno 28\b|Disk quota exce
 _SHM_TEXT = re.compile(r"/dev/shm|/torch_\w+|shared memory|\bshm\b", re.I)
 _EMFILE = re.compile(r"Too many open files|EMFILE|Errno 24\b")
 _SIGBUS = re.compile(r"Bus error|SIGBUS")
-_SIGKILL = re.compile(r"killed by signal: Killed|SIGKILL")
+_SIGKILL = re.compile(r"killed by signal: Killed|SIGKILL|DataLoader worker .* exited unexpectedly")
 
 
 def _figures(hb: Heartbeat | None) -> dict[str, Any]:
@@ -83,6 +83,20 @@ def _heartbeat_line(hb: Heartbeat, text: str) -> Evidence:
     return Evidence(hb.path, 0, f"heartbeat: {text}")
 
 
+def _chain_lines(crash: Crash | None, pattern: re.Pattern[str]) -> list[Evidence]:
+    """The lines of a chained exception that say how a process died (`... is killed by signal:
+    Killed.` under torch's `exited unexpectedly`), placed at the crash's first line."""
+    if crash is None:
+        return []
+    where = crash.evidence[0]
+    said = {e.text for e in crash.evidence}
+    return [
+        Evidence(where.path, where.line, line)
+        for line in crash.chain
+        if pattern.search(line) and line not in said and "exited unexpectedly" not in line
+    ][:1]
+
+
 def _cause(f: Finding, r: RankLog) -> tuple[str, str, list[Evidence]] | None:
     """(cause, rule, extra evidence) when a resource explains the finding."""
     hb = r.heartbeat
@@ -111,14 +125,19 @@ def _cause(f: Finding, r: RankLog) -> tuple[str, str, list[Evidence]] | None:
         return None
     sigbus = _SIGBUS.search(text) or (crash is not None and crash.kind == "SIGBUS")
     if sigbus and shm_near_full(res):
-        return SHM_EXHAUSTED, "SIGBUS while /dev/shm was near full", [_heartbeat_line(hb, shm)]
+        extra = [*_chain_lines(crash, _SIGBUS), _heartbeat_line(hb, shm)]
+        return SHM_EXHAUSTED, "SIGBUS while /dev/shm was near full", extra
     if f.cause == "data loading" and shm_near_full(res):
         rule = "stuck in data loading while /dev/shm was near full"
         return SHM_EXHAUSTED, rule, [_heartbeat_line(hb, shm)]
     killed = f.cause == "killed without trace" or _SIGKILL.search(text)
     if killed and (why := oom_killer_struck(res, hb)):
         mem = f"{why}; host memory {_mb(res.get('mem_available_mb'))} available"
-        return OOM, "killed by SIGKILL while memory ran out", [_heartbeat_line(hb, mem)]
+        return (
+            OOM,
+            "killed by SIGKILL while memory ran out",
+            [*_chain_lines(crash, _SIGKILL), _heartbeat_line(hb, mem)],
+        )
     return None
 
 

@@ -15,6 +15,7 @@ from tests.support.limits import in_namespace, memory_cgroup
 
 pytestmark = pytest.mark.slow
 
+LOAD_STEP = "import sys, torch; print(torch.load(sys.argv[1], weights_only=False)['global_step'])"
 DIM = 16384  # floats per sample: 64 KB, so a batch of 64 is 4 MB
 
 
@@ -30,7 +31,8 @@ def test_small_shm_is_refused_and_low_ulimit_refused_or_warned(make_shards, tmp_
     res = in_namespace(
         f"""
         mount -t tmpfs -o size=4m tmpfs /dev/shm
-        (ulimit -n 100; $LAUNCH {args}) > {tmp_path}/refused.txt 2>&1 && exit 9 || echo $? > {tmp_path}/refused.rc
+        (ulimit -n 100; $LAUNCH {args}) > {tmp_path}/refused.txt 2>&1 && exit 9 \
+            || echo $? > {tmp_path}/refused.rc
         ulimit -n 180
         $LAUNCH {args} > {tmp_path}/shm.txt 2>&1 || echo $? > {tmp_path}/shm.rc
         """,
@@ -94,7 +96,7 @@ def test_disk_full_at_checkpoint_save_is_named_and_resume_continues(
         wait $launcher && echo 0 > {keep}/full.rc || echo $? > {keep}/full.rc
         ls -a {out}/checkpoints > {keep}/checkpoints.txt
         $PY -m ae.diagnose {out}/logs --json > {keep}/diagnose.json
-        $PY -c "import torch; print(torch.load('{out}/checkpoints/last.ckpt', weights_only=False)['global_step'])" > {keep}/last_step.txt
+        $PY -c "{LOAD_STEP}" {out}/checkpoints/last.ckpt > {keep}/last_step.txt
         rm {out}/filler
         $LAUNCH {args} --max_steps=6 --resume_from_checkpoint=last > {keep}/resume.txt 2>&1 \\
             && echo 0 > {keep}/resume.rc || echo $? > {keep}/resume.rc
