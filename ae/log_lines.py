@@ -195,6 +195,13 @@ DISK_FULL = LineFormat(
     "Disk full: no space left on device writing {what} {path} ({free} free of {total}); {fix}",
     {"what": "text", "path": "text", "free": "text", "total": "text", "fix": "text"},
 )
+# The watchdog, at a STALL in data loading with /dev/shm near full: the workers block (or die by
+# SIGBUS) allocating the batches they hand over there.
+SHM_NEAR_FULL = LineFormat(
+    "Shared memory near full while stalled in {phase}: /dev/shm {free} MB free of {total} MB; "
+    "{fix}",
+    {"phase": "text", "free": "float", "total": "float", "fix": "text"},
+)
 # A limit that is tight but can work (one that cannot stops the run: ResourceLimitError).
 RESOURCE_TIGHT = LineFormat("Resource tight: {problem}", {"problem": "text"})
 

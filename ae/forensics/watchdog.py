@@ -27,7 +27,7 @@ import logging_cfg
 from ae.forensics.heartbeat import heartbeat_path, heartbeat_record, write_heartbeat
 from ae.forensics.process_stats import RssReader
 from ae.forensics.progress import Progress, progress
-from ae.forensics.resources import ResourceReader
+from ae.forensics.resources import SHM, ResourceReader, fs_space
 from ae.forensics.stall_report import (
     collective_wait,
     describe_frame,
@@ -36,10 +36,15 @@ from ae.forensics.stall_report import (
     report_body,
 )
 from ae.forensics.stragglers import Stragglers
-from ae.log_lines import STALL, STALL_REPORT, STALL_RESOLVED, STOP_SIGNAL
+from ae.log_lines import SHM_NEAR_FULL, STALL, STALL_REPORT, STALL_RESOLVED, STOP_SIGNAL
 from logging_cfg import LogPaths, RankContext
 
 MAX_REPORT_GAP_S = 3600.0
+SHM_NEAR_FULL_SHARE = 0.10  # /dev/shm with less than this share free, at a data-loading stall
+SHM_FIX = (
+    "dataloader workers block or die (SIGBUS) putting batches there; fix: a larger /dev/shm "
+    "(docker run --shm-size=...), a smaller --batch_size, or fewer --num_workers"
+)
 
 
 class Watchdog(threading.Thread):
@@ -141,6 +146,8 @@ class Watchdog(threading.Thread):
             report=self.reports, rank=self.ctx.rank, pid=os.getpid(), idle=f"{idle:.1f}",
             phase=phase,
         )  # fmt: skip
+        if phase == "data loading" and self.reports == 1:
+            self._shm_check(phase)
         logger.info(f"{head}\n{report_body(where, collective, self.cuda_device)}")
         if pids := dump_worker_stacks():
             logger.info(
@@ -149,6 +156,15 @@ class Watchdog(threading.Thread):
             )
         if self.heartbeat is not None:
             self.write_heartbeat()
+
+    def _shm_check(self, phase: str) -> None:
+        """A data-loading stall with /dev/shm near full: say so (the stall report alone would
+        show workers waiting, not why)."""
+        shm = fs_space(SHM)
+        if shm is not None and shm.total and shm.free < SHM_NEAR_FULL_SHARE * shm.total:
+            mb = 2**20
+            free, total = f"{shm.free / mb:.1f}", f"{shm.total / mb:.1f}"
+            logger.warning(SHM_NEAR_FULL.format(phase=phase, free=free, total=total, fix=SHM_FIX))
 
     def _resolved(self, stall_s: float) -> None:
         phase, epoch, step = self._stall_where
