@@ -155,31 +155,31 @@ def fault_point(point: str, step: int) -> None:
             logger.warning(
                 FAULT_INJECTED.format(action=fault.action, point=point, step=step, rank=rank)
             )
-            _ACT[fault.action](fault)
+            _ACT[fault.action](fault.mb if fault.action == "grow" else fault.secs)
 
 
 # Named functions, so a stack dump shows which fault is acting.
-def _injected_sleep(fault: Fault) -> None:
-    time.sleep(fault.secs)
+def _injected_sleep(secs: float) -> None:
+    time.sleep(secs)
 
 
 def _injected_slow(secs: float) -> None:
     time.sleep(secs)
 
 
-def _injected_raise(fault: Fault) -> None:
+def _injected_raise(secs: float) -> None:
     raise InjectedFault("raise fault injected by AE_FAULT")
 
 
-def _injected_segv(fault: Fault) -> None:
+def _injected_segv(secs: float) -> None:
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
-def _injected_kill(fault: Fault) -> None:
+def _injected_kill(secs: float) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _injected_oom(fault: Fault) -> None:
+def _injected_oom(secs: float) -> None:
     import torch  # only here: fault points sit in torch-free modules too
 
     raise torch.cuda.OutOfMemoryError("CUDA out of memory (oom fault injected by AE_FAULT)")
@@ -188,9 +188,9 @@ def _injected_oom(fault: Fault) -> None:
 _held: list[bytearray] = []  # what `grow` allocated: kept until the process ends
 
 
-def _injected_grow(fault: Fault) -> None:
+def _injected_grow(mb: float) -> None:
     # Repetition writes every byte: the pages are resident (a zeroed allocation would not be).
-    _held.append(bytearray(b"\x01") * int(fault.mb * 2**20))
+    _held.append(bytearray(b"\x01") * int(mb * 2**20))
 
 
 _ACT = {
