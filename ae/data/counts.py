@@ -105,8 +105,12 @@ def _save(path: Path, counts: ShardCounts) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Unique tmp name: with a shared run folder, several nodes' local rank 0 write the same file.
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}.{time.monotonic_ns()}")
-    tmp.write_text(json.dumps(asdict(counts), separators=(",", ":")))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(asdict(counts), separators=(",", ":")))
+        tmp.replace(path)
+    except BaseException:  # a full disk (ENOSPC) leaves no partial file behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _load(path: Path, n: int) -> ShardCounts | None:
