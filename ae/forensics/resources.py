@@ -93,33 +93,27 @@ class CgroupMemory:
             self.pid, self.found = os.getpid(), _cgroup_dir()
         return self.found
 
-    def limit(self) -> int | None:
-        where = self._where()
-        if where is None:
+    def _read(self, v2: str, v1: str) -> str | None:
+        """The text of the cgroup file named `v2` under cgroup v2, `v1` under v1."""
+        if (where := self._where()) is None:
             return None
         d, version = where
-        name = "memory.max" if version == "v2" else "memory.limit_in_bytes"
         try:
-            text = (d / name).read_text().strip()
+            return (d / (v2 if version == "v2" else v1)).read_text()
         except OSError:
             return None
-        if text == "max" or not text.isdigit() or int(text) >= _NO_LIMIT:
+
+    def limit(self) -> int | None:
+        text = (self._read("memory.max", "memory.limit_in_bytes") or "").strip()
+        if not text.isdigit() or int(text) >= _NO_LIMIT:  # "max", or v1's "no limit"
             return None
         return int(text)
 
     def oom_kills(self) -> int | None:
-        where = self._where()
-        if where is None:
-            return None
-        d, version = where
-        name = "memory.events" if version == "v2" else "memory.oom_control"
-        try:
-            for line in (d / name).read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
-            return None
+        for line in (self._read("memory.events", "memory.oom_control") or "").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
         return None
 
 

@@ -24,6 +24,18 @@ WORKER_FRAMES = [
 ]
 
 
+def worker_failure(logs: Path, exc_type: str, message: str, resources: dict) -> dict:
+    """The diagnosis of a run whose rank 0 failed in data loading with `exc_type: message`, its
+    last heartbeat (`state: failed`) with `resources`."""
+    w0, w1 = writers(logs)
+    w0.fatal(exc_type, message, WORKER_FRAMES)
+    write_heartbeat(logs, 0, 2, pid=dead_pid(), t=w0.t, phase="data loading", step=3,
+                    state="failed", resources=resources)  # fmt: skip
+    w0.flush()
+    w1.flush()
+    return run_diagnose(logs)
+
+
 def texts(doc: dict) -> list[str]:
     return [e["text"] for e in doc["culprits"][0]["evidence"]]
 
@@ -63,54 +75,23 @@ def test_disk_full_from_the_error_line_with_the_disk_figures(tmp_path: Path) -> 
 
 
 def test_enospc_in_shared_memory_is_shm_not_disk(tmp_path: Path) -> None:
-    w0, w1 = writers(tmp_path)
-    w0.fatal(
-        "RuntimeError",
-        "unable to write to file </torch_123_456_0>: No space left on device (28)",
-        WORKER_FRAMES,
+    message = "unable to write to file </torch_123_456_0>: No space left on device (28)"
+    doc = worker_failure(
+        tmp_path, "RuntimeError", message, {"shm_free_mb": 0.0, "shm_total_mb": 64.0}
     )
-    write_heartbeat(
-        tmp_path,
-        0,
-        2,
-        pid=dead_pid(),
-        t=w0.t,
-        phase="data loading",
-        step=3,
-        state="failed",
-        resources={"shm_free_mb": 0.0, "shm_total_mb": 64.0},
-    )
-    w0.flush()
-    w1.flush()
-    doc = run_diagnose(tmp_path)
     assert culprits(doc) == [(0, "data loading", "shared memory exhausted")]
     assert texts(doc)[-1] == "heartbeat: /dev/shm 0.0 MB free of 64.0 MB"
 
 
 def test_a_worker_bus_error_is_shm_only_when_shm_was_near_full(tmp_path: Path) -> None:
+    message = (
+        "DataLoader worker (pid 77) is killed by signal: Bus error. It is possible that "
+        "dataloader's workers are out of shared memory."
+    )
     for shm_free, cause in ((1.0, "shared memory exhausted"), (60.0, "exception: RuntimeError")):
-        logs = tmp_path / str(shm_free)
-        w0, w1 = writers(logs)
-        w0.fatal(
-            "RuntimeError",
-            "DataLoader worker (pid 77) is killed by signal: Bus error. It "
-            "is possible that dataloader's workers are out of shared memory.",
-            WORKER_FRAMES,
-        )
-        write_heartbeat(
-            logs,
-            0,
-            2,
-            pid=dead_pid(),
-            t=w0.t,
-            phase="data loading",
-            step=3,
-            state="failed",
-            resources={"shm_free_mb": shm_free, "shm_total_mb": 64.0},
-        )
-        w0.flush()
-        w1.flush()
-        assert culprits(run_diagnose(logs)) == [(0, "data loading", cause)]
+        resources = {"shm_free_mb": shm_free, "shm_total_mb": 64.0}
+        doc = worker_failure(tmp_path / str(shm_free), "RuntimeError", message, resources)
+        assert culprits(doc) == [(0, "data loading", cause)]
 
 
 def test_stuck_in_data_loading_with_shm_full(tmp_path: Path) -> None:
@@ -162,21 +143,7 @@ def test_killed_rank_is_oom_by_cgroup_count_or_host_memory(tmp_path: Path) -> No
 
 
 def test_too_many_open_files(tmp_path: Path) -> None:
-    w0, w1 = writers(tmp_path)
-    w0.fatal("OSError", "[Errno 24] Too many open files: '/d/train-000007.tar'", WORKER_FRAMES)
-    write_heartbeat(
-        tmp_path,
-        0,
-        2,
-        pid=dead_pid(),
-        t=w0.t,
-        phase="data loading",
-        step=3,
-        state="failed",
-        resources={"open_fds": 1021, "fd_limit": 1024},
-    )
-    w0.flush()
-    w1.flush()
-    doc = run_diagnose(tmp_path)
+    message = "[Errno 24] Too many open files: '/d/train-000007.tar'"
+    doc = worker_failure(tmp_path, "OSError", message, {"open_fds": 1021, "fd_limit": 1024})
     assert culprits(doc) == [(0, "data loading", "too many open files")]
     assert texts(doc)[-1] == "heartbeat: 1021 open fds, ulimit -n 1024"
