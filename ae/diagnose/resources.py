@@ -5,8 +5,8 @@ heartbeat's `resources` figures (`ae.forensics.resources`), which become evidenc
 - `disk full`: a line saying ENOSPC (`No space left on device`, `Errno 28`, `Disk quota
   exceeded`, the rank's DISK_FULL line) that is not about shared memory.
 - `shared memory exhausted`: ENOSPC about shared memory (`/dev/shm`, torch's `/torch_...`
-  segments), a SIGBUS (a worker's `Bus error`), or a stall in data loading, with /dev/shm near
-  full in the heartbeat (or the line naming it).
+  segments); or a SIGBUS (a worker's `Bus error`) or a stall in data loading (even one that
+  ended in a collective) while the heartbeat had /dev/shm near full.
 - `out of memory (OOM killer)`: a process killed by SIGKILL (a rank gone without trace, a
   dataloader worker `killed by signal: Killed`) while the cgroup's OOM-kill count had risen
   since the rank started, or host memory (or the cgroup's limit) was near exhausted.
@@ -27,6 +27,7 @@ class Finding(Protocol):
     """What `ae.diagnose.verdict` finds about a culprit (its `Finding`)."""
 
     rank: int
+    phase: str | None
     cause: str
     rule: str
     evidence: list[Evidence]
@@ -127,7 +128,8 @@ def _cause(f: Finding, r: RankLog) -> tuple[str, str, list[Evidence]] | None:
     if sigbus and shm_near_full(res):
         extra = [*_chain_lines(crash, _SIGBUS), _heartbeat_line(hb, shm)]
         return SHM_EXHAUSTED, "SIGBUS while /dev/shm was near full", extra
-    if f.cause == "data loading" and shm_near_full(res):
+    stuck = f.cause in ("data loading", "collective wait")  # a stall, not a failure of its own
+    if stuck and f.phase == "data loading" and shm_near_full(res):
         rule = "stuck in data loading while /dev/shm was near full"
         return SHM_EXHAUSTED, rule, [_heartbeat_line(hb, shm)]
     killed = f.cause == "killed without trace" or _SIGKILL.search(text)

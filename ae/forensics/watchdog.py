@@ -104,13 +104,14 @@ class Watchdog(threading.Thread):
         if self._stall_beat is not None and beat != self._stall_beat:
             self._resolved(beat - self._stall_beat)
         if idle >= self._next_report_at:
-            if self._stall_beat is None:
+            first = self._stall_beat is None
+            if first:
                 self._stall_beat, self._stall_where = beat, (p.phase, p.epoch, p.step)
                 # The heartbeat says `stalled` before the log does (the report body takes a
                 # while): whoever has read the STALL line finds it in the heartbeat too.
                 if self.heartbeat is not None:
                     self.write_heartbeat()
-            self._report(idle)
+            self._report(idle, first)
             self._next_report_at += min(self._next_report_at, MAX_REPORT_GAP_S)
         due = time.monotonic() - self._last_heartbeat >= self.heartbeat_s
         if self.heartbeat is not None and due:
@@ -130,7 +131,8 @@ class Watchdog(threading.Thread):
         write_heartbeat(self.heartbeat, record)
         self._last_heartbeat = time.monotonic()
 
-    def _report(self, idle: float) -> None:
+    def _report(self, idle: float, first: bool) -> None:
+        """A STALL report; `first`: the first of this stall."""
         self.reports += 1
         phase, epoch, step = self._stall_where
         frame = main_thread_frame()
@@ -146,7 +148,7 @@ class Watchdog(threading.Thread):
             report=self.reports, rank=self.ctx.rank, pid=os.getpid(), idle=f"{idle:.1f}",
             phase=phase,
         )  # fmt: skip
-        if phase == "data loading" and self.reports == 1:
+        if phase == "data loading" and first:
             self._shm_check(phase)
         logger.info(f"{head}\n{report_body(where, collective, self.cuda_device)}")
         if pids := dump_worker_stacks():

@@ -4,14 +4,17 @@ each in a private mount namespace (`unshare -m`, tests/support/limits.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support.limits import in_namespace, memory_cgroup
+from tests.support.runs import run_processes
 
 pytestmark = pytest.mark.slow
 
@@ -174,3 +177,60 @@ def test_worker_killed_for_memory_is_out_of_memory(make_shards, tmp_path: Path) 
     texts = "\n".join(e["text"] for e in culprit["evidence"])
     assert re.search(r"killed by signal: Killed", texts), texts
     assert re.search(r"heartbeat: cgroup OOM kills 0 -> [1-9]", texts), texts
+
+
+def test_shm_filled_mid_run_blocks_and_is_named(make_shards, tmp_path: Path) -> None:
+    """/dev/shm (100 MB, room for the batches: the preflight passes) filled by another process
+    mid-run: the workers cannot hand batches over and the rank blocks in data loading. The
+    watchdog says shared memory is near full below its STALL line, and ae-diagnose --json, on the
+    live run, names `shared memory exhausted` with the heartbeat's /dev/shm figures."""
+    train = make_shards([64, 64], name="train", dim=DIM)
+    val = make_shards([16], name="val", dim=DIM)
+    out = tmp_path / "run"
+    logs = out / "logs"
+    args = shlex.join([f"--output_dir={out}", f"--train_shards={train}", f"--val_shards={val}",
+                       "--batch_size=8", "--num_workers=1", "--max_steps=1000",
+                       "--stall_timeout=3"])  # fmt: skip
+    try:
+        res = in_namespace(
+            f"""
+            mount -t tmpfs -o size=100m tmpfs /dev/shm
+            # step 2 takes 2 s longer on rank 0: the filler's moment, batches still to come
+            export AE_FAULT=slow@train:rank=0:step=2:until=3:ms=2000
+            $LAUNCH {args} > {tmp_path}/shm.txt 2>&1 &
+            launcher=$!
+            timeout 150 bash -c 'until grep -qs "FAULT injected" {logs}/debug_rank0_*.log; do
+                sleep 0.05; done'
+            free=$(df -B1 --output=avail /dev/shm | tail -1)
+            fallocate -l $((free - 4096)) /dev/shm/filler
+            timeout 60 bash -c 'until grep -qs "Shared memory near" {logs}/debug_rank0_*.log; do
+                sleep 0.2; done'
+            $PY -m ae.diagnose {logs} --json > {tmp_path}/diagnose.json
+            kill -TERM $launcher || true
+            wait $launcher || true
+            """,
+            out,
+        )
+    finally:  # a run left behind by a failed wait: its ranks run in sessions of their own
+        for proc in run_processes(out):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    assert res.returncode == 0, res.stdout + res.stderr
+    debug = "".join(p.read_text() for p in logs.glob("debug_rank0_*.log"))
+    m = re.search(
+        r"Shared memory near full while stalled in data loading: /dev/shm (\d+\.\d) MB free of "
+        r"100\.0 MB; .*--shm-size",
+        debug,
+    )
+    assert m and float(m[1]) < 10, debug[-3000:]
+    doc = json.loads((tmp_path / "diagnose.json").read_text())
+    assert doc["status"] == "hung"
+    # One /dev/shm for the node: the workers of every rank block on it; a rank stuck in data
+    # loading is named for it (a peer may wait in its training step's all-reduce).
+    stuck = [c for c in doc["culprits"] if c["phase"] == "data loading"]
+    assert stuck, doc["culprits"]
+    for culprit in stuck:
+        assert culprit["cause"] == "shared memory exhausted", culprit
+        texts = [e["text"] for e in culprit["evidence"]]
+        assert "STALL detected" in texts[0]
+        assert re.fullmatch(r"heartbeat: /dev/shm \d\.\d MB free of 100\.0 MB", texts[-1]), texts
