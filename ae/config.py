@@ -127,6 +127,9 @@ class DataConfig:
 
 
 BUILTIN_MODELS = ("auto", "mlp", "conv", "resnet")
+# Batches each dataloader worker keeps ready (not a flag): they wait in /dev/shm, so the
+# preflight (ae.cli.preflight) counts them.
+PREFETCH_FACTOR = 4
 # `package.module:ClassName`: a class of the user's, imported by path.
 USER_MODEL = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 DOWNSAMPLE_FACTORS = (2, 4, 8, 16)

@@ -200,6 +200,23 @@ CLOCK_OFFSET = LineFormat(
 # Last line of a rank that left `main` on its own: 0 after training, 2 after a user mistake.
 RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})
 
+# --- resource limits (ae.cli.preflight, ae.training.checkpoint_files, ae.cli.rank) -----------
+# A write that found its filesystem full (ENOSPC), the partial file already removed; the rank
+# exits with code 28 after it. `what`: checkpoint, sample grid, log, cache.
+DISK_FULL = LineFormat(
+    "Disk full: no space left on device writing {what} {path} ({free} free of {total}); {fix}",
+    {"what": "text", "path": "text", "free": "text", "total": "text", "fix": "text"},
+)
+# The watchdog, at a STALL in data loading with /dev/shm near full: the workers block (or die by
+# SIGBUS) allocating the batches they hand over there.
+SHM_NEAR_FULL = LineFormat(
+    "Shared memory near full while stalled in {phase}: /dev/shm {free} MB free of {total} MB; "
+    "{fix}",
+    {"phase": "text", "free": "float", "total": "float", "fix": "text"},
+)
+# A limit that is tight but can work (one that cannot stops the run: ResourceLimitError).
+RESOURCE_TIGHT = LineFormat("Resource tight: {problem}", {"problem": "text"})
+
 # --- forensics (ae.forensics.watchdog, logging_cfg hooks, ae.forensics.faults) -------------
 # The one-line stall WARNING (also in train_<TS>.log); `frame` is the innermost frame of the main
 # thread, `function (file:line)`; `collective` is `no` or `yes (<what>)` -- a rank blocked in a
@@ -258,5 +275,10 @@ HEARTBEAT_BASE_FIELDS = (
 # `timing`: {"recent": window, "epoch": window} with window = {window_s, steps, step_ms, own_ms,
 # data_ms, compute_ms, sync_ms} (per optimizer step) or null; `data_workers`: [{worker, pid, shard,
 # mb_per_s, batch_ms, batches}]; `stragglers`: the detecting rank's episodes, [{rank, score, cause,
-# since, line, resolved}] (`resolved`: null while it lasts, else the RESOLVED line).
-HEARTBEAT_FIELDS = (*HEARTBEAT_BASE_FIELDS, "timing", "data_workers", "stragglers")
+# since, line, resolved}] (`resolved`: null while it lasts, else the RESOLVED line); `resources`:
+# RESOURCE_FIELDS (`ae.forensics.resources`; MB, null where the kernel does not say).
+HEARTBEAT_FIELDS = (*HEARTBEAT_BASE_FIELDS, "timing", "data_workers", "stragglers", "resources")
+RESOURCE_FIELDS = (
+    "shm_free_mb", "shm_total_mb", "disk_free_mb", "disk_total_mb", "mem_available_mb",
+    "mem_total_mb", "cgroup_limit_mb", "oom_kills", "oom_kills_at_start", "open_fds", "fd_limit",
+)  # fmt: skip

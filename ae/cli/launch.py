@@ -28,15 +28,24 @@ import logging_cfg
 from ae.cli.network import prepare_node
 from ae.cli.outcome import preempted, report_failure, report_stop, stop_exit_code
 from ae.cli.peer_nodes import PeerNodes
+from ae.cli.preflight import check, launcher_needs
 from ae.cli.run_folder import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.cli.supervise import wait
 from ae.cli.topology import Topology, topology
-from ae.config import BUILTIN_MODELS, Config, ConfigError, RunConfig, help_text, parse_config
+from ae.config import (
+    BUILTIN_MODELS,
+    PREFETCH_FACTOR,
+    Config,
+    ConfigError,
+    RunConfig,
+    help_text,
+    parse_config,
+)
 from ae.data.demo import with_demo_defaults
 from ae.data.spec import resolve_shards
 from ae.errors import UserError
 from ae.forensics.faults import active_faults
-from ae.log_lines import LAUNCHER_LOG_FILE
+from ae.log_lines import LAUNCHER_LOG_FILE, RESOURCE_TIGHT
 from ae.training.models.user import locate_class
 
 RANK_MODULE = "ae.cli.rank_process"  # what runs in every rank (train_ae.py runs the same)
@@ -189,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.model.model not in BUILTIN_MODELS and (problem := locate_class(cfg.model.model)):
             raise ConfigError([problem])  # the import itself is tried in the ranks
         active_faults()  # a malformed AE_FAULT: one message here, not a traceback per rank
+        for tight in check(launcher_needs(cfg, nproc, nproc * topo.nnodes, PREFETCH_FACTOR)):
+            logger.warning(RESOURCE_TIGHT.format(problem=tight))
         if topo.nnodes > 1:  # the interface that reaches the master, and whether it does
             port = int(topo.master_port or 29500)
             logger.info(prepare_node(os.environ, topo.master_addr, port, topo.node_rank))

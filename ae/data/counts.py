@@ -152,13 +152,14 @@ def cache_path(cache_dir: Path, urls: list[str]) -> Path:
 
 
 def _save(path: Path, counts: ShardCounts) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Unique tmp name: ranks of several nodes may write the same file of a shared cache.
+    tmp = path.with_name(f"{path.name}.tmp.{socket.gethostname()}.{os.getpid()}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Unique tmp name: ranks of several nodes may write the same file of a shared cache.
-        tmp = path.with_name(f"{path.name}.tmp.{socket.gethostname()}.{os.getpid()}")
         tmp.write_text(json.dumps(asdict(counts), separators=(",", ":")))
         tmp.replace(path)
     except OSError as e:  # an unwritable cache costs the next run a count, not this one
+        tmp.unlink(missing_ok=True)  # and a full disk (ENOSPC) keeps no partial file
         logger.warning(f"Could not write the shard count cache {path}: {e}")
 
 

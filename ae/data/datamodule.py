@@ -21,7 +21,7 @@ import torch.distributed as dist
 from loguru import logger
 from torch.utils.data import DataLoader
 
-from ae.config import DataConfig
+from ae.config import PREFETCH_FACTOR, DataConfig
 from ae.data.counts import count_cache_dir, shared_counts
 from ae.data.decode import InputSpec, SampleDecoder, SampleError
 from ae.data.errors import DataError
@@ -247,7 +247,7 @@ class ShardDataModule(L.LightningDataModule):
             num_workers=workers,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=False,  # each epoch re-pickles the dataset with its new epoch
-            prefetch_factor=4 if workers else None,
+            prefetch_factor=PREFETCH_FACTOR if workers else None,
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -90,6 +90,7 @@ def _rank(run: RunState, r: RankLog, state: str, tail: int, score: float | None)
         "pid": hb.pid if hb else None,
         "host": r.host,
         "alive": hb.alive if hb else None,
+        "resources": hb.resources if hb else None,
         "heartbeat_age_s": _round(run.reference - hb.time) if hb and run.reference else None,
         "score": None if score is None else round(score, 2),
         "step_time": _step_time(r),

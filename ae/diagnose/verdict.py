@@ -19,6 +19,8 @@ Before rules 3-5: if every rank, on two or more hosts, stalled in a collective a
 and none failed of its own, no rank is stuck in its own work: the hosts cannot reach each other
 (`network`), and no rank is a culprit.
 A run where every rank wrote its exit line with code 0 and nothing failed has no culprits.
+Last, a culprit whose failure a resource explains gets that resource as its cause
+(`ae.diagnose.resources`: disk full, shared memory, the OOM killer, open files).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 from ae.diagnose.logscan import Evidence
 from ae.diagnose.rank_log import Crash, RankLog, Stall
+from ae.diagnose.resources import name_resources
 from ae.diagnose.run_state import RunState
 
 # A rank gone at most this before a peer's failure was stopped by torchrun: its heartbeat (every
@@ -369,5 +372,6 @@ def judge(run: RunState) -> Verdict:
         status = "running"
     else:
         status = "stopped"
+    name_resources(j.culprits, run.ranks)
     by_rank = sorted(j.culprits, key=lambda f: f.rank)
     return Verdict(status, by_rank, sorted(j.victims, key=lambda f: f.rank), j.states)

@@ -96,7 +96,7 @@ def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, va
     main_log.info(f"Shards: {train} train, {val} val; logs in {paths.logs_dir}")
     config_path = run.dir.config_yaml
     # A valid --config file for the next run, written whole or not at all.
-    atomic_write(config_path, lambda f: f.write(cfg.to_yaml().encode()))
+    atomic_write(config_path, lambda f: f.write(cfg.to_yaml().encode()), what="config")
     main_log.bind(console=False).info(f"{RESOLVED_CONFIG} {config_path}\n" + cfg.to_yaml().rstrip())
 
 
