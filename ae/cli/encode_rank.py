@@ -19,6 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
 from ae.cli.encode import EncodeArgs, output_paths, parse_args
+from ae.cli.rank_exit import run_to_exit
 from ae.config import Config
 from ae.data.counts import count_cache_dir, shared_counts
 from ae.data.datamodule import probe_decoder
@@ -26,10 +27,9 @@ from ae.data.loader import PreemptibleLoader, install_worker_reaper
 from ae.data.plan import assign_shards
 from ae.data.spec import expand_shards
 from ae.data.whole_shards import WholeShards
-from ae.errors import UserError
 from ae.forensics.progress import in_phase, progress
-from ae.forensics.watchdog import start_watchdog, stop_watchdog
-from ae.log_lines import ENCODE_DONE, ENCODE_PLAN, ENCODE_RANK_DONE, RANK_EXIT, main_log
+from ae.forensics.watchdog import start_watchdog
+from ae.log_lines import ENCODE_DONE, ENCODE_PLAN, ENCODE_RANK_DONE, main_log
 from ae.training.encoding import (
     OutputShards,
     encode_all,
@@ -136,22 +136,7 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
 @record  # the traceback goes into torchrun's error file, so its failure report shows it
 def main(argv: list[str]) -> int:
     ctx = RankContext.from_env()
-    try:
-        why = encode(parse_args(argv), ctx)
-    except UserError as e:
-        if not logging_cfg.is_configured():
-            logging_cfg.configure_console()
-        logger.error(e.render())
-        code, why = e.exit_code, type(e).__name__
-    else:
-        code = 0
-    finally:
-        progress.enter("teardown")
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-        stop_watchdog()
-    logger.info(RANK_EXIT.format(code=code, why=why))
-    return code
+    return run_to_exit(lambda: encode(parse_args(argv), ctx))
 
 
 if __name__ == "__main__":

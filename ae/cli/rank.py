@@ -13,28 +13,25 @@ import sys
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from loguru import logger
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
 from ae.cli.launch import LAUNCHER_ENV
 from ae.cli.preflight import check, rank_needs
+from ae.cli.rank_exit import run_to_exit
 from ae.config import PREFETCH_FACTOR, Config, help_text, parse_config
 from ae.data.datamodule import ShardDataModule, silence_known_warnings
 from ae.data.demo import with_demo_defaults
 from ae.data.loader import install_worker_reaper
 from ae.data.spec import resolve_shards
-from ae.errors import DiskFullError, UserError
-from ae.forensics.progress import progress
-from ae.forensics.resources import disk_full_error, fs_space
 from ae.forensics.step_times import step_times
-from ae.forensics.watchdog import start_watchdog, stop_watchdog
-from ae.log_lines import DISK_FULL, RANK_EXIT, RESOURCE_TIGHT, main_log
+from ae.forensics.watchdog import start_watchdog
+from ae.log_lines import RESOURCE_TIGHT, main_log
 from ae.stragglers import recent_window_s
-from ae.training.checkpoint_files import human_size, resolve_resume
+from ae.training.checkpoint_files import resolve_resume
 from ae.training.model import build_model, describe
-from ae.training.preemption import SigtermWhileStuck, preempted_at
+from ae.training.preemption import preempted_at
 from ae.training.run_info import log_model_summary, log_rank_header, log_run_setup
 from ae.training.trainer import build_trainer
 from logging_cfg import RankContext
@@ -98,24 +95,6 @@ def preflight(cfg: Config, ctx: RankContext, *, batch_bytes: int, model: torch.n
             main_log.warning(RESOURCE_TIGHT.format(problem=line))
 
 
-def disk_full_line(e: OSError) -> str:
-    """The one ERROR line of a write that found its filesystem full."""
-    if isinstance(e, DiskFullError):
-        what, free, total = e.what, e.free, e.total
-    else:  # a write elsewhere (a sample grid, a cache file, a log)
-        space = fs_space(e.filename) if e.filename else None
-        what, free, total = "file", space and space.free, space and space.total
-    fix = (
-        "free space there, or use a smaller --checkpoints_total_limit or another --output_dir; "
-        "the previous checkpoint is kept: resume with --resume_from_checkpoint=last"
-    )
-    return DISK_FULL.format(
-        what=what, path=e.filename, fix=fix,
-        free="?" if free is None else human_size(free),
-        total="?" if total is None else human_size(total),
-    )  # fmt: skip
-
-
 @record  # the traceback goes into torchrun's error file, so its failure report shows it
 def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
@@ -123,34 +102,7 @@ def main(argv: list[str]) -> int:
         logger.info(help_text())
         return 0
     ctx = RankContext.from_env()
-    try:
-        cfg = parse_config(argv)
-        why = fit(cfg, ctx)
-    except UserError as e:
-        # User mistakes: one clear message, no traceback (the launcher catches most earlier).
-        if not logging_cfg.is_configured():
-            logging_cfg.configure_console()
-        logger.error(e.render())
-        code, why = e.exit_code, type(e).__name__
-    except SigtermWhileStuck as e:
-        logger.warning(e.describe())  # here, not in the signal handler that raised it
-        raise
-    except Exception as e:
-        if (full := disk_full_error(e)) is None:
-            raise
-        # The partial file is gone (its bytes free again): this line can still be written.
-        main_log.error(disk_full_line(full))
-        code, why = DiskFullError.exit_code, "disk full"
-    else:
-        code = 0
-    finally:
-        progress.enter("teardown")
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-        stop_watchdog()
-    # The last line of a rank that ends on its own: ae-diagnose tells it from a killed one.
-    logger.info(RANK_EXIT.format(code=code, why=why))
-    return code
+    return run_to_exit(lambda: fit(parse_config(argv), ctx))
 
 
 if __name__ == "__main__":
