@@ -36,10 +36,12 @@ import torch
 from loguru import logger
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ae.data.columnar import column_batches, columnar_slot
 from ae.data.decode import Augment, InputSpec, SampleDecoder
 from ae.data.errors import DataError, ErrorCounts, SlotErrors
 from ae.data.index import sample_offset
 from ae.data.plan import EpochPlan, ShardSlice, SplitMode, plan_epoch
+from ae.data.shuffle_order import shuffled_order
 from ae.data.tar_samples import ByteCount, RawSample, TarReader, iter_samples
 from ae.data.worker_stats import SlotMeter, WorkerStats
 from ae.forensics.faults import fault_point
@@ -305,6 +307,37 @@ class ShardStream(IterableDataset):
         raw = read_slices(self.urls, slices, errors, False, self.tar_reader)
         return list(itertools.islice(decode_samples(raw, self.decoder, errors), n))
 
+    def _general_batches(
+        self,
+        slices: list[ShardSlice],
+        slot: int,
+        rng: random.Random,
+        skip: int,
+        errors: SlotErrors,
+        meter: SlotMeter,
+    ) -> Iterator[torch.Tensor]:
+        """The slot's batches sample by sample: read, shuffle, skip, decode, fill, batch."""
+        planned = sum(s.stop - s.start for s in slices)
+        own = {s.shard for s in slices}
+        raw: Iterator[RawSample] = read_slices(
+            self.urls, slices, errors, self.debug, self.tar_reader, meter
+        )
+        if self.shuffle:
+            raw = shuffle_samples(raw, self.shuffle_buffer, rng)
+        if skip:
+            raw = itertools.islice(raw, skip, None)
+        # After a resume the quota is what is left. Bad samples among the skipped ones were
+        # dropped, not counted, in the first run, so the resumed stream may repeat a few samples
+        # of it; the number of batches stays exact.
+        stream = fill_quota(
+            decode_samples(raw, self.decoder, errors, self._augment()),
+            planned - skip,
+            random.Random(f"pool/{self.seed}/{self.epoch}/{self.rank}/{slot}"),
+            lambda: self._fallback_pool(slot, own),
+            errors,
+        )
+        return batch_samples(stream, self.batch_size, self.spec)
+
     @log_worker_exceptions
     def __iter__(self) -> Iterator[torch.Tensor]:
         info = get_worker_info()
@@ -326,33 +359,28 @@ class ShardStream(IterableDataset):
         errors = SlotErrors(self.errors, worker)  # one row per worker process
         errors0, replaced0 = errors.snapshot()
         meter = self.stats.meter(worker)
-        raw: Iterator[RawSample] = read_slices(
-            self.urls, slices, errors, self.debug, self.tar_reader, meter
-        )
-        if self.shuffle:
-            rng = random.Random(hash((self.seed, self.epoch, self.rank, slot)))
-            raw = shuffle_samples(raw, self.shuffle_buffer, rng)
+        rng = random.Random(hash((self.seed, self.epoch, self.rank, slot)))
         skip = worker_skip(self.skip_batches, self.num_workers, slot) * self.batch_size
         if skip:
             logger.info(f"Skipping {skip} samples already trained on (epoch {self.epoch})")
-            raw = itertools.islice(raw, skip, None)
-        # After a resume the quota is what is left. Bad samples among the skipped ones were
-        # dropped, not counted, in the first run, so the resumed stream may repeat a few samples
-        # of it; the number of batches stays exact.
-        stream = fill_quota(
-            decode_samples(raw, self.decoder, errors, self._augment()),
-            planned - skip,
-            random.Random(f"pool/{self.seed}/{self.epoch}/{self.rank}/{slot}"),
-            lambda: self._fallback_pool(slot, own),
-            errors,
-        )
+        # The path of the slot's shards: whole-batch gathers where their layout allows it.
+        columns = None
+        if self.tar_reader == "fast":
+            columns = columnar_slot(self.urls, slices, self.decoder, self.debug)
+        if columns is not None:
+            meter.shard(slices[0].shard)
+            bufsize = self.shuffle_buffer if self.shuffle else 0
+            order = shuffled_order(len(columns), bufsize, rng)[skip:]
+            batches = column_batches(columns, order, self.batch_size, meter.count)
+        else:
+            batches = self._general_batches(slices, slot, rng, skip, errors, meter)
         n = 0
         # The rank's batch index in the run, as the DataLoader takes batches round-robin.
         step0, stride = self.epoch * plan.batches_per_rank + worker, max(1, self.num_workers)
         # Time producing each batch, without the time suspended at `yield` (the batch waiting
         # in the loader's queue): the worker's read rate, not the rank's pace.
         started = time.perf_counter()
-        for i, batch in enumerate(batch_samples(stream, self.batch_size, self.spec)):
+        for i, batch in enumerate(batches):
             fault_point("data", step0 + i * stride)
             meter.batch(time.perf_counter() - started)
             n += len(batch)
