@@ -9,13 +9,14 @@ or decoding per sample. It gives the samples, in the order, that the general pat
 and the values are converted as `SampleDecoder.decode` converts them.
 
 A shard takes this path when it is a plain local tar whose first sample holds the input field as
-an uncompressed `.npy` (C order, real dtype, the run's element count), and
-
-- its index sidecar's offsets, if it has them, step by one stride (a layout that changes mid-way
-  shows as an uneven step), and
-- in every sample of the slice, the bytes that fix the layout are those of sample 0: the input
-  member's tar size field, type flag, ustar magic and name suffix, and its whole `.npy` header
-  (one vectorised comparison of a few 8-byte words per sample, at open).
+an uncompressed `.npy` (C order, real dtype, the run's element count), and in every sample the
+bytes that fix the layout are those of sample 0, one stride further each time: the input
+member's tar size field, type flag, ustar magic and name suffix, and its whole `.npy` header (one
+vectorised comparison of a few 8-byte words per sample). A layout that changes mid-way moves or
+changes these bytes from the first sample that differs on: the check names that sample. The
+check runs once per shard and process; the mapped, checked shard is kept (`MAPPED_SHARDS`, keyed
+by the file's size and mtime), so a later epoch of a persistent worker, or of the rank itself with
+0 workers, starts at once.
 
 Anything else (compressed, `pipe:`, remote, images, another field type, a mismatch anywhere in
 the slice) is read by the general path, which also reports bad data; a slot whose slices cannot
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import io
 import math
+import mmap
+import os
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +39,6 @@ import torch
 from loguru import logger
 
 from ae.data.decode import SampleDecoder, decoding_extension
-from ae.data.index import read_index
 from ae.data.plan import ShardSlice
 from ae.data.spec import is_remote
 from ae.data.tar_samples import DUPLICATE, ByteCount, split_name
@@ -140,13 +142,6 @@ def shard_layout(url: str, decoder: SampleDecoder) -> ColumnLayout | str:
         return f".npy of shape {shape}, expected {decoder.shape}"
     first = min(m.offset for m in members.values())
     stride = end0 - first
-    index = read_index(url, with_offsets=True, warn=False)
-    if index is not None and index.offsets is not None:
-        offsets = np.asarray(index.offsets, dtype=np.int64)
-        uneven = np.flatnonzero(offsets != first + stride * np.arange(len(offsets)))
-        if uneven.size:
-            k = int(uneven[0])
-            return f"sample {k} does not start where sample 0's layout puts it (index offsets)"
     member = info.offset_data - tarfile.BLOCKSIZE - first  # its own header, after any pax one
     name_end = header.find(b"\0", 0, 100)
     key_len = len(info.name) - len(field) - 1
@@ -181,32 +176,78 @@ class ColumnSlice:
     nbytes: int  # shard bytes the slice spans
 
 
-def open_slice(url: str, layout: ColumnLayout, s: ShardSlice) -> ColumnSlice | str:
-    """Memory-map slice `s` of a shard and check every sample's layout bytes; or why not."""
-    mm = np.memmap(url, dtype=np.uint8, mode="r")
-    n = s.stop - s.start
-    base = layout.first + s.start * layout.stride
-    if base + n * layout.stride > len(mm):
-        return f"the file ends before sample {s.stop} (truncated?)"
+@dataclass
+class MappedShard:
+    """A shard mapped into memory whose every sample was checked against its layout."""
+
+    data: np.ndarray  # the file's bytes (uint8, read-only map)
+    layout: ColumnLayout
+
+    def slice(self, s: ShardSlice) -> ColumnSlice:
+        dtype = np.dtype(self.layout.dtype)
+        n, stride = s.stop - s.start, self.layout.stride
+        rows = np.ndarray(
+            (n, self.layout.length),
+            dtype,
+            buffer=self.data,
+            offset=self.layout.first + s.start * stride + self.layout.data,
+            strides=(stride, dtype.itemsize),
+        )
+        return ColumnSlice(rows, n * stride)
+
+
+# Shards this process has mapped and checked: (url, size, mtime) -> shard, most recent last.
+MAPPED_SHARDS: dict[tuple[str, int, int], MappedShard] = {}
+MAX_MAPPED = 256
+
+
+def _map(url: str) -> np.ndarray:
+    """The file's bytes as a read-only map, its pages mapped up front (one kernel call instead of
+    a page fault per 4 KB)."""
+    with open(url, "rb") as f:
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        return np.frombuffer(mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ), np.uint8)
+
+
+def check_samples(data: np.ndarray, layout: ColumnLayout, count: int) -> str | None:
+    """Why samples 0..count-1 of a mapped shard do not all have the layout, or None."""
+    if layout.first + count * layout.stride > len(data):
+        return f"the file ends before sample {count} (truncated?)"
     span = max(layout.check_words) + WORD
     words = np.ndarray(
-        (n, span // WORD), np.uint64, buffer=mm, offset=base, strides=(layout.stride, WORD)
+        (count, span // WORD),
+        np.uint64,
+        buffer=data,
+        offset=layout.first,
+        strides=(layout.stride, WORD),
     )
     cols = np.asarray(layout.check_words) // WORD
     masks = np.asarray(layout.check_masks, dtype=np.uint64)
     expected = np.asarray(layout.expected, dtype=np.uint64)
     bad = np.flatnonzero(((words[:, cols] & masks) != expected).any(axis=1))
-    if bad.size:
-        return f"sample {s.start + int(bad[0])} is not laid out like sample 0"
-    dtype = np.dtype(layout.dtype)
-    rows = np.ndarray(
-        (n, layout.length),
-        dtype,
-        buffer=mm,
-        offset=base + layout.data,
-        strides=(layout.stride, dtype.itemsize),
-    )
-    return ColumnSlice(rows, n * layout.stride)
+    return None if bad.size == 0 else f"sample {int(bad[0])} is not laid out like sample 0"
+
+
+def mapped_shard(url: str, count: int, decoder: SampleDecoder) -> MappedShard | str:
+    """Shard `url` of `count` samples mapped and checked (kept for later epochs), or why it
+    takes the general path."""
+    stat = os.stat(url) if not is_remote(url) else None
+    key = (url, stat.st_size, stat.st_mtime_ns) if stat else None
+    if key in MAPPED_SHARDS:
+        shard = MAPPED_SHARDS.pop(key)  # type: ignore[arg-type]
+        MAPPED_SHARDS[key] = shard  # type: ignore[index]
+        return shard
+    layout = shard_layout(url, decoder)
+    if isinstance(layout, str):
+        return layout
+    data = _map(url)
+    if (problem := check_samples(data, layout, count)) is not None:
+        return problem
+    assert key is not None
+    MAPPED_SHARDS[key] = shard = MappedShard(data, layout)
+    while len(MAPPED_SHARDS) > MAX_MAPPED:
+        MAPPED_SHARDS.pop(next(iter(MAPPED_SHARDS)))
+    return shard
 
 
 class ColumnarSlot:
@@ -220,56 +261,56 @@ class ColumnarSlot:
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def gather(self, positions: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Rows at `positions` (of the slot's sequence) into `out`, float32, scaled as decoded."""
-        if len(self.slices) == 1:
-            self._take(self.slices[0].rows, positions, out)
+    def gather(self, positions: np.ndarray) -> np.ndarray:
+        """The rows at `positions` (of the slot's sequence), float32, scaled as decoded. Fancy
+        indexing reads only those rows of the strided views (`np.take` would first copy the
+        whole view to make it contiguous)."""
+        which = np.searchsorted(self.starts, positions, side="right") - 1
+        lo, hi = int(which.min()), int(which.max())
+        if lo == hi:
+            out = _float32(self.slices[lo].rows[positions - self.starts[lo]])
         else:
-            which = np.searchsorted(self.starts, positions, side="right") - 1
-            for i in np.unique(which):
+            out = np.empty((len(positions), self.slices[0].rows.shape[1]), np.float32)
+            for i in range(lo, hi + 1):
                 mask = which == i
-                part = np.empty((int(mask.sum()), out.shape[1]), np.float32)
-                self._take(self.slices[i].rows, positions[mask] - self.starts[i], part)
-                out[mask] = part
+                out[mask] = self.slices[i].rows[positions[mask] - self.starts[i]]
         if self.scale != 1.0:
             out *= self.scale
         return out
 
-    @staticmethod
-    def _take(rows: np.ndarray, at: np.ndarray, out: np.ndarray) -> None:
-        if rows.dtype == np.float32:
-            np.take(rows, at, axis=0, out=out)
-        else:
-            out[:] = rows[at]  # converted as `astype(np.float32)` converts
+
+def _float32(rows: np.ndarray) -> np.ndarray:
+    """A gathered copy as float32, converted as `SampleDecoder.decode` converts (`astype`)."""
+    return rows if rows.dtype == np.float32 else rows.astype(np.float32)
 
 
-def describe(layout: ColumnLayout) -> str:
-    return f"{layout.length} x {np.dtype(layout.dtype)} every {layout.stride} bytes"
-
-
-def _open(url: str, s: ShardSlice, decoder: SampleDecoder) -> tuple[ColumnSlice | None, str]:
+def _open(
+    url: str, count: int, s: ShardSlice, decoder: SampleDecoder
+) -> tuple[ColumnSlice | None, str]:
     """Slice `s` by the columnar path (and what it is), or None and why not."""
     try:
-        layout = shard_layout(url, decoder)
-        if isinstance(layout, str):
-            return None, layout
-        got = open_slice(url, layout, s)
+        shard = mapped_shard(url, count, decoder)
     except (OSError, ValueError) as e:  # unreadable: the general path reports it
         return None, f"{type(e).__name__}: {e}"
-    if isinstance(got, str):
-        return None, got
-    return got, f"{layout.length} x {np.dtype(layout.dtype)} every {layout.stride} bytes"
+    if isinstance(shard, str):
+        return None, shard
+    layout = shard.layout
+    return shard.slice(s), f"{layout.length} x {np.dtype(layout.dtype)} every {layout.stride} bytes"
 
 
 def columnar_slot(
-    urls: list[str], slices: list[ShardSlice], decoder: SampleDecoder, debug: bool = False
+    urls: list[str],
+    counts: list[int],
+    slices: list[ShardSlice],
+    decoder: SampleDecoder,
+    debug: bool = False,
 ) -> ColumnarSlot | None:
     """A slot's slices by the columnar path, or None when any of them cannot take it: the whole
     slot then takes the general path (one shuffle over all of its samples, as before). With
     `debug`, each slice's path and the reason are logged (`SHARD_PATH`)."""
     if not slices:
         return None
-    opened = [_open(urls[s.shard], s, decoder) for s in slices]
+    opened = [_open(urls[s.shard], counts[s.shard], s, decoder) for s in slices]
     columns = [c for c, _ in opened if c is not None]
     columnar = len(columns) == len(slices)
     blocker = next((why for c, why in opened if c is None), "")
@@ -293,11 +334,9 @@ def column_batches(
     slot: ColumnarSlot, order: np.ndarray, batch_size: int, count: ByteCount | None = None
 ) -> Iterator[torch.Tensor]:
     """Full batches of the rows at `order`, one gather each; `count` gets the bytes spanned."""
-    length = slot.slices[0].rows.shape[1]
     per_sample = sum(c.nbytes for c in slot.slices) // max(1, len(slot))
     for i in range(0, len(order) - batch_size + 1, batch_size):
-        out = np.empty((batch_size, length), np.float32)
-        slot.gather(order[i : i + batch_size], out)
+        batch = slot.gather(order[i : i + batch_size])
         if count is not None:
             count.n += batch_size * per_sample
-        yield torch.from_numpy(out)
+        yield torch.from_numpy(batch)

@@ -244,10 +244,18 @@ class ShardStream(IterableDataset):
     augment: bool = False  # random crops (and flips, if the decoder has them): training only
     errors: ErrorCounts = field(init=False)
     stats: WorkerStats = field(init=False)
+    # (epoch, skip_batches) as the rank last set them, in shared memory: persistent workers
+    # hold the copy of the stream they were started with, and read these at every epoch
+    position: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
         self.errors = ErrorCounts.create(self.num_workers)
         self.stats = WorkerStats.create(self.num_workers)
+        self.position = torch.zeros(2, dtype=torch.int64).share_memory_()
+
+    def publish_position(self) -> None:
+        """Hand the current epoch and skip to the workers; call before each new iterator."""
+        self.position[0], self.position[1] = self.epoch, self.skip_batches
 
     def worker_rates(self) -> list[dict[str, Any]]:
         """Each worker's current shard, read rate and time per batch (heartbeat)."""
@@ -342,6 +350,8 @@ class ShardStream(IterableDataset):
     def __iter__(self) -> Iterator[torch.Tensor]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
+        if info is not None:  # a worker, maybe a persistent one: the rank's epoch and skip
+            self.epoch, self.skip_batches = (int(v) for v in self.position.tolist())
         slot = resumed_slot(self.skip_batches, self.num_workers, worker)
         plan = self.plan()
         slices = plan.slot_slices(self.rank, slot)
@@ -366,7 +376,7 @@ class ShardStream(IterableDataset):
         # The path of the slot's shards: whole-batch gathers where their layout allows it.
         columns = None
         if self.tar_reader == "fast":
-            columns = columnar_slot(self.urls, slices, self.decoder, self.debug)
+            columns = columnar_slot(self.urls, self.counts, slices, self.decoder, self.debug)
         if columns is not None:
             meter.shard(slices[0].shard)
             bufsize = self.shuffle_buffer if self.shuffle else 0
