@@ -237,6 +237,7 @@ class ShardStream(IterableDataset):
     shuffle: bool = True
     shuffle_buffer: int = 1000
     tar_reader: TarReader = "fast"
+    columnar: bool = True  # whole-batch gathers where the shards allow (`ae.data.columnar`)
     seed: int = 0
     debug: bool = False
     epoch: int = 0
@@ -375,7 +376,7 @@ class ShardStream(IterableDataset):
             logger.info(f"Skipping {skip} samples already trained on (epoch {self.epoch})")
         # The path of the slot's shards: whole-batch gathers where their layout allows it.
         columns = None
-        if self.tar_reader == "fast":
+        if self.columnar and self.tar_reader == "fast":
             columns = columnar_slot(self.urls, self.counts, slices, self.decoder, self.debug)
         if columns is not None:
             meter.shard(slices[0].shard)
