@@ -79,7 +79,9 @@ def tarwriter_shards(root: Path, shards: int, per_shard: int, dim: int = 64) -> 
     for i, url in enumerate(urls):
         with wds.TarWriter(url) as sink:
             for j in range(per_shard):
-                sink.write({"__key__": f"{i * per_shard + j:09d}", "npy": rng.random(dim, np.float32)})
+                sink.write(
+                    {"__key__": f"{i * per_shard + j:09d}", "npy": rng.random(dim, np.float32)}
+                )
         scan = scan_shard(url)
         write_index(Path(url), scan.samples, scan.offsets)
     return urls

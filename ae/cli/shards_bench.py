@@ -66,8 +66,9 @@ def run_bench(spec: str, cfg: DataConfig, seconds: float) -> BenchResult:
         dm.setup("fit")
         stream = dm.train_set
         assert stream is not None
+        first_slot = stream.plan().slot_slices(0, 0)
         columnar = cfg.tar_reader == "fast" and (
-            columnar_slot(urls, stream.counts, stream.plan().slot_slices(0, 0), stream.decoder) is not None
+            columnar_slot(urls, stream.counts, first_slot, stream.decoder) is not None
         )
         epoch, batches, samples = 0, 0, 0
         started = time.perf_counter()

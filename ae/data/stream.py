@@ -6,6 +6,11 @@ Each dataloader worker (or the rank itself with 0 workers) is one slot of the ep
     read_slices -> shuffle_samples -> (skip, on mid-epoch resume) -> decode_samples
         -> fill_quota -> batch_samples
 
+That is the general path. Where every shard of the slot has one columnar layout (`.npy` vectors
+laid out alike: `ae.data.columnar`), the slot takes the columnar path instead: the same samples
+in the same order, each batch one gather from the memory-mapped shards (`columnar_slot`, the one
+place the path is picked).
+
 The shuffle buffer holds raw (encoded) samples: smaller than decoded arrays, and a resumed epoch
 can drop the samples it already trained on without decoding them (`ae.data.resume`). Decoding is
 the run's `SampleDecoder` (`ae.data.decode`); in training, an image's random crop and flip are a

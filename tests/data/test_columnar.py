@@ -68,6 +68,15 @@ def _stream(
     )  # fmt: skip
 
 
+def _loader(
+    urls: list[str], reader: str, workers: int, epoch: int = 0, persistent: bool = False
+) -> ResumableLoader:
+    stream = _stream(urls, reader, workers, epoch)
+    return ResumableLoader(
+        stream, num_workers=workers, batch_size=None, persistent_workers=persistent
+    )
+
+
 def _batches(loader: ResumableLoader) -> list[torch.Tensor]:
     return [b.clone() for b in loader]
 
@@ -99,9 +108,12 @@ def test_same_batches_as_the_general_path_across_epochs_and_a_resume(
     urls = _shards(tmp_path, [37, 25, 30, 19])
     per_epoch = []
     for epoch in (0, 1):
-        general = _batches(ResumableLoader(_stream(urls, "tarfile", workers, epoch), num_workers=workers, batch_size=None))  # fmt: skip
+        general = _batches(_loader(urls, "tarfile", workers, epoch))
+        no_columns = _loader(urls, "fast", workers, epoch)
+        no_columns.dataset.columnar = False  # the fast reader's general path
+        assert all(torch.equal(a, b) for a, b in zip(_batches(no_columns), general, strict=True))
         paths.clear()
-        fast = _batches(ResumableLoader(_stream(urls, "fast", workers, epoch), num_workers=workers, batch_size=None))  # fmt: skip
+        fast = _batches(_loader(urls, "fast", workers, epoch))
         assert len(fast) == len(general) == 13
         assert all(torch.equal(a, b) for a, b in zip(fast, general, strict=True))
         if workers == 0:
@@ -111,15 +123,14 @@ def test_same_batches_as_the_general_path_across_epochs_and_a_resume(
         per_epoch.append(fast)
     assert not torch.equal(per_epoch[0][0], per_epoch[1][0])
     # workers that persist across epochs (the run's loader) follow the rank's epoch
-    stream = _stream(urls, "fast", workers, 0)
-    persistent = ResumableLoader(stream, num_workers=workers, batch_size=None, persistent_workers=workers > 0)  # fmt: skip
+    persistent = _loader(urls, "fast", workers, persistent=workers > 0)
     for epoch in (0, 1):
-        stream.epoch = epoch
+        persistent.dataset.epoch = epoch
         got = _batches(persistent)
         assert all(torch.equal(a, b) for a, b in zip(got, per_epoch[epoch], strict=True))
     # epoch 1 differs from epoch 0, and a resume mid-epoch 1 continues it exactly
     for k in (1, 6):
-        resumed = ResumableLoader(_stream(urls, "fast", workers, 0), num_workers=workers, batch_size=None)  # fmt: skip
+        resumed = _loader(urls, "fast", workers)
         resumed.load_state_dict({"epoch": 1, "batches": k})
         rest = _batches(resumed)
         assert all(torch.equal(a, b) for a, b in zip(rest, fast[k:], strict=True))
@@ -140,7 +151,8 @@ def _mixed_shard(tmp_path: Path, index: bool, change: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("index", "change"), [(True, "size"), (False, "size"), (False, "same_size"), (True, "same_size")]
+    ("index", "change"),
+    [(True, "size"), (False, "size"), (False, "same_size"), (True, "same_size")],
 )
 def test_a_layout_change_mid_shard_is_read_by_the_general_path(
     tmp_path: Path, index: bool, change: str, paths
