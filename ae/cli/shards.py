@@ -26,6 +26,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from loguru import logger
@@ -186,8 +187,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _data_flag(parser: argparse.ArgumentParser, name: str, kind: type) -> None:
-    """A flag of the run's, with its default and help from `ae.config.DataConfig`."""
+def _run_flag(name: str, kind: type) -> dict[str, Any]:
+    """`add_argument` keywords of a run's flag: its default, range and help from `DataConfig`."""
     spec = next(f for f in fields(DataConfig) if f.name == name)
     lo = spec.metadata["lo"]
 
@@ -197,7 +198,7 @@ def _data_flag(parser: argparse.ArgumentParser, name: str, kind: type) -> None:
             raise argparse.ArgumentTypeError(f"must be >= {lo}; got {text}")
         return v
 
-    parser.add_argument(f"--{name}", type=value, default=spec.default, help=spec.metadata["help"])
+    return {"type": value, "default": spec.default, "help": spec.metadata["help"]}
 
 
 # --- entry point ----------------------------------------------------------------------------
@@ -221,10 +222,11 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("--input_key", default=None, help="the field a run would train on (--input_key)")
     b = sub.add_parser("bench", help="samples/s of the training input pipeline on these shards")
     b.add_argument("spec", help="shard spec: brace pattern, glob, folder, pipe:, http(s)://")
-    for name, kind in (("batch_size", int), ("num_workers", int), ("image_size", int)):
-        _data_flag(b, name, kind)
-    _data_flag(b, "input_key", str)
-    _data_flag(b, "tar_reader", str)
+    b.add_argument("--batch_size", **_run_flag("batch_size", int))
+    b.add_argument("--num_workers", **_run_flag("num_workers", int))
+    b.add_argument("--image_size", **_run_flag("image_size", int))
+    b.add_argument("--input_key", **_run_flag("input_key", str))
+    b.add_argument("--tar_reader", choices=("fast", "tarfile"), **_run_flag("tar_reader", str))
     b.add_argument("--seconds", type=float, default=10.0, help="time this long (10)")
     b.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     return p
