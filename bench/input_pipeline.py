@@ -61,14 +61,15 @@ def _ceiling_parse(url: str, kind: str) -> int:
     while pos + 512 <= len(data) and data[pos] != 0:
         size = int(data[pos + 124 : pos + 136].rstrip(b" \0") or b"0", 8)
         body = data[pos + 512 : pos + 512 + size]
-        if kind in ("npy", "vec"):
+        regular = data[pos + 156] in b"0\0"  # not a pax header (TarWriter's) or a directory
+        if regular and kind in ("npy", "vec"):
             hlen = int.from_bytes(body[8:10], "little")
             np.frombuffer(body, dtype=np.float32, offset=10 + hlen)
-        elif kind == "jpg":
+        elif regular and kind == "jpg":
             decode_image(body, "RGB", JPG_SIZE)
-        else:
+        elif regular:
             np.asarray(Image.open(io.BytesIO(body)))
-        n += 1
+        n += regular
         pos += 512 + (size + 511) // 512 * 512
     return n
 
@@ -237,7 +238,8 @@ def main() -> None:
                 f"{kind} batch={r['batch_size']} workers={workers}: ae {r['ae']:,.0f}/s, {general}"
                 f"webdataset {r['webdataset']:,.0f}/s, ceiling {r['ceiling']:,.0f}/s -> "
                 f"{r['ae_vs_webdataset']:.1f}x webdataset, {r['ae_vs_ceiling']:.2f}x ceiling "
-                f"(load {r['load_average']:.1f})"
+                f"(load {r['load_average']:.1f})",
+                flush=True,
             )
     decode_ms = None
     if "jpg" in args.kinds.split(","):
