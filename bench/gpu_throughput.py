@@ -13,8 +13,9 @@ ceiling, and the GPU utilisation (NVML's percentage of time a kernel ran, sample
 `nvidia-smi`; mean over the timed part). Shards: 64-dim float32 `.npy` vectors written by
 WebDataset's `TarWriter`, indexed (`bench.common.tarwriter_shards`).
 
-    python -m bench.gpu_throughput            # ~2 min on an H100: 8 x 250k samples, 20 s each
-    python -m bench.gpu_throughput --quick    # a smoke run (~30 s)
+    python -m bench.gpu_throughput            # 8 x 250k samples (4 GB of shards, written once:
+                                              # a few minutes), then 20 s per way
+    python -m bench.gpu_throughput --quick    # a smoke run: 4 x 50k samples, 5 s per way
 
 Needs CUDA: without it, it stops with one line saying so. Writes bench/results/gpu_throughput.json.
 """
