@@ -72,10 +72,11 @@ def run_bench(spec: str, cfg: DataConfig, seconds: float) -> BenchResult:
         )
         epoch, batches, samples = 0, 0, 0
         started = time.perf_counter()
+        loader = dm.train_dataloader()  # once, as Lightning does: its workers persist
         first = None
         now = started
         while first is None or now - first < seconds:
-            for batch in dm.train_dataloader():
+            for batch in loader:
                 now = time.perf_counter()
                 if first is None:
                     first = now  # the first batch is startup: not counted
