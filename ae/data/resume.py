@@ -38,7 +38,6 @@ class ResumableLoader(PreemptibleLoader):
         stream = self.dataset
         stream.skip_batches, self._pending_skip = self._pending_skip, 0
         self._consumed = stream.skip_batches
-        stream.publish_position()  # for workers that persist across epochs
         batches = super().__iter__()
         while True:
             started = time.perf_counter()

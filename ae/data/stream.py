@@ -58,6 +58,7 @@ from logging_cfg import log_worker_exceptions
 REPLACEMENT_POOL = 64
 
 T = TypeVar("T")
+_POSITION = {"epoch": 0, "skip_batches": 1}  # ShardStream.position's fields
 
 
 def read_shard(
@@ -257,11 +258,12 @@ class ShardStream(IterableDataset):
     def __post_init__(self) -> None:
         self.errors = ErrorCounts.create(self.num_workers)
         self.stats = WorkerStats.create(self.num_workers)
-        self.position = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.position = torch.tensor([self.epoch, self.skip_batches]).share_memory_()
 
-    def publish_position(self) -> None:
-        """Hand the current epoch and skip to the workers; call before each new iterator."""
-        self.position[0], self.position[1] = self.epoch, self.skip_batches
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in _POSITION and "position" in self.__dict__:
+            self.position[_POSITION[name]] = value  # seen by the workers, persistent ones too
 
     def worker_rates(self) -> list[dict[str, Any]]:
         """Each worker's current shard, read rate and time per batch (heartbeat)."""
