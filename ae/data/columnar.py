@@ -12,11 +12,11 @@ A shard takes this path when it is a plain local tar whose first sample holds th
 an uncompressed `.npy` (C order, real dtype, the run's element count), and in every sample the
 bytes that fix the layout are those of sample 0, one stride further each time: the input
 member's tar size field, type flag, ustar magic and name suffix, and its whole `.npy` header (one
-vectorised comparison of a few 8-byte words per sample). A layout that changes mid-way moves or
-changes these bytes from the first sample that differs on: the check names that sample. The
-check runs once per shard and process; the mapped, checked shard is kept (`MAPPED_SHARDS`, keyed
-by the file's size and mtime), so a later epoch of a persistent worker, or of the rank itself with
-0 workers, starts at once.
+vectorised comparison of a few 8-byte words per sample, over the slice a worker reads). A
+layout that changes mid-way moves or changes these bytes from the first sample that differs on:
+the check names that sample. Each sample is checked once per process; the mapped shard and what
+was checked are kept (`MAPPED_SHARDS`, keyed by the file's size and mtime), so a later epoch of a
+persistent worker, or of the rank itself with 0 workers, starts at once.
 
 Anything else (compressed, `pipe:`, remote, images, another field type, a mismatch anywhere in
 the slice) is read by the general path, which also reports bad data; a slot whose slices cannot
@@ -178,10 +178,30 @@ class ColumnSlice:
 
 @dataclass
 class MappedShard:
-    """A shard mapped into memory whose every sample was checked against its layout."""
+    """A shard mapped into memory, and which of its samples were checked against its layout."""
 
-    data: np.ndarray  # the file's bytes (uint8, read-only map)
+    mapped: mmap.mmap  # the file, read-only
     layout: ColumnLayout
+    checked: np.ndarray  # bool per sample
+
+    @property
+    def data(self) -> np.ndarray:
+        return np.frombuffer(self.mapped, np.uint8)
+
+    def check(self, s: ShardSlice) -> str | None:
+        """Why slice `s` cannot be read by its layout (a sample not laid out so), or None. Each
+        sample is checked once; a slice's pages are asked for ahead of the check."""
+        if self.checked[s.start : s.stop].all():
+            return None
+        first, stride = self.layout.first, self.layout.stride
+        if first + s.stop * stride > len(self.data):
+            return f"the file ends before sample {s.stop} (truncated?)"
+        start = (first + s.start * stride) // mmap.PAGESIZE * mmap.PAGESIZE
+        self.mapped.madvise(mmap.MADV_WILLNEED, start, first + s.stop * stride - start)
+        problem = check_samples(self.data, self.layout, s.start, s.stop)
+        if problem is None:
+            self.checked[s.start : s.stop] = True
+        return problem
 
     def slice(self, s: ShardSlice) -> ColumnSlice:
         dtype = np.dtype(self.layout.dtype)
@@ -197,40 +217,38 @@ class MappedShard:
 
 
 # Shards this process has mapped and checked: (url, size, mtime) -> shard, most recent last.
+# Mapped pages count in the process's RSS (shared with the page cache, reclaimable), so the
+# least recently used are dropped past MAX_MAPPED_BYTES; a slice being read keeps its own map.
 MAPPED_SHARDS: dict[tuple[str, int, int], MappedShard] = {}
-MAX_MAPPED = 256
+MAX_MAPPED_BYTES = 2 << 30
 
 
-def _map(url: str) -> np.ndarray:
-    """The file's bytes as a read-only map, its pages mapped up front (one kernel call instead of
-    a page fault per 4 KB)."""
+def _map(url: str) -> mmap.mmap:
+    """The file, as a read-only shared map."""
     with open(url, "rb") as f:
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        return np.frombuffer(mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ), np.uint8)
+        return mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
 
 
-def check_samples(data: np.ndarray, layout: ColumnLayout, count: int) -> str | None:
-    """Why samples 0..count-1 of a mapped shard do not all have the layout, or None."""
-    if layout.first + count * layout.stride > len(data):
-        return f"the file ends before sample {count} (truncated?)"
+def check_samples(data: np.ndarray, layout: ColumnLayout, start: int, stop: int) -> str | None:
+    """Why samples [start, stop) of a mapped shard do not all have the layout, or None."""
     span = max(layout.check_words) + WORD
     words = np.ndarray(
-        (count, span // WORD),
+        (stop - start, span // WORD),
         np.uint64,
         buffer=data,
-        offset=layout.first,
+        offset=layout.first + start * layout.stride,
         strides=(layout.stride, WORD),
     )
     cols = np.asarray(layout.check_words) // WORD
     masks = np.asarray(layout.check_masks, dtype=np.uint64)
     expected = np.asarray(layout.expected, dtype=np.uint64)
     bad = np.flatnonzero(((words[:, cols] & masks) != expected).any(axis=1))
-    return None if bad.size == 0 else f"sample {int(bad[0])} is not laid out like sample 0"
+    return None if bad.size == 0 else f"sample {start + int(bad[0])} is not laid out like sample 0"
 
 
 def mapped_shard(url: str, count: int, decoder: SampleDecoder) -> MappedShard | str:
-    """Shard `url` of `count` samples mapped and checked (kept for later epochs), or why it
-    takes the general path."""
+    """Shard `url` of `count` samples mapped (kept for later epochs), or why it takes the
+    general path."""
     stat = os.stat(url) if not is_remote(url) else None
     key = (url, stat.st_size, stat.st_mtime_ns) if stat else None
     if key in MAPPED_SHARDS:
@@ -240,12 +258,11 @@ def mapped_shard(url: str, count: int, decoder: SampleDecoder) -> MappedShard | 
     layout = shard_layout(url, decoder)
     if isinstance(layout, str):
         return layout
-    data = _map(url)
-    if (problem := check_samples(data, layout, count)) is not None:
-        return problem
     assert key is not None
-    MAPPED_SHARDS[key] = shard = MappedShard(data, layout)
-    while len(MAPPED_SHARDS) > MAX_MAPPED:
+    MAPPED_SHARDS[key] = shard = MappedShard(_map(url), layout, np.zeros(count, bool))
+    while len(MAPPED_SHARDS) > 1 and sum(len(m.mapped) for m in MAPPED_SHARDS.values()) > (
+        MAX_MAPPED_BYTES
+    ):
         MAPPED_SHARDS.pop(next(iter(MAPPED_SHARDS)))
     return shard
 
@@ -294,6 +311,8 @@ def _open(
         return None, f"{type(e).__name__}: {e}"
     if isinstance(shard, str):
         return None, shard
+    if (problem := shard.check(s)) is not None:
+        return None, problem
     layout = shard.layout
     return shard.slice(s), f"{layout.length} x {np.dtype(layout.dtype)} every {layout.stride} bytes"
 
