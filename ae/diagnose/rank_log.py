@@ -135,6 +135,7 @@ class RankLog:
     shard_errors: list[Record] = field(default_factory=list)
     shard_error_lines: int = 0
     native_dump: Evidence | None = None
+    native_dump_main: Evidence | None = None  # the innermost frame of the main thread in it
     sigterm: Record | None = None
     heartbeat: Heartbeat | None = None
     header_host: str | None = None  # from the rank header, for a rank without a heartbeat
@@ -220,6 +221,7 @@ class _Scanner:
             s.sigterm = log.record(max(found))
         if (pos := log.data.rfind(b"\n" + FAULTHANDLER_TIMEOUT)) >= 0:
             s.native_dump = log.evidence(pos + 1)
+            s.native_dump_main = _main_thread_frame(log, pos + 1)
 
     def _stalls(self, log: LogBytes) -> None:
         s = self.s
@@ -371,3 +373,16 @@ def shard_of(rec: Record) -> str:
     """The shard an ERROR line names (its first `.tar` path or URL)."""
     m = _SHARD.search(rec.message)
     return m[1] if m else "?"
+
+
+def _main_thread_frame(log: LogBytes, dump: int) -> Evidence | None:
+    """The innermost frame of the main thread in faulthandler's timer dump at `dump`. The dump
+    lists threads newest first, so the main thread, the oldest, is the last block."""
+    end = log.data.find(b"\n20", dump)  # the next log record ends the dump
+    block = log.data.rfind(b"\nThread 0x", dump, end if end >= 0 else len(log.data))
+    if block < 0:
+        return None
+    frame = log.data.find(b"\n  File ", block + 1)
+    if frame < 0 or (end >= 0 and frame > end):
+        return None
+    return log.evidence(frame + 1)

@@ -274,7 +274,7 @@ def render(doc: dict[str, Any], console: Console) -> None:
         console.print(f"  rank {v['rank']}: {v['cause']} (phase {v['phase'] or '?'}), a victim")
         _print_evidence(console, v["evidence"])
     if stragglers:
-        console.print("Stragglers (score: own time per step / median of the ranks):")
+        console.print("Stragglers (score: own time per step / the other ranks' median):")
     for s in stragglers:
         line = Text(f"  rank {s['rank']}: {s['score']:.1f}x, cause ", style="bold")
         line.append(s["cause"], style="bold yellow")

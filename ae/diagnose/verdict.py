@@ -190,6 +190,15 @@ class _Judge:
                 self._victim(r, f"stopped after rank {failed} failed", evidence[-1:])
             elif first_gone is not None:
                 self._victim(r, f"stopped after rank {first_gone.rank} died", evidence[-1:])
+            elif r.native_dump is not None or (hb is not None and hb.stalled):
+                # The watchdog saw the stall but its report never came: its thread was blocked
+                # too (a lock held across threads, native code holding the interpreter lock).
+                first_gone = r
+                dump = [e for e in (r.native_dump, r.native_dump_main) if e is not None]
+                rule = "stalled; its watchdog could not write a STALL report (faulthandler)"
+                self._culprit(
+                    r, current_phase(r), "stalled, watchdog blocked", rule, evidence + dump, life
+                )
             else:
                 first_gone = r
                 rule = "log stops with no exit line, no exception, no stall"
@@ -291,7 +300,7 @@ class _Judge:
 
     def _crashed(self, r: RankLog, c: Crash, rule: str) -> None:
         cause = f"{'fatal signal' if c.signal else 'exception'}: {c.kind}"
-        self._culprit(r, c.phase or r.log_phase, cause, rule, c.evidence, c.time)
+        self._culprit(r, c.phase or r.log_phase or "setup", cause, rule, c.evidence, c.time)
         self.states[r.rank] = "crashed"
 
     def _culprit(

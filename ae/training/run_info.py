@@ -37,6 +37,15 @@ def device_name(ctx: RankContext, accelerator: str) -> str:
     return "cpu"
 
 
+def ae_version() -> str:
+    """The installed version, or `source` when `ae` runs from a checkout on PYTHONPATH (no
+    package metadata): the header must never be what stops a rank."""
+    try:
+        return importlib.metadata.version("ae")
+    except importlib.metadata.PackageNotFoundError:
+        return "source"
+
+
 def log_rank_header(ctx: RankContext, accelerator: str) -> None:
     cuda = torch.cuda.is_available()
     device = device_name(ctx, accelerator)
@@ -49,7 +58,7 @@ def log_rank_header(ctx: RankContext, accelerator: str) -> None:
         f"device={device} cuda_available={cuda} cuda_devices={torch.cuda.device_count()} "
         f"nccl_available={nccl_available()}",
         f"torch={torch.__version__} lightning={lightning.__version__} "
-        f"ae={importlib.metadata.version('ae')} ({Path(ae.__file__).parent})",
+        f"ae={ae_version()} ({Path(ae.__file__).parent})",
         *(f"{k}={os.environ.get(k, '<unset>')}" for k in _ENV_KEYS),
     ]
     logger.info("==================== RANK HEADER ====================")
