@@ -83,6 +83,12 @@ BAD_SHARD_SCAN = LineFormat(
     "Bad shard {url}: {reason} (counted {samples} whole samples)",
     {"url": "text", "reason": "text", "samples": "int"},
 )
+# Which reader a worker slice of a shard took (ae.data.columnar), at DEBUG, once per slice and
+# epoch: `columnar` (whole batches gathered from the shard bytes) or `general` (sample by sample).
+SHARD_PATH = LineFormat(
+    "Shard path {path} for {url} samples [{start}, {stop}): {why}",
+    {"path": "word", "url": "text", "start": "int", "stop": "int", "why": "text"},
+)
 # Per rank and split, at the end of the run (WARNING when there were errors).
 DATA_ERRORS = LineFormat(
     "Data errors {split}_shards: {bad_samples} bad samples, {bad_shards} bad shard reads, "

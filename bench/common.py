@@ -62,6 +62,31 @@ def synthetic_shards(
     return urls
 
 
+def tarwriter_shards(root: Path, shards: int, per_shard: int, dim: int = 64) -> list[str]:
+    """`shards` tar files of `per_shard` 64-dim float32 `.npy` vectors written by WebDataset's
+    own `TarWriter`, each with the index sidecar `ae-shards index` writes. Cached."""
+    import webdataset as wds
+
+    from ae.data.header_walk import scan_shard
+    from ae.data.index import write_index
+
+    out = root / f"vec-{shards}x{per_shard}"
+    urls = [str(out / f"shard-{i:06d}.tar") for i in range(shards)]
+    if all(Path(u + ".idx").exists() for u in urls):
+        return urls
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i, url in enumerate(urls):
+        with wds.TarWriter(url) as sink:
+            for j in range(per_shard):
+                sink.write(
+                    {"__key__": f"{i * per_shard + j:09d}", "npy": rng.random(dim, np.float32)}
+                )
+        scan = scan_shard(url)
+        write_index(Path(url), scan.samples, scan.offsets)
+    return urls
+
+
 def photo_shards(root: Path, shards: int, per_shard: int) -> list[str]:
     """`shards` tar files of `per_shard` real-photo JPEGs of 500x400 (`jpg` field), all distinct,
     cut from scikit-image's photographs (`bench.real_images`). Cached like `synthetic_shards`."""

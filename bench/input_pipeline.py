@@ -1,7 +1,12 @@
 """Input pipeline throughput, 1 rank, 0/1/2 workers: ae vs plain webdataset vs the parse ceiling.
 
-Three datasets: 64-dim float32 `.npy` vectors, 32x32 RGB PNGs (native size), and real-photo
-JPEGs of 500x400 taken to 64x64 (`--image_size=64`).
+Four datasets: 64-dim float32 `.npy` vectors (ae's writer), 32x32 RGB PNGs (native size),
+real-photo JPEGs of 500x400 taken to 64x64 (`--image_size=64`), all in batches of 256, and
+`vec`: 64-dim float32 vectors in shards written by WebDataset's `TarWriter` (a pax header per
+member), indexed as `ae-shards index` does, in batches of 4096 (`--vec_batch`). For `vec` ae is
+timed twice: `ae` (the columnar path, `ae.data.columnar`) and `ae_general` (sample by sample,
+what other shards take), both over several epochs through the trainer's loader settings
+(persistent workers, prefetch), as training reads them.
 
 - ae: `ShardStream` (the trainer's dataset) through a DataLoader, whole batches to the main
   process, exactly as training gets them (shuffle buffer on; JPEGs: random crops).
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,17 +36,22 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ae.data.counts import count_shards
+from ae.data.datamodule import PREFETCH_FACTOR
 from ae.data.decode import SampleDecoder
 from ae.data.images import decode_image, fit, to_array
+from ae.data.resume import ResumableLoader
 from ae.data.stream import ShardStream
-from bench.common import photo_shards, synthetic_shards, write_record
+from bench.common import photo_shards, synthetic_shards, tarwriter_shards, write_record
 
 BATCH = 256
+VEC_BATCH = 4096
+VEC_EPOCHS_S = 3.0  # ae on `vec` reads epoch after epoch for at least this long
 JPG_SIZE = 64
 DECODERS = {
     "npy": SampleDecoder((("npy", None),), "vector", (64,)),
     "png": SampleDecoder((("png", None),), "image", (3, 32, 32)),
     "jpg": SampleDecoder((("jpg", None),), "image", (3, JPG_SIZE, JPG_SIZE), image_size=JPG_SIZE),
+    "vec": SampleDecoder((("npy", None),), "vector", (64,)),
 }
 
 
@@ -50,14 +61,15 @@ def _ceiling_parse(url: str, kind: str) -> int:
     while pos + 512 <= len(data) and data[pos] != 0:
         size = int(data[pos + 124 : pos + 136].rstrip(b" \0") or b"0", 8)
         body = data[pos + 512 : pos + 512 + size]
-        if kind == "npy":
+        regular = data[pos + 156] in b"0\0"  # not a pax header (TarWriter's) or a directory
+        if regular and kind in ("npy", "vec"):
             hlen = int.from_bytes(body[8:10], "little")
             np.frombuffer(body, dtype=np.float32, offset=10 + hlen)
-        elif kind == "jpg":
+        elif regular and kind == "jpg":
             decode_image(body, "RGB", JPG_SIZE)
-        else:
+        elif regular:
             np.asarray(Image.open(io.BytesIO(body)))
-        n += 1
+        n += regular
         pos += 512 + (size + 511) // 512 * 512
     return n
 
@@ -73,20 +85,37 @@ class _Ceiling(IterableDataset):
             yield _ceiling_parse(url, self.kind)
 
 
-def _ours(urls: list[str], kind: str, workers: int) -> DataLoader:
+def _ours(urls: list[str], kind: str, workers: int, columnar: bool = True) -> DataLoader:
     stream = ShardStream(
         split="bench",
         urls=urls,
         counts=count_shards(urls).counts,
         decoder=DECODERS[kind],
-        batch_size=BATCH,
+        batch_size=_batch(kind),
         rank=0,
         world_size=1,
         num_workers=workers,
         augment=True,  # as in training: random crops (JPEGs)
+        columnar=columnar,
     )
-    prefetch = 4 if workers else None
-    return DataLoader(stream, batch_size=None, num_workers=workers, prefetch_factor=prefetch)
+    if kind != "vec":  # the figures of earlier rounds: one epoch, workers started for it
+        prefetch = PREFETCH_FACTOR if workers else None
+        return DataLoader(stream, batch_size=None, num_workers=workers, prefetch_factor=prefetch)
+    return ResumableLoader(
+        stream,
+        batch_size=None,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        prefetch_factor=PREFETCH_FACTOR if workers else None,
+    )
+
+
+def _ours_general(urls: list[str], kind: str, workers: int) -> DataLoader:
+    return _ours(urls, kind, workers, columnar=False)
+
+
+def _batch(kind: str) -> int:
+    return VEC_BATCH if kind == "vec" else BATCH
 
 
 def _webdataset(urls: list[str], kind: str, workers: int) -> DataLoader:
@@ -97,7 +126,9 @@ def _webdataset(urls: list[str], kind: str, workers: int) -> DataLoader:
         ds = ds.decode("pil").map_dict(jpg=_resized)
     else:
         ds = ds.decode(*(["rgb"] if kind == "png" else []))
-    return DataLoader(ds.to_tuple(kind).batched(BATCH), batch_size=None, num_workers=workers)
+    field = "npy" if kind == "vec" else kind
+    batched = ds.to_tuple(field).batched(_batch(kind))
+    return DataLoader(batched, batch_size=None, num_workers=workers)
 
 
 def _resized(img: Image.Image) -> np.ndarray:
@@ -150,6 +181,14 @@ def _rate(loader: DataLoader, expect: int) -> float:
     t0 = time.perf_counter()
     n = _count(loader)
     dt = time.perf_counter() - t0
+    if isinstance(loader, ResumableLoader):  # epoch after epoch, as training reads
+        epoch = 0
+        while dt < VEC_EPOCHS_S:
+            epoch += 1
+            loader.dataset.epoch = epoch
+            n += _count(loader)
+            dt = time.perf_counter() - t0
+        expect *= epoch + 1
     assert n >= expect * 0.95, (n, expect)  # a pipeline that skips data is not faster
     return n / dt
 
@@ -158,7 +197,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller data, for a smoke run")
     ap.add_argument("--data", default="/tmp/ae-bench-data")
-    ap.add_argument("--kinds", default="npy,png,jpg", help="datasets to run, comma-separated")
+    ap.add_argument("--kinds", default="vec,npy,png,jpg", help="datasets, comma-separated")
     ap.add_argument("--workers", default="0,1,2", help="dataloader worker counts to run")
     ap.add_argument(
         "--repeat", type=int, default=1,
@@ -166,6 +205,7 @@ def main() -> None:
     )  # fmt: skip
     args = ap.parse_args()
     sizes = {
+        "vec": (8, 6000 if args.quick else 25000),
         "npy": (8, 6000 if args.quick else 25000),
         "png": (8, 1000 if args.quick else 4000),
         "jpg": (4, 64 if args.quick else 200),
@@ -175,25 +215,31 @@ def main() -> None:
         shards, per_shard = sizes[kind]
         if kind == "jpg":
             urls = photo_shards(Path(args.data), shards, per_shard)
+        elif kind == "vec":
+            urls = tarwriter_shards(Path(args.data), shards, per_shard)
         else:
             urls = synthetic_shards(Path(args.data), kind, shards, per_shard)
         total = shards * per_shard
         for workers in (int(w) for w in args.workers.split(",")):
             r: dict = {"kind": kind, "workers": workers, "repeat": args.repeat}
+            r["batch_size"] = _batch(kind)
+            readers = [("ae", _ours), ("webdataset", _webdataset), ("ceiling", _ceiling)]
+            if kind == "vec":
+                readers.insert(1, ("ae_general", _ours_general))
             for _ in range(args.repeat):
-                for name, make in (
-                    ("ae", _ours),
-                    ("webdataset", _webdataset),
-                    ("ceiling", _ceiling),
-                ):
+                for name, make in readers:
                     r[name] = max(r.get(name, 0.0), _rate(make(urls, kind, workers), total))
             r["ae_vs_webdataset"] = r["ae"] / r["webdataset"]
             r["ae_vs_ceiling"] = r["ae"] / r["ceiling"]
+            r["load_average"] = os.getloadavg()[0]
             rows.append(r)
+            general = f"ae_general {r['ae_general']:,.0f}/s, " if "ae_general" in r else ""
             print(
-                f"{kind} workers={workers}: ae {r['ae']:,.0f}/s, "
+                f"{kind} batch={r['batch_size']} workers={workers}: ae {r['ae']:,.0f}/s, {general}"
                 f"webdataset {r['webdataset']:,.0f}/s, ceiling {r['ceiling']:,.0f}/s -> "
-                f"{r['ae_vs_webdataset']:.1f}x webdataset, {r['ae_vs_ceiling']:.2f}x ceiling"
+                f"{r['ae_vs_webdataset']:.1f}x webdataset, {r['ae_vs_ceiling']:.2f}x ceiling "
+                f"(load {r['load_average']:.1f})",
+                flush=True,
             )
     decode_ms = None
     if "jpg" in args.kinds.split(","):
@@ -210,6 +256,9 @@ def main() -> None:
             "rows": rows,
             "jpg_decode_ms": decode_ms,
             "targets": {
+                "vec_samples_per_s_0_workers": 2_000_000,
+                "vec_samples_per_s_2_workers": 1_000_000,
+                "vec_vs_wds": 100,
                 "npy_vs_wds": 10,
                 "npy_vs_ceiling": 0.5,
                 "png_vs_wds": 1.5,

@@ -12,6 +12,9 @@
         Reads every sample: counts, keys, fields and what they decode to, image sizes and modes,
         index state, every bad sample (input field missing, undecodable, or shaped unlike the
         first good one), and the flags a run on these shards needs. Exits 1 when it finds damage.
+    ae-shards bench SPEC [--batch_size B] [--num_workers K] [--seconds S] [--image_size N] [--json]
+        Runs the training input pipeline as a rank of a run would and reports samples/s, MB/s
+        of shard bytes, the time to the first batch and the raw read rate of the same files.
 
 SPEC is a shard spec as for --train_shards. Bad input exits 2 with one message, no traceback.
 """
@@ -24,8 +27,9 @@ import json
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from loguru import logger
@@ -34,6 +38,7 @@ from rich.progress import Progress
 
 import logging_cfg
 from ae.cli.inspect_shards import Inspector, print_reports
+from ae.config import DataConfig
 from ae.data.header_walk import scan_shard
 from ae.data.index import read_index, write_index
 from ae.data.spec import expand_shards, is_remote
@@ -173,6 +178,42 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     return 1 if damaged else 0
 
 
+# --- bench ------------------------------------------------------------------------------------
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    from ae.cli.shards_bench import run_bench, summary  # here: it imports torch and lightning
+
+    if args.seconds <= 0:
+        raise CliError(f"--seconds: must be > 0; got {args.seconds}")
+    cfg = DataConfig(
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        image_size=args.image_size,
+        input_key=args.input_key,
+        tar_reader=args.tar_reader,
+    )
+    result = run_bench(args.spec, cfg, args.seconds)
+    if args.json:
+        sys.stdout.write(json.dumps(asdict(result)) + "\n")
+    else:
+        for line in summary(result):
+            console.print(line)
+    return 0
+
+
+def _run_flag(name: str, kind: type) -> dict[str, Any]:
+    """`add_argument` keywords of a run's flag: its default, range and help from `DataConfig`."""
+    spec = next(f for f in fields(DataConfig) if f.name == name)
+    lo = spec.metadata["lo"]
+
+    def value(text: str) -> object:
+        v = kind(text)
+        if lo is not None and v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}; got {text}")
+        return v
+
+    return {"type": value, "default": spec.default, "help": spec.metadata["help"]}
+
+
 # --- entry point ----------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -193,15 +234,25 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("spec", help="shard spec: brace pattern, glob, folder, pipe:, http(s)://")
     n.add_argument("--json", action="store_true", help="one JSON list of per-shard reports")
     n.add_argument("--input_key", default=None, help="the field a run would train on (--input_key)")
+    b = sub.add_parser("bench", help="samples/s of the training input pipeline on these shards")
+    b.add_argument("spec", help="shard spec: brace pattern, glob, folder, pipe:, http(s)://")
+    b.add_argument("--batch_size", **_run_flag("batch_size", int))
+    b.add_argument("--num_workers", **_run_flag("num_workers", int))
+    b.add_argument("--image_size", **_run_flag("image_size", int))
+    b.add_argument("--input_key", **_run_flag("input_key", str))
+    b.add_argument("--tar_reader", choices=("fast", "tarfile"), **_run_flag("tar_reader", str))
+    b.add_argument("--seconds", type=float, default=10.0, help="time this long (10)")
+    b.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     return p
 
 
-COMMANDS = {"write": cmd_write, "index": cmd_index, "inspect": cmd_inspect}
+COMMANDS = {"write": cmd_write, "index": cmd_index, "inspect": cmd_inspect, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging_cfg.configure_console()
+    # bench: the pipeline's per-epoch lines would drown the figures; problems still show
+    logging_cfg.configure_console("WARNING" if args.command == "bench" else "INFO")
     # Piped output is read by people later too: do not squeeze tables to 80 columns there.
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     try:

@@ -2,7 +2,7 @@
 
 Dataloader workers are separate processes, so their counts live in a small shared-memory table,
 one row per worker (each worker writes only its own row: no lock, no lost updates). Rows outlive
-the workers, so the rank sums them after every epoch's non-persistent workers have exited.
+the workers, and the rank reads them at the end of the run, after the last batch.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ Each dataloader worker (or the rank itself with 0 workers) is one slot of the ep
     read_slices -> shuffle_samples -> (skip, on mid-epoch resume) -> decode_samples
         -> fill_quota -> batch_samples
 
+That is the general path. Where every shard of the slot has one columnar layout (`.npy` vectors
+laid out alike: `ae.data.columnar`), the slot takes the columnar path instead: the same samples
+in the same order, each batch one gather from the memory-mapped shards (`columnar_slot`, the one
+place the path is picked).
+
 The shuffle buffer holds raw (encoded) samples: smaller than decoded arrays, and a resumed epoch
 can drop the samples it already trained on without decoding them (`ae.data.resume`). Decoding is
 the run's `SampleDecoder` (`ae.data.decode`); in training, an image's random crop and flip are a
@@ -36,11 +41,13 @@ import torch
 from loguru import logger
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ae.data.columnar import column_batches, columnar_slot
 from ae.data.decode import Augment, InputSpec, SampleDecoder
 from ae.data.errors import DataError, ErrorCounts, SlotErrors
 from ae.data.index import sample_offset
 from ae.data.plan import EpochPlan, ShardSlice, SplitMode, plan_epoch
 from ae.data.resampled import ResampledPlan, read_resampled, resampled_plan
+from ae.data.shuffle_order import shuffled_order
 from ae.data.tar_samples import ByteCount, RawSample, TarReader, iter_samples
 from ae.data.worker_stats import SlotMeter, WorkerStats
 from ae.forensics.faults import fault_point
@@ -52,6 +59,7 @@ from logging_cfg import log_worker_exceptions
 REPLACEMENT_POOL = 64
 
 T = TypeVar("T")
+_POSITION = {"epoch": 0, "skip_batches": 1}  # ShardStream.position's fields
 
 
 def read_shard(
@@ -236,6 +244,7 @@ class ShardStream(IterableDataset):
     shuffle: bool = True
     shuffle_buffer: int = 1000
     tar_reader: TarReader = "fast"
+    columnar: bool = True  # whole-batch gathers where the shards allow (`ae.data.columnar`)
     seed: int = 0
     debug: bool = False
     epoch: int = 0
@@ -244,10 +253,19 @@ class ShardStream(IterableDataset):
     augment: bool = False  # random crops (and flips, if the decoder has them): training only
     errors: ErrorCounts = field(init=False)
     stats: WorkerStats = field(init=False)
+    # (epoch, skip_batches) as the rank last set them, in shared memory: persistent workers
+    # hold the copy of the stream they were started with, and read these at every epoch
+    position: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
         self.errors = ErrorCounts.create(self.num_workers)
         self.stats = WorkerStats.create(self.num_workers)
+        self.position = torch.tensor([self.epoch, self.skip_batches]).share_memory_()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in _POSITION and "position" in self.__dict__:
+            self.position[_POSITION[name]] = value  # seen by the workers, persistent ones too
 
     def worker_rates(self) -> list[dict[str, Any]]:
         """Each worker's current shard, read rate and time per batch (heartbeat)."""
@@ -326,10 +344,39 @@ class ShardStream(IterableDataset):
         raw = read_slices(self.urls, slices, errors, debug, self.tar_reader, meter)
         return raw, planned, {s.shard for s in slices}
 
+    def _general_batches(
+        self,
+        raw: Iterator[RawSample],
+        planned: int,
+        own: set[int],
+        slot: int,
+        rng: random.Random,
+        skip: int,
+        errors: SlotErrors,
+    ) -> Iterator[torch.Tensor]:
+        """The slot's batches sample by sample: shuffle, skip, decode, fill, batch."""
+        if self.shuffle:
+            raw = shuffle_samples(raw, self.shuffle_buffer, rng)
+        if skip:
+            raw = itertools.islice(raw, skip, None)
+        # After a resume the quota is what is left. Bad samples among the skipped ones were
+        # dropped, not counted, in the first run, so the resumed stream may repeat a few samples
+        # of it; the number of batches stays exact.
+        stream = fill_quota(
+            decode_samples(raw, self.decoder, errors, self._augment()),
+            planned - skip,
+            random.Random(f"pool/{self.seed}/{self.epoch}/{self.rank}/{slot}"),
+            lambda: self._fallback_pool(slot, own),
+            errors,
+        )
+        return batch_samples(stream, self.batch_size, self.spec)
+
     @log_worker_exceptions
     def __iter__(self) -> Iterator[torch.Tensor]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
+        if info is not None:  # a worker, maybe a persistent one: the rank's epoch and skip
+            self.epoch, self.skip_batches = (int(v) for v in self.position.tolist())
         slot = resumed_slot(self.skip_batches, self.num_workers, worker)
         plan = self.plan()
         errors = SlotErrors(self.errors, worker)  # one row per worker process
@@ -345,30 +392,30 @@ class ShardStream(IterableDataset):
             )
         )
         errors0, replaced0 = errors.snapshot()
-        if self.shuffle:
-            rng = random.Random(hash((self.seed, self.epoch, self.rank, slot)))
-            raw = shuffle_samples(raw, self.shuffle_buffer, rng)
+        rng = random.Random(hash((self.seed, self.epoch, self.rank, slot)))
         skip = worker_skip(self.skip_batches, self.num_workers, slot) * self.batch_size
         if skip:
             logger.info(f"Skipping {skip} samples already trained on (epoch {self.epoch})")
-            raw = itertools.islice(raw, skip, None)
-        # After a resume the quota is what is left. Bad samples among the skipped ones were
-        # dropped, not counted, in the first run, so the resumed stream may repeat a few samples
-        # of it; the number of batches stays exact.
-        stream = fill_quota(
-            decode_samples(raw, self.decoder, errors, self._augment()),
-            planned - skip,
-            random.Random(f"pool/{self.seed}/{self.epoch}/{self.rank}/{slot}"),
-            lambda: self._fallback_pool(slot, own),
-            errors,
-        )
+        # The path of the slot's shards: whole-batch gathers where their layout allows it
+        # (counted slices only: resampled draws take the general path).
+        columns = None
+        if self.columnar and self.tar_reader == "fast" and not isinstance(plan, ResampledPlan):
+            slices = plan.slot_slices(self.rank, slot)
+            columns = columnar_slot(self.urls, self.counts, slices, self.decoder, self.debug)
+        if columns is not None:
+            meter.shard(slices[0].shard)
+            bufsize = self.shuffle_buffer if self.shuffle else 0
+            order = shuffled_order(len(columns), bufsize, rng)[skip:]
+            batches = column_batches(columns, order, self.batch_size, meter.count)
+        else:
+            batches = self._general_batches(raw, planned, own, slot, rng, skip, errors)
         n = 0
         # The rank's batch index in the run, as the DataLoader takes batches round-robin.
         step0, stride = self.epoch * plan.batches_per_rank + worker, max(1, self.num_workers)
         # Time producing each batch, without the time suspended at `yield` (the batch waiting
         # in the loader's queue): the worker's read rate, not the rank's pace.
         started = time.perf_counter()
-        for i, batch in enumerate(batch_samples(stream, self.batch_size, self.spec)):
+        for i, batch in enumerate(batches):
             fault_point("data", step0 + i * stride)
             meter.batch(time.perf_counter() - started)
             n += len(batch)

@@ -136,3 +136,33 @@ def test_inspect_integer_arrays_suggests_a_scale(tmp_path: Path, capsys) -> None
     text = " ".join(capsys.readouterr().out.split())
     assert "vectors of 6 values" in text and "integer arrays (uint8)" in text
     assert "--npy_scale=0.00392156863" in text
+
+
+def test_bench_times_the_training_pipeline_and_names_its_path(tmp_path: Path, capsys) -> None:
+    vectors, photos = tmp_path / "vectors", tmp_path / "photos"
+    main(["write", str(_npy(tmp_path, rows=400, dim=8)), str(vectors), "--per_shard", "100"])
+    args = ["--batch_size", "16", "--num_workers", "0", "--seconds", "0.3", "--json"]
+    capsys.readouterr()
+    assert main(["bench", str(vectors), *args]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"samples_per_s", "shard_mb_per_s", "first_batch_s", "read_limit_mb_per_s"} <= set(
+        result
+    )
+    assert result["path"] == "columnar" and result["samples"] == 400
+    assert result["samples_per_s"] > 0 and result["batches"] >= 1
+    assert result["shard_mb_per_s"] > 0 and result["read_limit_mb_per_s"] > 0
+    # images: the general path; with the run's own flag for them, and its checks
+    (src := tmp_path / "imgs").mkdir()
+    for i in range(40):
+        Image.fromarray(np.full((12, 10), i, np.uint8)).save(src / f"{i:02d}.png")
+    main(["write", str(src), str(photos), "--per_shard", "20"])
+    capsys.readouterr()
+    assert main(["bench", str(photos), *args, "--image_size", "8"]) == 0
+    assert json.loads(capsys.readouterr().out)["path"] == "general"
+    assert main(["bench", str(vectors), *args, "--image_size", "8"]) == 2  # a user error
+    assert main(["bench", str(tmp_path / "nothing-*.tar"), *args]) == 2
+    out = capsys.readouterr().out
+    assert main(["bench", str(vectors), "--seconds", "0.3", "--batch_size", "16"]) == 0
+    text = capsys.readouterr().out
+    assert "samples/s" in text and "columnar path" in text and "storage limit" in text
+    assert out == ""  # errors went to the log, not to the JSON on stdout

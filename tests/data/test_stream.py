@@ -12,6 +12,7 @@ from loguru import logger
 
 import ae.data.stream as dataset
 from ae.data.errors import DataError
+from ae.data.index import read_index
 from ae.data.plan import plan_epoch
 from ae.data.worker_stats import SHARD_BYTES
 from ae.data.writer import write_shard
@@ -136,5 +137,7 @@ def test_worker_read_rates(tmp_path: Path, monkeypatch) -> None:
     (row,) = stream.worker_rates()
     assert (row["worker"], row["shard"], row["batches"]) == (1, urls[1], 4)  # slot 1: shard 1
     assert row["batch_ms"] < 50 and row["mb_per_s"] > 0
-    # every byte of the shard was read, and counted against it
-    assert stream.stats.table[1, SHARD_BYTES] == Path(urls[1]).stat().st_size
+    # every byte of the shard's samples was read (the columnar path: not the end-of-archive
+    # blocks), and counted against it
+    offsets = read_index(urls[1], with_offsets=True).offsets
+    assert stream.stats.table[1, SHARD_BYTES] == 16 * offsets[1]
