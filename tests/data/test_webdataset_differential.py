@@ -1,12 +1,13 @@
 """Differential test: `ae` reads what WebDataset reads, sample for sample.
 
 The corpus is written here by WebDataset's own `TarWriter` / `ShardWriter`: multi-dot field names
-(`x.npy`, `emb.f16.npy`, `image.jpg`), several fields per sample, an upper-case extension, PAX
-headers (non-ASCII and 100+ character names), GNU long names, gzip-compressed shards (`.tar.gz`,
-`.tgz`), npy of several dtypes, a gzipped npy, npz and pth fields, and real photographs of mixed
-sizes and modes in JPEG, PNG, WebP and GIF. Both of ae's tar readers must give the very samples
-of `webdataset.WebDataset(url)`, and ae's decoder the arrays of `.decode()` (images: the same
-preprocessing applied to WebDataset's `.decode("pil")` / `.decode("pill")` images).
+(`x.npy`, `emb.f16.npy`, `image.jpg`), several fields per sample, an upper-case extension, long
+and non-ASCII names in each tar format (PAX records, GNU long names, ustar name prefixes),
+gzip-compressed shards (`.tar.gz`, `.tgz`), npy of several dtypes, a gzipped npy, npz and pth
+fields, and real photographs of mixed sizes and modes in JPEG, PNG, WebP and GIF. Both of ae's
+tar readers must give the very samples of `webdataset.WebDataset(url)`, and ae's decoder the
+arrays of `.decode()` (images: the same preprocessing applied to WebDataset's `.decode("pil")` /
+`.decode("pill")` images).
 """
 
 from __future__ import annotations
