@@ -12,3 +12,29 @@ class UserError(Exception):
 
     def render(self) -> str:
         return str(self)
+
+
+class ResourceLimitError(UserError):
+    """A limit of the machine that the run cannot work within (`/dev/shm`, disk, host memory,
+    open files), found before the first batch: each problem names the resource, its size, the
+    need and the fix."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+    def render(self) -> str:
+        head = "The run cannot work within this machine's limits:"
+        return "\n".join([head, *(f"  - {p}" for p in self.problems)])
+
+
+class DiskFullError(OSError):
+    """A write found no space left on its filesystem (ENOSPC), with the partial file removed;
+    the rank exits with `exit_code` after saying so."""
+
+    exit_code = 28  # ENOSPC's errno: a code no other ending of a rank uses
+
+    def __init__(self, what: str, path: str, free: int | None, total: int | None) -> None:
+        """`what` was being written to `path`; `free` and `total` bytes of its filesystem."""
+        super().__init__(28, "No space left on device", path)
+        self.what, self.free, self.total = what, free, total

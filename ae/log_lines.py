@@ -51,6 +51,12 @@ SHARD_COUNTS = LineFormat(
     "{scanned} scanned) {source}",
     {"shards": "int", "samples": "int", "indexed": "int", "scanned": "int", "source": "text"},
 )
+# While counting lasts more than a few seconds (rank 0 on the console, every rank in its log).
+COUNT_PROGRESS = LineFormat(
+    "Counting {split}_shards: {done}/{shards} shards of this rank's share, {samples} samples, "
+    "{rate} samples/s, ETA {eta}s",
+    {"done": "int", "shards": "int", "samples": "int", "rate": "int", "eta": "int"},
+)
 SHARD_PLAN = LineFormat(
     "Shard plan {split}: {shards} shards, {samples} samples -> {batches} batches x {batch_size} "
     "per rank on {ranks} ranks x {workers} workers ({mode}: {dropped} dropped, {repeated} "
@@ -185,8 +191,31 @@ RESOLVED_CONFIG = "Resolved config:"
 # The rank header's first line: where the rank runs (a rank that dies before its first heartbeat
 # is still located by it).
 RANK_PROCESS = LineFormat("pid={pid} host={host} python={python}", {"pid": "int"})
+# Each rank of a multi-process run, once the process group is up: its clock against rank 0's
+# (`ae.training.clock`); ae-diagnose subtracts it from the rank's times.
+CLOCK_OFFSET = LineFormat(
+    "Clock offset {offset}s against rank 0 (host {host}, measured to {error}s)",
+    {"offset": "float", "host": "word", "error": "float"},
+)
 # Last line of a rank that left `main` on its own: 0 after training, 2 after a user mistake.
 RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})
+
+# --- resource limits (ae.cli.preflight, ae.training.checkpoint_files, ae.cli.rank) -----------
+# A write that found its filesystem full (ENOSPC), the partial file already removed; the rank
+# exits with code 28 after it. `what`: checkpoint, sample grid, log, cache.
+DISK_FULL = LineFormat(
+    "Disk full: no space left on device writing {what} {path} ({free} free of {total}); {fix}",
+    {"what": "text", "path": "text", "free": "text", "total": "text", "fix": "text"},
+)
+# The watchdog, at a STALL in data loading with /dev/shm near full: the workers block (or die by
+# SIGBUS) allocating the batches they hand over there.
+SHM_NEAR_FULL = LineFormat(
+    "Shared memory near full while stalled in {phase}: /dev/shm {free} MB free of {total} MB; "
+    "{fix}",
+    {"phase": "text", "free": "float", "total": "float", "fix": "text"},
+)
+# A limit that is tight but can work (one that cannot stops the run: ResourceLimitError).
+RESOURCE_TIGHT = LineFormat("Resource tight: {problem}", {"problem": "text"})
 
 # --- forensics (ae.forensics.watchdog, logging_cfg hooks, ae.forensics.faults) -------------
 # The one-line stall WARNING (also in train_<TS>.log); `frame` is the innermost frame of the main
@@ -246,5 +275,10 @@ HEARTBEAT_BASE_FIELDS = (
 # `timing`: {"recent": window, "epoch": window} with window = {window_s, steps, step_ms, own_ms,
 # data_ms, compute_ms, sync_ms} (per optimizer step) or null; `data_workers`: [{worker, pid, shard,
 # mb_per_s, batch_ms, batches}]; `stragglers`: the detecting rank's episodes, [{rank, score, cause,
-# since, line, resolved}] (`resolved`: null while it lasts, else the RESOLVED line).
-HEARTBEAT_FIELDS = (*HEARTBEAT_BASE_FIELDS, "timing", "data_workers", "stragglers")
+# since, line, resolved}] (`resolved`: null while it lasts, else the RESOLVED line); `resources`:
+# RESOURCE_FIELDS (`ae.forensics.resources`; MB, null where the kernel does not say).
+HEARTBEAT_FIELDS = (*HEARTBEAT_BASE_FIELDS, "timing", "data_workers", "stragglers", "resources")
+RESOURCE_FIELDS = (
+    "shm_free_mb", "shm_total_mb", "disk_free_mb", "disk_total_mb", "mem_available_mb",
+    "mem_total_mb", "cgroup_limit_mb", "oom_kills", "oom_kills_at_start", "open_fds", "fd_limit",
+)  # fmt: skip

@@ -6,7 +6,6 @@
   logs/                  train_<TS>.log, debug_rank<N>_<TS>.log, native_rank<N>_<TS>.log,
                          heartbeat_rank<N>_<TS>.json, launcher_<TS>.log (see logging_cfg.formats)
   checkpoints/           step-<N>.ckpt, last.ckpt, best.ckpt
-  cache/                 shard counts of this run's shard sets
   samples/               reconstruction grids, step_<N>.png
   metrics/<TS>/          metrics.csv of each run
   tensorboard/<TS>/      event files (when tensorboard is installed)
@@ -39,10 +38,6 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
-
-    @property
-    def cache(self) -> Path:
-        return self.root / "cache"
 
     @property
     def samples(self) -> Path:

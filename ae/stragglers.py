@@ -4,10 +4,13 @@ Each rank measures, per optimizer step, its *own time*: the time it waits for it
 (data) plus the time of its own work (compute), without the time it waits for the other ranks in
 collectives (sync). In synchronous DDP every rank runs at the slowest one's pace, so their step
 times are all alike; their own times are not. A rank's score is its own time per step over the
-recent window divided by the median over all ranks (1.0 = median); a score above
-`--straggler_factor` for `--straggler_window` seconds makes a straggler (the detector on rank 0,
-`ae.forensics.stragglers`). Its cause is the part of its own time that exceeds the median most:
-`data` (a starved dataloader, slow storage) or `compute` (a slow or throttled device, a busy CPU).
+recent window divided by the median of the other ranks' (1.0 = median). Leaving the rank out
+of its own baseline changes nothing on a large job and is what makes 2 ranks readable: there
+the median of all is the mean of the two, and a rank 2x slower than its peer would score 1.33.
+A score above `--straggler_factor` for `--straggler_window` seconds makes a straggler (the
+detector on rank 0, `ae.forensics.stragglers`). Its cause is the part of its own time that
+exceeds the others' median most: `data` (a starved dataloader, slow storage) or `compute` (a
+slow or throttled device, a busy CPU).
 
 The figures come from the heartbeat files (`timing` and `data_workers`, written by
 `ae.forensics.heartbeat`); the detector and `ae-diagnose` both judge with the functions here, so
@@ -23,6 +26,10 @@ from typing import Any
 MIN_STEPS = 5  # a rank with fewer optimizer steps in its recent window is not scored
 RECENT_S = 30.0  # the recent window, unless --straggler_window is shorter
 CAUSES = ("data", "compute")
+# A data-bound rank whose slowest worker makes a batch faster than the rank waits for one: the
+# time is lost outside the workers' reading (their processes stopped or short of CPU between
+# batches, or the hand-over to the rank).
+NOT_READING = "its workers' reading does not explain the wait (stopped or CPU-starved workers?)"
 
 
 def recent_window_s(straggler_window: float) -> float:
@@ -115,36 +122,52 @@ class Judgement:
     evidence: str  # the figures behind the cause, in words
 
 
-def scores(timings: dict[int, RankTiming]) -> dict[int, float]:
-    """Own time per step of each rank over the median of all ranks (those with at least
-    MIN_STEPS steps in their recent window; two at least, else no scores)."""
-    own = {
-        r: t.recent.own_ms
-        for r, t in timings.items()
+def _recent(timings: dict[int, RankTiming]) -> dict[int, Window]:
+    """The ranks' recent windows that have at least MIN_STEPS optimizer steps."""
+    return {
+        r: t.recent
+        for r, t in sorted(timings.items())
         if t.recent is not None and t.recent.steps >= MIN_STEPS
     }
-    if len(own) < 2:
+
+
+def _median_of_others(rank: int, windows: dict[int, Window], key: str) -> float:
+    """The median of the other ranks' figure; of an even number of them, the lower middle one
+    (a real rank's figure: with 3 ranks, one slow, the other two still score 1.0)."""
+    return statistics.median_low(getattr(w, key) for r, w in windows.items() if r != rank)
+
+
+def scores(timings: dict[int, RankTiming]) -> dict[int, float]:
+    """Own time per step of each rank over the median of the other ranks' (those with at least
+    MIN_STEPS steps in their recent window; two at least, else no scores)."""
+    windows = _recent(timings)
+    if len(windows) < 2:
         return {}
-    median = statistics.median(own.values())
-    if median <= 0:
-        return {}
-    return {r: own[r] / median for r in sorted(own)}
+    out = {}
+    for rank, window in windows.items():
+        median = _median_of_others(rank, windows, "own_ms")
+        if median > 0:
+            out[rank] = window.own_ms / median
+    return out
 
 
 def judge(rank: int, timings: dict[int, RankTiming]) -> Judgement | None:
-    """Score and cause of `rank` against the others; None when it cannot be scored."""
+    """Score and cause of `rank` against the others; None when it cannot be scored. The cause
+    is the part of its own time (data or compute) that exceeds the others' median most."""
     score = scores(timings).get(rank)
-    mine = timings[rank].recent if rank in timings else None
-    if score is None or mine is None:
+    if score is None:
         return None
-    windows = [t.recent for t in timings.values() if t.recent and t.recent.steps >= MIN_STEPS]
-    data_median = statistics.median(w.data_ms for w in windows)
-    compute_median = statistics.median(w.compute_ms for w in windows)
+    windows = _recent(timings)
+    mine = windows[rank]
+    data_median = _median_of_others(rank, windows, "data_ms")
+    compute_median = _median_of_others(rank, windows, "compute_ms")
     if mine.data_ms - data_median >= mine.compute_ms - compute_median:
         others = [w for r, t in timings.items() if r != rank for w in t.workers]
         evidence = f"{mine.data_pct:.0f}% of it waiting for data"
         if reader := _slowest_worker(timings[rank].workers):
             evidence += f"; {_worker_text(reader, others)}"
+            if (reader.batch_ms or 0.0) < mine.data_ms:
+                evidence += f"; {NOT_READING}"
         return Judgement(rank, score, "data", evidence)
     evidence = (
         f"compute {mine.compute_ms:.1f} ms per step (median {compute_median:.1f} ms); "

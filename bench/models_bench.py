@@ -1,14 +1,15 @@
 """Models on real photos: `conv` vs `resnet` at f=8 and f=4, and `--compile` vs eager.
 
-    .venv/bin/python -m bench.models_bench                 # both parts (~25 min on 2 CPUs)
+    .venv/bin/python -m bench.models_bench                 # both parts (a few minutes on one GPU)
     .venv/bin/python -m bench.models_bench --part quality  # or: --part compile
     .venv/bin/python -m bench.models_bench --part grids    # the comparison PNG of the last runs
     .venv/bin/python -m bench.models_bench --epochs 2      # a smoke run
 
-Data: 64x64 RGB crops of the 20 photographs in the scikit-image wheel (`bench.real_photos`; the
-shorter side resized to 64 at three zooms, six crop positions, mirrored: 36 crops a photo), made
-here with Pillow and written with `ae.data.writer`. The photos are split, not the crops: 16
-photos train (576 crops), 4 others validate (144 crops: coffee, coins, gravel, rocket).
+Data: 64x64 RGB crops of the 20 photographs in the scikit-image wheel (`bench.real_images`; the
+shorter side resized to 64 at three zooms, six crop positions, mirrored: 36 crops a photo,
+`photo_crops`), made here with Pillow and written with `ae.data.writer`. The photos are split,
+not the crops: 16 photos train (576 crops), 4 others validate (144 crops: coffee, coins, gravel,
+rocket).
 
 `quality`: each model trains through the real launcher (1 process, batch 32, the default AdamW,
 LR 1e-3 with 50 warmup steps and cosine decay) for the same number of epochs, so the same steps;
@@ -18,8 +19,10 @@ final validation MSE / PSNR / SSIM (the run's metrics.csv); the runs' grids are 
 `comparison.png` puts 8 validation crops (2 per held-out photo) over every model's
 reconstructions, from the final checkpoints.
 
-`compile`: the resnet f=8 model, eager and with `--compile=true`, 4 epochs each; steps/s is the
-trainer's own rate line of the last epoch (epoch 0 carries the compilation itself).
+`compile`: a small resnet f=8 (`COMPILE_MODEL`: base 8 channels, the crops resized to 16x16,
+batch 16), eager and with `--compile=true`, `--compile_epochs` each; steps/s is the trainer's own
+rate line of the last epoch (epoch 0 carries the compilation itself). `--accelerator=cpu`
+measures it on the CPU.
 """
 
 from __future__ import annotations
@@ -34,10 +37,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from PIL import Image
+
 from ae.data.writer import png_bytes, write_shards
 from ae.log_lines import PROCESSED_TRAIN
 from bench.common import RESULTS, write_record
-from bench.real_photos import photo_crops, real_photos
+from bench.real_images import real_photos
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZE = 64
@@ -53,6 +59,29 @@ MODELS = {  # name -> flags; pairs share a latent size
     "resnet f=4, latent 4x16x16": ["--model=resnet", "--downsample=4", "--base_channels=32",
                                    "--channel_mult=1,2,4", "--res_blocks=1"],
 }  # fmt: skip
+# `compile`: the resnet f=8 layout at a size a shared 2-core CPU steps through in seconds.
+COMPILE_MODEL = ["--model=resnet", "--downsample=8", "--base_channels=8", "--channel_mult=1,2,4,4",
+                 "--res_blocks=1", "--image_size=16", "--batch_size=16"]  # fmt: skip
+EXTRA: list[str] = []  # --accelerator of this bench run (main)
+
+
+ZOOMS = (1.0, 1.3, 1.7)
+POSITIONS = ((0.5, 0.5), (0.0, 0.25), (1.0, 0.75), (0.25, 1.0), (0.75, 0.0), (0.1, 0.6))
+
+
+def photo_crops(photo: Image.Image, size: int) -> list[np.ndarray]:
+    """36 distinct size x size RGB uint8 crops of one photo: the shorter side resized to `size`
+    x zoom (Lanczos), a crop at each of 6 positions, each also mirrored."""
+    crops = []
+    w, h = photo.size
+    for zoom in ZOOMS:
+        s = size / min(w, h) * zoom
+        im = photo.resize((max(size, round(w * s)), max(size, round(h * s))), Image.LANCZOS)
+        for px, py in POSITIONS:
+            x0, y0 = round((im.width - size) * px), round((im.height - size) * py)
+            crop = np.asarray(im.crop((x0, y0, x0 + size, y0 + size)))
+            crops += [crop, np.ascontiguousarray(crop[:, ::-1])]
+    return crops
 
 
 def photo_shards(root: Path) -> tuple[str, str]:
@@ -60,10 +89,11 @@ def photo_shards(root: Path) -> tuple[str, str]:
     out = root / f"photos{SIZE}"
     if not (out / "DONE").exists():
         shutil.rmtree(out, ignore_errors=True)
-        photos = real_photos()
         split: dict[str, list[dict[str, bytes]]] = {"train": [], "val": []}
-        for name, photo in photos.items():
-            part = "val" if name in VAL_PHOTOS else "train"
+        for path in real_photos(out / "photos"):  # sorted by name, `skimage_<name>`
+            part = "val" if path.name.removeprefix("skimage_") in VAL_PHOTOS else "train"
+            with Image.open(path) as im:
+                photo = im.convert("RGB")
             for crop in photo_crops(photo, SIZE):
                 key = f"{len(split['train']) + len(split['val']):06d}".encode()
                 split[part].append({"__key__": key, "png": png_bytes(crop)})
@@ -77,7 +107,7 @@ def train(name: str, flags: list[str], data: tuple[str, str], out: Path, epochs:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out}",
            f"--train_shards={data[0]}", f"--val_shards={data[1]}", f"--max_epochs={epochs}",
-           *COMMON, *flags]  # fmt: skip
+           *COMMON, *EXTRA, *flags]  # fmt: skip
     print(f"--- {name}: {' '.join(flags)}", flush=True)
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if res.returncode != 0:
@@ -123,7 +153,7 @@ def quality(data: tuple[str, str], epochs: int, work: Path) -> dict[str, Any]:
 
 
 def compile_speed(data: tuple[str, str], epochs: int, work: Path) -> dict[str, Any]:
-    flags = MODELS["resnet f=8, latent 4x8x8"]
+    flags = COMPILE_MODEL
     result = {}
     for mode in ("eager", "compile"):
         extra = ["--compile=true"] if mode == "compile" else []
@@ -139,9 +169,8 @@ def compile_speed(data: tuple[str, str], epochs: int, work: Path) -> dict[str, A
 def comparison_grid(val_spec: str, work: Path) -> Path:
     """One PNG: 8 validation crops (2 of each held-out photo) above each quality run's
     reconstructions (its final checkpoint), a row per model, labelled."""
-    import numpy as np
     import torch
-    from PIL import Image, ImageDraw
+    from PIL import ImageDraw
 
     from ae.config import DataConfig
     from ae.data.decode import SampleDecoder
@@ -179,10 +208,12 @@ def main() -> None:
     p.add_argument("--part", choices=("quality", "compile", "grids", "both"), default="both")
     p.add_argument("--epochs", type=int, default=40, help="quality runs (18 steps an epoch)")
     p.add_argument("--compile_epochs", type=int, default=4)
+    p.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
     args = p.parse_args()
+    EXTRA.append(f"--accelerator={args.accelerator}")
     work = RESULTS / "models_bench"
     data = photo_shards(RESULTS)
-    record: dict[str, Any] = {"epochs": args.epochs, "data": data, "common": COMMON}
+    record: dict[str, Any] = {"epochs": args.epochs, "data": data, "common": [*COMMON, *EXTRA]}
     if args.part in ("quality", "both"):
         record["quality"] = quality(data, args.epochs, work)
     if args.part in ("quality", "grids", "both"):

@@ -4,8 +4,8 @@ For each case (number of shards x samples per shard) it builds a dataset folder 
 files with real index sidecars (line 1: count and size; line 2: one offset per sample), then, in
 a fresh child process so that peak RSS belongs to that case alone, measures what a rank does in
 `setup()`:
-  count  - local rank 0 with no cache: read every sidecar's first line, write the run cache;
-  cached - another rank (or a restart): read the run cache;
+  count  - no cache: read every sidecar's first line, write the count cache;
+  cached - a later run (any --output_dir): read the count cache;
   plan   - the epoch plan and the slices of every slot for 64 ranks x 8 workers.
 Peak RSS is reported above the child's RSS after imports. It should grow with the shard count
 and stay flat with the sample count.
@@ -63,10 +63,10 @@ def _plan(urls: list[str], run_dir: Path) -> tuple[float, float, float, int]:
     from ae.data.plan import plan_epoch
 
     t0 = time.perf_counter()
-    counts = shared_counts("train", urls, run_dir, local_zero=True, barrier=lambda: None)
+    counts = shared_counts("train", urls, run_dir)  # no cache yet: reads every sidecar
     t_count = time.perf_counter() - t0
     t0 = time.perf_counter()
-    cached = shared_counts("train", urls, run_dir, local_zero=False, barrier=lambda: None)
+    cached = shared_counts("train", urls, run_dir)  # a later run: reads the count cache
     t_cached = time.perf_counter() - t0
     assert cached.counts == counts.counts and counts.indexed == len(urls)
     t0 = time.perf_counter()

@@ -120,9 +120,7 @@ def fit(
     paths = logging_cfg.configure(cfg.run.dir.logs, "bench", ctx, debug=cfg.obs.debug)
     start_watchdog(cfg.obs.stall_timeout, cfg.run.accelerator, ctx, paths, "bench")
     try:
-        dm = ShardDataModule(
-            cfg.data, *urls, cache_dir=cfg.run.dir.cache, seed=cfg.run.seed, debug=cfg.obs.debug
-        )
+        dm = ShardDataModule(cfg.data, *urls, seed=cfg.run.seed, debug=cfg.obs.debug)
         model = AutoEncoder.from_config(dm.spec, cfg.model, cfg.optim, ctx.world_size)
         trainer = build_trainer(cfg, ctx, "bench")
         watch = spy(trainer)

@@ -73,6 +73,9 @@ class LogPaths:
     native_log: Path
 
 
+FORK_WITH_THREADS_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\)"
+
+
 class _InterceptHandler(logging.Handler):
     """Send stdlib records (Lightning, torch, py.warnings) to loguru, keeping level and caller."""
 
@@ -106,6 +109,13 @@ def _route_stdlib() -> None:
         lg.propagate = True
     logging.captureWarnings(True)
     warnings.simplefilter("default")
+    # Python >= 3.12 warns from inside os.fork() when other threads run (the watchdog does, and
+    # every DataLoader forks its workers). It warns in the parent before the at-fork "after"
+    # hooks run, while loguru's own at-fork hook still holds every handler's lock: routed to
+    # loguru, that warning deadlocks the rank at its first batch (seen on a GPU node).
+    warnings.filterwarnings(
+        "ignore", message=FORK_WITH_THREADS_WARNING, category=DeprecationWarning
+    )
 
 
 def _fatal(exc_type: type[BaseException], exc: BaseException, where: str) -> str:

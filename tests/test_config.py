@@ -212,3 +212,13 @@ def test_straggler_flags() -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(["--straggler_factor=0.9", "--straggler_window=0"])
     assert [p.split(":")[0] for p in err.value.problems] == ["straggler_window", "straggler_factor"]
+
+
+def test_resampled_split_needs_epoch_samples_and_only_it_takes_them() -> None:
+    cfg = parse_config(["--shard_split=resampled", "--epoch_samples=1000000"])
+    assert (cfg.data.shard_split, cfg.data.epoch_samples) == ("resampled", 1_000_000)
+    for argv in (["--shard_split=resampled"], ["--epoch_samples=100"]):
+        with pytest.raises(ConfigError, match=r"epoch_samples: .*needs --epoch_samples"):
+            parse_config(argv)
+    cfg = parse_config(["--count_cache=off", "--write_index=never"])
+    assert (cfg.data.count_cache, cfg.data.write_index) == ("off", "never")

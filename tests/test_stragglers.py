@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ae.stragglers import MIN_STEPS, RankTiming, Window, WorkerRate, judge, scores
+from ae.stragglers import MIN_STEPS, NOT_READING, RankTiming, Window, WorkerRate, judge, scores
 
 
 def timing(rank: int, data: float, compute: float, steps: int = 100, **worker) -> RankTiming:
@@ -17,6 +17,15 @@ def timing(rank: int, data: float, compute: float, steps: int = 100, **worker) -
 def test_scores_are_relative_to_the_median() -> None:
     runs = {0: timing(0, 1, 9), 1: timing(1, 1, 9), 2: timing(2, 21, 9)}
     assert scores(runs) == pytest.approx({0: 1.0, 1: 1.0, 2: 3.0})
+
+
+def test_each_rank_is_scored_against_the_others() -> None:
+    """Two ranks: a rank twice as slow as its peer scores 2.0 (the median of both would give
+    1.33, under the default factor)."""
+    assert scores({0: timing(0, 1, 9), 1: timing(1, 11, 9)}) == pytest.approx({0: 0.5, 1: 2.0})
+    # an even number of others: the lower middle one is the median
+    three = {0: timing(0, 1, 9), 1: timing(1, 1, 11), 2: timing(2, 1, 29)}
+    assert scores(three) == pytest.approx({0: 10 / 12, 1: 1.2, 2: 3.0})
 
 
 def test_ranks_without_enough_steps_are_not_scored() -> None:
@@ -34,6 +43,18 @@ def test_data_cause_names_the_slowest_worker_of_the_rank() -> None:
         "82% of it waiting for data; worker 0 reads /d/2.tar at 0.50 MB/s, 52.0 ms per batch "
         "(other ranks' workers 55 MB/s, 1.0 ms)"
     )
+
+
+def test_data_cause_with_workers_that_read_fast() -> None:
+    """The rank waits 40 ms per step, its workers make a batch in 1 ms: they are held up
+    between batches (stopped, starved of CPU), not by their reading."""
+    runs = {0: timing(0, 1, 9), 1: timing(1, 40, 9, mb=50.0, ms=1.0)}
+    j = judge(1, runs)
+    assert j is not None and j.cause == "data"
+    assert j.evidence.endswith(f"1.0 ms per batch (other ranks' workers 50 MB/s, 1.0 ms); "
+                               f"{NOT_READING}")  # fmt: skip
+    slow_reader = judge(1, {0: timing(0, 1, 9), 1: timing(1, 40, 9, mb=0.5, ms=52.0)})
+    assert slow_reader is not None and NOT_READING not in slow_reader.evidence
 
 
 def test_compute_cause() -> None:

@@ -69,10 +69,6 @@ class EncodeArgs:
     def logs(self) -> Path:
         return Path(self.out_dir) / "logs"
 
-    @property
-    def cache(self) -> Path:
-        return Path(self.out_dir) / "cache"
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:

@@ -3,7 +3,7 @@
 torchrun starts this in every rank (`ae.cli.encode` is the launcher); run directly it encodes in
 one process: `python -m ae.cli.encode_rank CKPT SPEC OUT_DIR ...`. The ranks share no model and
 make no collective call while encoding: a gloo process group is there only for the shard counts
-(counted once per node, a barrier) and the totals at the end (one all-reduce).
+(each rank counts a share, one all-gather) and the totals at the end (one all-reduce).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 import logging_cfg
 from ae.cli.encode import EncodeArgs, output_paths, parse_args
 from ae.config import Config
-from ae.data.counts import shared_counts
+from ae.data.counts import count_cache_dir, shared_counts
 from ae.data.datamodule import probe_decoder
 from ae.data.loader import PreemptibleLoader, install_worker_reaper
 from ae.data.plan import assign_shards
@@ -57,6 +57,15 @@ def _totals(values: list[int]) -> list[int]:
     return [int(v) for v in t]
 
 
+def _all_gather(mine: dict) -> list[dict]:
+    """Every rank's dict, in rank order (one all-gather; just `mine` in one process)."""
+    if not dist.is_initialized():
+        return [mine]
+    parts: list[dict] = [{}] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    return parts
+
+
 def encode(args: EncodeArgs, ctx: RankContext) -> str:
     run_ts = logging_cfg.resolve_run_ts(ctx)
     paths = logging_cfg.configure(args.logs, run_ts, ctx, debug=args.debug, native_output=True)
@@ -66,14 +75,14 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
     if ctx.world_size > 1:
         # gloo whatever the device: only two small CPU collectives, never a tensor of the model
         dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
-    barrier = dist.barrier if dist.is_initialized() else lambda: None
     log = main_log if ctx.rank == 0 else logger
 
     with in_phase("shard planning"):
         urls = expand_shards(args.spec, "SPEC")
         counts = shared_counts(
-            "input", urls, args.cache, local_zero=ctx.local_rank == 0, barrier=barrier
-        ).counts
+            "input", urls, count_cache_dir("auto"), rank=ctx.rank, world_size=ctx.world_size,
+            gather=_all_gather,
+        ).counts  # fmt: skip
         mine = assign_shards(counts, ctx.world_size)[ctx.rank]
         log.info(
             ENCODE_PLAN.format(

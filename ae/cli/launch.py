@@ -27,15 +27,25 @@ from loguru import logger
 import logging_cfg
 from ae.cli.network import prepare_node
 from ae.cli.outcome import preempted, report_failure, report_stop, stop_exit_code
+from ae.cli.peer_nodes import PeerNodes
+from ae.cli.preflight import check, launcher_needs
 from ae.cli.run_folder import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.cli.supervise import wait
 from ae.cli.topology import Topology, topology
-from ae.config import BUILTIN_MODELS, Config, ConfigError, RunConfig, help_text, parse_config
+from ae.config import (
+    BUILTIN_MODELS,
+    PREFETCH_FACTOR,
+    Config,
+    ConfigError,
+    RunConfig,
+    help_text,
+    parse_config,
+)
 from ae.data.demo import with_demo_defaults
 from ae.data.spec import resolve_shards
 from ae.errors import UserError
 from ae.forensics.faults import active_faults
-from ae.log_lines import LAUNCHER_LOG_FILE
+from ae.log_lines import LAUNCHER_LOG_FILE, RESOURCE_TIGHT
 from ae.training.models.user import locate_class
 
 RANK_MODULE = "ae.cli.rank_process"  # what runs in every rank (train_ae.py runs the same)
@@ -188,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.model.model not in BUILTIN_MODELS and (problem := locate_class(cfg.model.model)):
             raise ConfigError([problem])  # the import itself is tried in the ranks
         active_faults()  # a malformed AE_FAULT: one message here, not a traceback per rank
+        for tight in check(launcher_needs(cfg, nproc, nproc * topo.nnodes, PREFETCH_FACTOR)):
+            logger.warning(RESOURCE_TIGHT.format(problem=tight))
         if topo.nnodes > 1:  # the interface that reaches the master, and whether it does
             port = int(topo.master_port or 29500)
             logger.info(prepare_node(os.environ, topo.master_addr, port, topo.node_rank))
@@ -240,13 +252,18 @@ def run(
             f"\n  follow    : tail -f {logs}/debug_rank*_{ts}.log"
         )
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    rc, stops = wait(proc)
+    # Another node that dies closes no connection: its heartbeats tell (`ae.cli.peer_nodes`).
+    rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
+    if stops.lost is not None:  # a failure, whatever the SIGKILLed torchrun returned
+        rc = rc if rc > 0 else 1
     # Stopped by a signal (torchrun then fails; a SLURM task's one rank exits 0 after its save),
     # unless the run ended well just before.
     sig = stops.first
     if sig is not None and rc == 0 and not stops.killed and preempted(logs, ts) is None:
         sig = None
-    if not topo.leader:  # the first node's launcher (SLURM task 0) says how the job ended
+    # The first node's launcher (SLURM task 0) says how the job ended; each launcher that saw
+    # another node lost says it too (that node may be the first).
+    if not topo.leader and stops.lost is None:
         if sig is not None:
             return stop_exit_code(sig)
         if rc != 0 and topo.task is None:  # one line per node; tasks share srun's output

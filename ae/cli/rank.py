@@ -7,28 +7,32 @@ process: `python -m ae.cli.rank --help`.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
 import lightning as L
+import torch
 import torch.distributed as dist
 from loguru import logger
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
 from ae.cli.launch import LAUNCHER_ENV
-from ae.config import Config, help_text, parse_config
+from ae.cli.preflight import check, rank_needs
+from ae.config import PREFETCH_FACTOR, Config, help_text, parse_config
 from ae.data.datamodule import ShardDataModule, silence_known_warnings
 from ae.data.demo import with_demo_defaults
 from ae.data.loader import install_worker_reaper
 from ae.data.spec import resolve_shards
-from ae.errors import UserError
+from ae.errors import DiskFullError, UserError
 from ae.forensics.progress import progress
+from ae.forensics.resources import disk_full_error, fs_space
 from ae.forensics.step_times import step_times
 from ae.forensics.watchdog import start_watchdog, stop_watchdog
-from ae.log_lines import RANK_EXIT, main_log
+from ae.log_lines import DISK_FULL, RANK_EXIT, RESOURCE_TIGHT, main_log
 from ae.stragglers import recent_window_s
-from ae.training.checkpoint_files import resolve_resume
+from ae.training.checkpoint_files import human_size, resolve_resume
 from ae.training.model import build_model, describe
 from ae.training.preemption import SigtermWhileStuck, preempted_at
 from ae.training.run_info import log_model_summary, log_rank_header, log_run_setup
@@ -59,14 +63,14 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     log_run_setup(ctx, cfg, paths, len(train_urls), len(val_urls))
     L.seed_everything(cfg.run.seed, verbose=False)
 
-    datamodule = ShardDataModule(
-        cfg.data, train_urls, val_urls, cache_dir=run_dir.cache, seed=cfg.run.seed, debug=obs.debug
-    )
+    datamodule = ShardDataModule(cfg.data, train_urls, val_urls, seed=cfg.run.seed, debug=obs.debug)
     # Before the trainer and any dataloader worker: a model that cannot be built is one message.
     model, latent = build_model(datamodule.spec, cfg.model, cfg.optim, ctx.world_size)
     if ctx.rank == 0:
         main_log.info(describe(model, datamodule.spec, latent))
         log_model_summary(model)
+    preflight(cfg, ctx, batch_bytes=cfg.data.batch_size * math.prod(datamodule.spec.shape) * 4,
+              model=model)  # fmt: skip
     trainer = build_trainer(cfg, ctx, run_ts)
     ckpt = resolve_resume(cfg.checkpoints.resume_from_checkpoint, run_dir.checkpoints)
     # Our own checkpoints: they hold the config and loop state, not only tensors.
@@ -75,6 +79,41 @@ def fit(cfg: Config, ctx: RankContext) -> str:
         return f"preempted at step {step}; resume with --resume_from_checkpoint=last"
     main_log.info(f"Training finished at step {trainer.global_step}")
     return "training finished"
+
+
+def preflight(cfg: Config, ctx: RankContext, *, batch_bytes: int, model: torch.nn.Module) -> None:
+    """The machine's limits against this run's measured needs (`ae.cli.preflight`), on every
+    rank (each stops on a limit that cannot work); local rank 0 warns about tight ones."""
+    state_bytes = sum(
+        t.numel() * t.element_size() for t in model.state_dict().values() if torch.is_tensor(t)
+    )
+    tight = check(
+        rank_needs(
+            cfg, batch_bytes=batch_bytes, state_bytes=state_bytes, world_size=ctx.world_size,
+            local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), prefetch=PREFETCH_FACTOR,
+        )
+    )  # fmt: skip
+    if ctx.local_rank == 0:
+        for line in tight:
+            main_log.warning(RESOURCE_TIGHT.format(problem=line))
+
+
+def disk_full_line(e: OSError) -> str:
+    """The one ERROR line of a write that found its filesystem full."""
+    if isinstance(e, DiskFullError):
+        what, free, total = e.what, e.free, e.total
+    else:  # a write elsewhere (a sample grid, a cache file, a log)
+        space = fs_space(e.filename) if e.filename else None
+        what, free, total = "file", space and space.free, space and space.total
+    fix = (
+        "free space there, or use a smaller --checkpoints_total_limit or another --output_dir; "
+        "the previous checkpoint is kept: resume with --resume_from_checkpoint=last"
+    )
+    return DISK_FULL.format(
+        what=what, path=e.filename, fix=fix,
+        free="?" if free is None else human_size(free),
+        total="?" if total is None else human_size(total),
+    )  # fmt: skip
 
 
 @record  # the traceback goes into torchrun's error file, so its failure report shows it
@@ -96,6 +135,12 @@ def main(argv: list[str]) -> int:
     except SigtermWhileStuck as e:
         logger.warning(e.describe())  # here, not in the signal handler that raised it
         raise
+    except Exception as e:
+        if (full := disk_full_error(e)) is None:
+            raise
+        # The partial file is gone (its bytes free again): this line can still be written.
+        main_log.error(disk_full_line(full))
+        code, why = DiskFullError.exit_code, "disk full"
     else:
         code = 0
     finally:

@@ -5,8 +5,9 @@
         array), or a folder of images (.png/.jpg/.jpeg/.webp/.gif/.bmp/.tif, recursively, in
         sorted order, stored as they are: any size and mode). Writes
         OUT_DIR/<prefix>-000000.tar, ... each with its index sidecar.
-    ae-shards index SPEC [--force]
-        Writes the index sidecar of every local shard of SPEC that lacks a current one.
+    ae-shards index SPEC [--force] [--jobs N]
+        Writes the index sidecar of every local shard of SPEC that lacks a current one, walking
+        N shards at a time in N processes.
     ae-shards inspect SPEC [--json] [--input_key FIELD]
         Reads every sample: counts, keys, fields and what they decode to, image sizes and modes,
         index state, every bad sample (input field missing, undecodable, or shaped unlike the
@@ -18,9 +19,11 @@ SPEC is a shard spec as for --train_shards. Bad input exits 2 with one message, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -31,9 +34,9 @@ from rich.progress import Progress
 
 import logging_cfg
 from ae.cli.inspect_shards import Inspector, print_reports
+from ae.data.header_walk import scan_shard
 from ae.data.index import read_index, write_index
 from ae.data.spec import expand_shards, is_remote
-from ae.data.tar_samples import scan_shard
 from ae.data.writer import Sample, npy_bytes, write_shards
 from ae.errors import UserError
 
@@ -127,21 +130,31 @@ def _local_urls(spec: str) -> list[str]:
     return urls
 
 
+def _index_one(url: str) -> str | None:
+    """Walk one shard and write its sidecar; the damage found instead, if any."""
+    scan = scan_shard(url)
+    if scan.error is None:
+        write_index(Path(url), scan.samples, scan.offsets)
+    return scan.error
+
+
 def cmd_index(args: argparse.Namespace, console: Console) -> int:
     urls = _local_urls(args.spec)
-    written = kept = damaged = 0
-    with _progress(console) as bar:
-        for url in bar.track(urls, description=f"indexing {len(urls)} shards"):
-            if not args.force and read_index(url) is not None:
-                kept += 1
-                continue
-            scan = scan_shard(url)
-            if scan.error is not None:
-                logger.error(f"{url}: not indexed: {scan.error}")
+    todo = [u for u in urls if args.force or read_index(u) is None]
+    written = damaged = 0
+    with contextlib.ExitStack() as stack:
+        bar = stack.enter_context(_progress(console))
+        pool = stack.enter_context(ProcessPoolExecutor(args.jobs)) if args.jobs > 1 else None
+        results = pool.map(_index_one, todo) if pool else map(_index_one, todo)
+        described = f"indexing {len(todo)} shards on {args.jobs} process(es)"
+        tracked = bar.track(results, len(todo), description=described)
+        for url, error in zip(todo, tracked, strict=True):
+            if error is not None:
+                logger.error(f"{url}: not indexed: {error}")
                 damaged += 1
-                continue
-            write_index(Path(url), scan.samples, scan.offsets)
-            written += 1
+            else:
+                written += 1
+    kept = len(urls) - len(todo)
     console.print(f"{written} indexed, {kept} already had a current index, {damaged} damaged")
     return 1 if damaged else 0
 
@@ -175,6 +188,7 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("index", help="write index sidecars for existing local shards")
     i.add_argument("spec", help="shard spec: brace pattern, glob, folder")
     i.add_argument("--force", action="store_true", help="rewrite current indexes too")
+    i.add_argument("--jobs", type=int, default=1, help="shards walked in parallel (processes)")
     n = sub.add_parser("inspect", help="counts, keys, sizes and bad samples of shards")
     n.add_argument("spec", help="shard spec: brace pattern, glob, folder, pipe:, http(s)://")
     n.add_argument("--json", action="store_true", help="one JSON list of per-shard reports")
@@ -193,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "per_shard", 1) < 1:
             raise CliError(f"--per_shard: must be >= 1; got {args.per_shard}")
+        if getattr(args, "jobs", 1) < 1:
+            raise CliError(f"--jobs: must be >= 1; got {args.jobs}")
         return COMMANDS[args.command](args, console)
     except UserError as e:
         logger.error(f"ae-shards {args.command}: {e.render()}")

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,9 @@ import psutil
 from loguru import logger
 
 POLL_S = 0.2
+# After another node was lost: time for this node's ranks to log the SIGTERM, then SIGKILL.
+LOST_GRACE_S = 5.0
+KILL_WAIT_S = 5.0
 
 
 @dataclass
@@ -34,10 +38,12 @@ class Stops:
     forwarded: set[signal.Signals] = field(default_factory=set)
     ctrl_c: int = 0
     killed: bool = False  # a second Ctrl-C: everything SIGKILLed
+    lost: str | None = None  # another node of the job was lost (`ae.cli.peer_nodes`)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the child and every process below it (deepest first is not needed: SIGKILL)."""
+    """SIGKILL the child and every process below it (deepest first is not needed: SIGKILL), and
+    wait until they are gone: the diagnosis that follows must find their pids dead."""
     try:
         family = [*psutil.Process(proc.pid).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -45,6 +51,7 @@ def kill_tree(proc: subprocess.Popen) -> None:
     for p in [*family, proc]:
         with suppress(psutil.NoSuchProcess, ProcessLookupError):
             p.kill()
+    psutil.wait_procs(family, timeout=KILL_WAIT_S)
 
 
 @contextmanager
@@ -69,15 +76,28 @@ def stop_signals(proc: subprocess.Popen) -> Iterator[Stops]:
             signal.signal(s, h)
 
 
-def wait(proc: subprocess.Popen) -> tuple[int, Stops]:
-    """Wait for the child, passing stop signals on; returns its exit code and what came."""
+def wait(
+    proc: subprocess.Popen, peers_lost: Callable[[], str | None] | None = None
+) -> tuple[int, Stops]:
+    """Wait for the child, passing stop signals on; returns its exit code and what came.
+    `peers_lost` (multi-node runs) says when another node is gone: the child is then stopped
+    with SIGTERM, as a failure rather than a stop the user asked for."""
     with stop_signals(proc) as stops:
-        told = False
+        told, lost_at = False, 0.0
         while True:
             try:
                 return proc.wait(timeout=POLL_S), stops
             except subprocess.TimeoutExpired:
                 pass
+            if peers_lost is not None and stops.lost is None and (lost := peers_lost()):
+                stops.lost, lost_at = lost, time.monotonic()
+                logger.error(lost)
+                proc.send_signal(signal.SIGTERM)
+            elif stops.lost and not stops.killed and time.monotonic() - lost_at > LOST_GRACE_S:
+                # Blocked in a collective with the lost node (where signal handlers cannot run),
+                # the ranks would wait for torchrun's SIGKILL; none can save without that node.
+                stops.killed = True
+                kill_tree(proc)
             if stops.ctrl_c >= 2 and not stops.killed:
                 stops.killed = True
                 kill_tree(proc)

@@ -1,9 +1,10 @@
 """LightningDataModule over WebDataset shards with an even split across ranks and workers.
 
-`setup()` is where the ranks agree on the data: the node's local rank 0 counts the samples of
-every shard (`ae.data.counts`, cached in `<output_dir>/cache/`), the others read its counts after
-a barrier, and all ranks check they hold the same counts (one all-reduce) before building the
-same plan. A data problem that makes training pointless raises `DataError` with a
+`setup()` is where the ranks agree on the data: every rank counts its share of the shards
+(`ae.data.counts`, kept in the per-user count cache), the shares are exchanged in one all-gather,
+and all ranks check they hold the same counts (one all-reduce) before building the same plan.
+With `--shard_split=resampled` the train split is not counted at all (`ae.data.resampled`).
+A data problem that makes training pointless raises `DataError` with a
 message naming the split's flag, on every rank alike.
 """
 
@@ -20,8 +21,8 @@ import torch.distributed as dist
 from loguru import logger
 from torch.utils.data import DataLoader
 
-from ae.config import DataConfig
-from ae.data.counts import shared_counts
+from ae.config import PREFETCH_FACTOR, DataConfig
+from ae.data.counts import count_cache_dir, shared_counts
 from ae.data.decode import InputSpec, SampleDecoder, SampleError
 from ae.data.errors import DataError
 from ae.data.loader import PreemptibleLoader
@@ -109,14 +110,14 @@ class ShardDataModule(L.LightningDataModule):
         train_urls: list[str],
         val_urls: list[str],
         *,
-        cache_dir: Path,
         seed: int,
         debug: bool = False,
     ) -> None:
-        """`cache_dir`: where this run keeps its shard counts; `debug`: per-shard lines."""
+        """`debug`: per-shard lines. Shard counts are kept in `cfg.count_cache`."""
         super().__init__()
         self.cfg = cfg
-        self.cache_dir, self.seed, self.debug = cache_dir, seed, debug
+        self.cache_dir: Path | None = count_cache_dir(cfg.count_cache)
+        self.seed, self.debug = seed, debug
         self.train_urls = train_urls
         self.val_urls = val_urls
         self.decoder = probe_decoder("train", train_urls, cfg)
@@ -131,15 +132,26 @@ class ShardDataModule(L.LightningDataModule):
         return self.decoder.spec
 
     def _counts(self, split: str, urls: list[str]) -> list[int]:
-        """Counted once per node, then checked to be the same on every rank: different counts
-        (nodes seeing different files) would give different plans and a hang."""
+        """Counted by all ranks (a share each, one all-gather), then checked to be the same on
+        every rank: different counts would give different plans and a hang."""
         trainer = self.trainer
+        distributed = trainer is not None and trainer.world_size > 1
+
+        def gather(mine: dict) -> list[dict]:
+            if not distributed:
+                return [mine]
+            parts: list[dict] = [{}] * trainer.world_size
+            dist.all_gather_object(parts, mine)
+            return parts
+
         counts = shared_counts(
             split,
             urls,
             self.cache_dir,
-            local_zero=trainer is None or trainer.local_rank == 0,
-            barrier=trainer.strategy.barrier if trainer else lambda: None,
+            rank=trainer.global_rank if trainer else 0,
+            world_size=trainer.world_size if trainer else 1,
+            gather=gather,
+            write_sidecars=self.cfg.write_index == "auto",
         )
         if counts.total == 0:
             raise DataError(f"{split}_shards: no readable sample in {len(urls)} shards")
@@ -158,16 +170,20 @@ class ShardDataModule(L.LightningDataModule):
 
     def _stream(self, split: str, urls: list[str], shuffle: bool) -> ShardStream:
         cfg, trainer = self.cfg, self.trainer
+        # Resampled: the train split is never counted; validation stays counted (drop mode).
+        resampled = cfg.shard_split == "resampled" and split == "train"
+        mode = cfg.shard_split if resampled or cfg.shard_split != "resampled" else "drop"
         stream = ShardStream(
             split=split,
             urls=urls,
-            counts=self._counts(split, urls),
+            counts=[] if resampled else self._counts(split, urls),
             decoder=self.decoder,
             batch_size=cfg.batch_size,
             rank=trainer.global_rank if trainer else 0,
             world_size=trainer.world_size if trainer else 1,
             num_workers=cfg.num_workers,
-            mode=cfg.shard_split,
+            mode=mode,
+            epoch_samples=cfg.epoch_samples if resampled else 0,
             shuffle=shuffle,
             augment=shuffle,  # training: random crops and flips; validation: center crops
             shuffle_buffer=cfg.shuffle_buffer,
@@ -179,8 +195,8 @@ class ShardDataModule(L.LightningDataModule):
         if plan.batches_per_rank == 0:
             raise DataError(
                 f"{split}_shards: {plan.total_samples} samples cannot give each of "
-                f"{plan.world_size} ranks one batch of {cfg.batch_size}; lower --batch_size"
-                " or use --shard_split=pad"
+                f"{plan.world_size} ranks one batch of {cfg.batch_size}; lower --batch_size,"
+                + (" raise --epoch_samples" if resampled else " or use --shard_split=pad")
             )
         main_log.info(
             SHARD_PLAN.format(
@@ -191,7 +207,7 @@ class ShardDataModule(L.LightningDataModule):
                 batch_size=cfg.batch_size,
                 ranks=plan.world_size,
                 workers=plan.num_workers,
-                mode=cfg.shard_split,
+                mode=mode,
                 dropped=plan.dropped,
                 repeated=plan.repeated,
                 rank_samples=plan.samples_per_rank,
@@ -231,7 +247,7 @@ class ShardDataModule(L.LightningDataModule):
             num_workers=workers,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=False,  # each epoch re-pickles the dataset with its new epoch
-            prefetch_factor=4 if workers else None,
+            prefetch_factor=PREFETCH_FACTOR if workers else None,
         )
 
     def train_dataloader(self) -> DataLoader:

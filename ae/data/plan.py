@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-SplitMode = Literal["drop", "pad"]
+SplitMode = Literal["drop", "pad", "resampled"]  # resampled: ae.data.resampled
 
 
 @dataclass(frozen=True)

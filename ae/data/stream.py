@@ -40,6 +40,7 @@ from ae.data.decode import Augment, InputSpec, SampleDecoder
 from ae.data.errors import DataError, ErrorCounts, SlotErrors
 from ae.data.index import sample_offset
 from ae.data.plan import EpochPlan, ShardSlice, SplitMode, plan_epoch
+from ae.data.resampled import ResampledPlan, read_resampled, resampled_plan
 from ae.data.tar_samples import ByteCount, RawSample, TarReader, iter_samples
 from ae.data.worker_stats import SlotMeter, WorkerStats
 from ae.forensics.faults import fault_point
@@ -239,6 +240,7 @@ class ShardStream(IterableDataset):
     debug: bool = False
     epoch: int = 0
     skip_batches: int = 0  # a resumed epoch starts after this many of the rank's batches
+    epoch_samples: int = 0  # mode "resampled": samples per epoch, all ranks together
     augment: bool = False  # random crops (and flips, if the decoder has them): training only
     errors: ErrorCounts = field(init=False)
     stats: WorkerStats = field(init=False)
@@ -259,16 +261,16 @@ class ShardStream(IterableDataset):
         return Augment(self.seed, self.epoch) if self.augment else None
 
     def plan(self) -> EpochPlan:
-        return plan_epoch(
-            self.counts,
-            world_size=self.world_size,
-            num_workers=self.num_workers,
-            batch_size=self.batch_size,
-            mode=self.mode,
-            seed=self.seed,
-            epoch=self.epoch,
-            shuffle=self.shuffle,
-        )
+        common: dict[str, Any] = {
+            "world_size": self.world_size,
+            "num_workers": self.num_workers,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "epoch": self.epoch,
+        }
+        if self.mode == "resampled":
+            return resampled_plan(len(self.urls), self.epoch_samples, **common)
+        return plan_epoch(self.counts, mode=self.mode, shuffle=self.shuffle, **common)
 
     def __len__(self) -> int:
         return self.plan().batches_per_rank
@@ -301,9 +303,28 @@ class ShardStream(IterableDataset):
         data is skipped; it is counted in a table of its own, not this stream's (the workers
         that own the slot report it)."""
         errors = SlotErrors(ErrorCounts.create(1), 0)
-        slices = self.plan().slot_slices(rank, 0)
-        raw = read_slices(self.urls, slices, errors, False, self.tar_reader)
+        raw, _, _ = self._slot_samples(self.plan(), rank, 0, errors, None, debug=False)
         return list(itertools.islice(decode_samples(raw, self.decoder, errors), n))
+
+    def _slot_samples(
+        self,
+        plan: EpochPlan,
+        rank: int,
+        slot: int,
+        errors: SlotErrors,
+        meter: SlotMeter | None,
+        debug: bool,
+    ) -> tuple[Iterator[RawSample], int, set[int]]:
+        """(the slot's raw samples, how many are planned, the shards it owns)."""
+        if isinstance(plan, ResampledPlan):
+            quota = plan.worker_batches(slot) * self.batch_size
+            draws = plan.draws(rank, slot)
+            raw = read_resampled(self.urls, draws, quota, errors, self.tar_reader, meter)
+            return raw, quota, set()
+        slices = plan.slot_slices(rank, slot)
+        planned = sum(s.stop - s.start for s in slices)
+        raw = read_slices(self.urls, slices, errors, debug, self.tar_reader, meter)
+        return raw, planned, {s.shard for s in slices}
 
     @log_worker_exceptions
     def __iter__(self) -> Iterator[torch.Tensor]:
@@ -311,24 +332,19 @@ class ShardStream(IterableDataset):
         worker = 0 if info is None else info.id
         slot = resumed_slot(self.skip_batches, self.num_workers, worker)
         plan = self.plan()
-        slices = plan.slot_slices(self.rank, slot)
-        planned = sum(s.stop - s.start for s in slices)
-        own = {s.shard for s in slices}
+        errors = SlotErrors(self.errors, worker)  # one row per worker process
+        meter = self.stats.meter(worker)
+        raw, planned, own = self._slot_samples(plan, self.rank, slot, errors, meter, self.debug)
         logger.info(
             PROCESSING_FILES.format(
-                n=len(own),
+                n=len(own) or len(self.urls),  # resampled: draws from every shard
                 total=len(self.urls),
                 split=self.split,
                 samples=planned,
                 epoch=self.epoch,
             )
         )
-        errors = SlotErrors(self.errors, worker)  # one row per worker process
         errors0, replaced0 = errors.snapshot()
-        meter = self.stats.meter(worker)
-        raw: Iterator[RawSample] = read_slices(
-            self.urls, slices, errors, self.debug, self.tar_reader, meter
-        )
         if self.shuffle:
             rng = random.Random(hash((self.seed, self.epoch, self.rank, slot)))
             raw = shuffle_samples(raw, self.shuffle_buffer, rng)

@@ -55,7 +55,7 @@ def _checksum_ok(header: bytes, stored: int) -> bool:
     return (byte_sum - stored) % 65521 == 0
 
 
-def _pax_records(data: bytes) -> dict[str, str]:
+def pax_records(data: bytes) -> dict[str, str]:
     """`<len> <key>=<value>\\n` records; `len` counts the whole record."""
     out: dict[str, str] = {}
     pos = 0
@@ -78,24 +78,47 @@ class _Buffer:
         self.chunk = chunk
         self.buf = b""
         self.pos = 0
+        self.failed: Exception | None = None
 
     def fill(self, n: int) -> bool:
-        """Make `n` bytes available at `pos`; False if the stream ends first."""
+        """Make `n` bytes available at `pos`; False if the stream ends first. A stream that
+        fails (a damaged compressed shard) raises only once the bytes before the damage are
+        used up, so every whole member before it is read."""
         if len(self.buf) - self.pos >= n:
             return True
+        if self.failed is not None:
+            raise self.failed
         parts = [self.buf[self.pos :]]
         have = len(parts[0])
-        while have < n:  # pipes and sockets may return short reads
-            more = self.stream.read(max(self.chunk, n - have))
-            if not more:
-                break
-            parts.append(more)
-            have += len(more)
+        try:
+            while have < n:  # pipes and sockets may return short reads
+                more = self.stream.read(max(self.chunk, n - have))
+                if not more:
+                    break
+                parts.append(more)
+                have += len(more)
+        except Exception as e:  # the decompressors raise several kinds: all mean damage here
+            self.failed = e
         self.buf, self.pos = b"".join(parts), 0
+        if have < n and self.failed is not None:
+            raise self.failed
         return have >= n
 
     def available(self) -> int:
         return len(self.buf) - self.pos
+
+
+def header_fields(header: bytes, pax: dict[str, str]) -> tuple[bytes, int]:
+    """(type flag, data size) of a 512-byte header, checked; a PAX `size` record before it
+    wins. Raises CorruptTar on fields that do not parse or a checksum that does not match."""
+    try:
+        stored = _octal(header[148:156])
+        size = _octal(header[124:136])
+    except ValueError:
+        raise CorruptTar("unreadable header fields (not a tar stream?)") from None
+    if not _checksum_ok(header, stored):
+        raise CorruptTar("header checksum mismatch")
+    return header[156:157], int(pax["size"]) if "size" in pax else size
 
 
 def iter_members(stream: IO[bytes], chunk: int = 1 << 20) -> Iterator[tuple[str, bytes]]:
@@ -114,27 +137,18 @@ def iter_members(stream: IO[bytes], chunk: int = 1 << 20) -> Iterator[tuple[str,
         header = buf[pos : pos + BLOCK]
         if header == _ZERO_BLOCK:
             return  # end-of-archive marker
-        try:
-            stored = _octal(header[148:156])
-            size = _octal(header[124:136])
-        except ValueError:
-            raise CorruptTar("unreadable header fields (not a tar stream?)") from None
-        if not _checksum_ok(header, stored):
-            raise CorruptTar("header checksum mismatch")
-        kind = header[156:157]
-        if "size" in pax:
-            size = int(pax["size"])
+        kind, size = header_fields(header, pax)
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
         if not b.fill(BLOCK + padded):
             raise TruncatedTar(
                 f"stream ends inside a member ({b.available() - BLOCK} of {padded} bytes)",
-                _member_name(header, pax, long_name),
+                member_name(header, pax, long_name),
             )
         buf, pos = b.buf, b.pos
         data = buf[pos + BLOCK : pos + BLOCK + size]
         b.pos = pos + BLOCK + padded
         if kind == b"x":
-            pax = _pax_records(data)
+            pax = pax_records(data)
             continue
         if kind in (b"g", b"K"):
             continue
@@ -144,12 +158,12 @@ def iter_members(stream: IO[bytes], chunk: int = 1 << 20) -> Iterator[tuple[str,
         if kind not in _REGULAR:
             long_name, pax = None, {}
             continue
-        name = _member_name(header, pax, long_name)
+        name = member_name(header, pax, long_name)
         long_name, pax = None, {}
         yield name, data
 
 
-def _member_name(header: bytes, pax: dict[str, str], long_name: str | None) -> str:
+def member_name(header: bytes, pax: dict[str, str], long_name: str | None) -> str:
     if "path" in pax:
         return pax["path"]
     if long_name is not None:

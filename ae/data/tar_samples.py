@@ -7,8 +7,9 @@ of its file name, the field is the rest, lowercased; `__name__` members are skip
 opened through WebDataset's `gopen`, so local paths, `pipe:CMD` and `http(s)://` URLs all work,
 and gzip/bzip2/xz-compressed shards are decompressed on the fly (`ae.data.compression`).
 
-Only tar parsing lives here (`iter_samples`, `scan_shard`); what to do about a bad shard is
-decided by the callers (the dataset stages, the shard counter), so the parser can be swapped.
+Only tar parsing lives here (`iter_samples`; the counting walk is `ae.data.header_walk`); what to
+do about a bad shard is decided by the callers (the dataset stages, the shard counter), so the
+parser can be swapped.
 Two readers give the same samples in the same order: `fast` cuts members straight out of their
 512-byte headers (`ae.data.tar_members`, ~10x less work per member), `tarfile` is Python's `tarfile`
 module, kept selectable (`--tar_reader=tarfile`) as the plain reference.
@@ -24,8 +25,8 @@ from typing import IO, Any, Literal, TypeVar
 
 from webdataset.gopen import gopen
 
-from ae.data.compression import DECOMPRESSION_ERRORS, decompressed
-from ae.data.tar_members import TarError, TruncatedTar, iter_members
+from ae.data.compression import decompressed
+from ae.data.tar_members import TruncatedTar, iter_members
 
 RawSample = dict[str, Any]
 T = TypeVar("T")
@@ -187,84 +188,3 @@ def _group(
         raise
     if current is not None:
         yield current
-
-
-@dataclass(frozen=True)
-class ShardScan:
-    """What a header-only pass over a shard found. On a truncated or unreadable shard `samples`
-    counts the whole samples before the damage and `error` says what went wrong."""
-
-    samples: int
-    offsets: list[int] | None  # byte offset of each sample's first header; None when streamed
-    error: str | None = None
-
-
-def scan_shard(url: str) -> ShardScan:
-    """Count the samples of a shard from its tar headers. Plain local files are read by seeking
-    from header to header (and give each sample's offset); anything else, compressed shards
-    included, is streamed once through the fast reader."""
-    try:
-        stream = open_shard(url)
-    except TarError as e:  # a compression we cannot read
-        return ShardScan(0, None, f"not a readable tar: {e}")
-    with stream:
-        raw = stream.raw
-        if stream.compression is None and hasattr(raw, "seekable") and raw.seekable():
-            raw.seek(0)
-            try:
-                with tarfile.open(fileobj=raw, mode="r:") as tar:
-                    return _scan(tar, with_offsets=True)
-            except tarfile.ReadError as e:
-                return ShardScan(0, None, f"not a readable tar: ReadError: {e}")
-        return _scan_stream(stream)
-
-
-def _scan_stream(stream: TarStream) -> ShardScan:
-    samples, last_key = 0, None
-    try:
-        for name, _ in iter_members(stream):  # type: ignore[arg-type]
-            parts = split_name(name)
-            if parts is not None and parts[0] != last_key:
-                last_key, samples = parts[0], samples + 1
-    except (TarError, *DECOMPRESSION_ERRORS) as e:
-        if samples == 0:
-            return ShardScan(0, None, f"not a readable tar: {type(e).__name__}: {e}")
-        # The sample being read when the data ended may be incomplete: it does not count.
-        return ShardScan(samples - 1, None, f"{type(e).__name__}: {e}")
-    return ShardScan(samples, None)
-
-
-def count_samples(url: str) -> int:
-    """Whole samples of a shard, by one pass over its headers (no index, no logging)."""
-    return scan_shard(url).samples
-
-
-def _scan(tar: tarfile.TarFile, with_offsets: bool) -> ShardScan:
-    offsets: list[int] = []
-    last_key: str | None = None
-    error = None
-    try:
-        for info in _files(tar):
-            parts = split_name(info.name)
-            if parts is None:
-                continue
-            if parts[0] != last_key:
-                last_key = parts[0]
-                offsets.append(info.offset)
-        if with_offsets and not _ends_cleanly(tar):
-            # tarfile ends silently on a header cut short: only the missing end marker tells
-            error = "no end-of-archive marker: truncated"
-    except (tarfile.TarError, OSError, EOFError, ValueError) as e:
-        error = f"{type(e).__name__}: {e}"
-    if error is None:
-        return ShardScan(len(offsets), offsets if with_offsets else None)
-    # The sample being read when the data ended may be incomplete: it does not count.
-    whole = offsets[:-1]
-    return ShardScan(len(whole), whole if with_offsets else None, error)
-
-
-def _ends_cleanly(tar: tarfile.TarFile) -> bool:
-    """After the last member, a seekable tar must hold a zero block (the end marker)."""
-    assert tar.fileobj is not None
-    tar.fileobj.seek(tar.offset)
-    return tar.fileobj.read(tarfile.BLOCKSIZE) == tarfile.NUL * tarfile.BLOCKSIZE

@@ -5,7 +5,9 @@ per worker, like the error counts (`ae.data.errors`): each worker writes only it
 per batch, and the rank's watchdog thread reads the table for the heartbeat (`data_workers`).
 A worker's time is the time it spends producing batches: suspended at a `yield` (its batch
 waiting to be taken) it is not counted, so a worker that is merely ahead of the rank reads fast,
-and one held up by slow storage, a stopped process or a busy CPU reads slowly.
+and one held up by slow storage or slow decoding reads slowly. A worker stopped or starved of
+CPU between batches is not slow by these figures: the rank's data wait then exceeds the
+worker's time per batch, which the straggler evidence points out (`ae.stragglers`).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ class Heartbeat:
     alive: bool | None  # None: written on another host
     timing: RankTiming | None = None  # step times and workers' read rates
     stragglers: tuple[dict, ...] = ()  # the detecting rank's straggler episodes
+    resources: dict | None = None  # RESOURCE_FIELDS (None: a heartbeat written before them)
 
     @property
     def rss_text(self) -> str:
@@ -89,6 +90,7 @@ def read_heartbeat(path: Path) -> Heartbeat | None:
             alive=process_alive(int(raw["pid"]), str(raw["host"]), float(raw["time"])),
             timing=RankTiming.from_heartbeat(raw),
             stragglers=tuple(e for e in raw.get("stragglers") or [] if isinstance(e, dict)),
+            resources=raw["resources"] if isinstance(raw.get("resources"), dict) else None,
         )
     except (TypeError, ValueError, AttributeError):
         return None

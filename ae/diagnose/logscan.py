@@ -57,6 +57,7 @@ class LogBytes:
         self.path = path
         self.data = data
         self._counted = (0, 1)  # (offset, line number at offset): line numbers count forward
+        self.clock_offset = 0.0  # the writer's clock against rank 0's: subtracted from times
 
     @classmethod
     def read(cls, path: Path) -> LogBytes:
@@ -97,8 +98,8 @@ class LogBytes:
         if m is None:
             return None
         return Record(
-            parse_time(m["time"]), m["level"], int(m["rank"]), int(m["world"]), m["worker"],
-            m["message"], ev,
+            parse_time(m["time"]) - self.clock_offset, m["level"], int(m["rank"]),
+            int(m["world"]), m["worker"], m["message"], ev,
         )  # fmt: skip
 
     # --- searching --------------------------------------------------------------------------

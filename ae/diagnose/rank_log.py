@@ -9,13 +9,14 @@ from the same LineFormats the writers use.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ae.diagnose.heartbeats import Heartbeat
 from ae.diagnose.logscan import Evidence, LogBytes, Record
 from ae.diagnose.phases import phase_after_marker, phase_of_frames
 from ae.log_lines import (
+    CLOCK_OFFSET,
     EPOCH_MARKER_NAME,
     FATAL,
     MARKER,
@@ -135,6 +136,7 @@ class RankLog:
     shard_errors: list[Record] = field(default_factory=list)
     shard_error_lines: int = 0
     native_dump: Evidence | None = None
+    native_dump_main: Evidence | None = None  # the innermost frame of the main thread in it
     sigterm: Record | None = None
     heartbeat: Heartbeat | None = None
     header_host: str | None = None  # from the rank header, for a rank without a heartbeat
@@ -220,6 +222,7 @@ class _Scanner:
             s.sigterm = log.record(max(found))
         if (pos := log.data.rfind(b"\n" + FAULTHANDLER_TIMEOUT)) >= 0:
             s.native_dump = log.evidence(pos + 1)
+            s.native_dump_main = _main_thread_frame(log, pos + 1)
 
     def _stalls(self, log: LogBytes) -> None:
         s = self.s
@@ -354,8 +357,17 @@ def read_rank(
     """`files`: the rank's debug logs, oldest rotation first."""
     state = RankLog(rank, files, heartbeat=heartbeat)
     scanner = _Scanner(state, max_shard_errors)
-    for path in files:
-        scanner.scan(LogBytes.read(path))
+    offset = 0.0
+    for i, path in enumerate(files):
+        log = LogBytes.read(path)
+        if i == 0:  # the oldest file holds the header and the offset measured after it
+            offset = clock_offset(log)
+        log.clock_offset = offset
+        scanner.scan(log)
+    if heartbeat is not None and offset:
+        heartbeat = state.heartbeat = replace(
+            heartbeat, time=heartbeat.time - offset, last_progress=heartbeat.last_progress - offset
+        )
     if heartbeat is not None:
         state.world_size = state.world_size or heartbeat.world_size
         if _newer(state.step_time, heartbeat.time):
@@ -367,7 +379,28 @@ def read_rank(
     return state
 
 
+def clock_offset(log: LogBytes) -> float:
+    """The rank's CLOCK_OFFSET against rank 0 (0 when it has none: one process, older runs)."""
+    start = next(log.find_records(_needle(CLOCK_OFFSET.prefix)), None)
+    rec = None if start is None else log.record(start)
+    m = CLOCK_OFFSET.parse(rec.message) if rec is not None else None
+    return float(m["offset"]) if m else 0.0
+
+
 def shard_of(rec: Record) -> str:
     """The shard an ERROR line names (its first `.tar` path or URL)."""
     m = _SHARD.search(rec.message)
     return m[1] if m else "?"
+
+
+def _main_thread_frame(log: LogBytes, dump: int) -> Evidence | None:
+    """The innermost frame of the main thread in faulthandler's timer dump at `dump`. The dump
+    lists threads newest first, so the main thread, the oldest, is the last block."""
+    end = log.data.find(b"\n20", dump)  # the next log record ends the dump
+    block = log.data.rfind(b"\nThread 0x", dump, end if end >= 0 else len(log.data))
+    if block < 0:
+        return None
+    frame = log.data.find(b"\n  File ", block + 1)
+    if frame < 0 or (end >= 0 and frame > end):
+        return None
+    return log.evidence(frame + 1)

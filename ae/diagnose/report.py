@@ -90,6 +90,7 @@ def _rank(run: RunState, r: RankLog, state: str, tail: int, score: float | None)
         "pid": hb.pid if hb else None,
         "host": r.host,
         "alive": hb.alive if hb else None,
+        "resources": hb.resources if hb else None,
         "heartbeat_age_s": _round(run.reference - hb.time) if hb and run.reference else None,
         "score": None if score is None else round(score, 2),
         "step_time": _step_time(r),
@@ -274,7 +275,7 @@ def render(doc: dict[str, Any], console: Console) -> None:
         console.print(f"  rank {v['rank']}: {v['cause']} (phase {v['phase'] or '?'}), a victim")
         _print_evidence(console, v["evidence"])
     if stragglers:
-        console.print("Stragglers (score: own time per step / median of the ranks):")
+        console.print("Stragglers (score: own time per step / the other ranks' median):")
     for s in stragglers:
         line = Text(f"  rank {s['rank']}: {s['score']:.1f}x, cause ", style="bold")
         line.append(s["cause"], style="bold yellow")

@@ -19,7 +19,7 @@ from ae.stragglers import RankTiming, judge, scores
 @dataclass
 class StragglerFinding:
     rank: int
-    score: float  # own time per step / median of the ranks
+    score: float  # own time per step / the other ranks' median
     cause: str  # data or compute
     evidence: list[Evidence] = field(default_factory=list)
 

@@ -32,6 +32,13 @@ from ae.log_lines import (
 _RECORD = RECORD_FORMAT.replace("{time:YYYY-MM-DD HH:mm:ss.SSS}", "{time}").replace(
     "{extra[tag]}", "{tag}"
 )
+# A heartbeat's resources on a machine with room to spare (MB; counts).
+ROOMY = {
+    "shm_free_mb": 8000.0, "shm_total_mb": 8192.0, "disk_free_mb": 200000.0,
+    "disk_total_mb": 500000.0, "mem_available_mb": 50000.0, "mem_total_mb": 64000.0,
+    "cgroup_limit_mb": None, "oom_kills": 0, "oom_kills_at_start": 0, "open_fds": 40,
+    "fd_limit": 65536,
+}  # fmt: skip
 T0 = datetime(2026, 11, 21, 12, 0, 0).timestamp()
 TS = "20261121_120000"
 
@@ -171,8 +178,10 @@ def write_heartbeat(logs: Path, rank: int, world: int, *, pid: int, t: float, ph
                     step: int, state: str = "running", stalled: bool = False,
                     last_progress: float | None = None, host: str | None = None,
                     ts: str = TS, timing: dict | None = None, data_workers: list | None = None,
-                    stragglers: list | None = None) -> Path:  # fmt: skip
-    """`timing`: {"recent": ..., "epoch": ...} windows as ae.forensics.step_times writes them."""
+                    stragglers: list | None = None,
+                    resources: dict | None = None) -> Path:  # fmt: skip
+    """`timing`: {"recent": ..., "epoch": ...} windows as ae.forensics.step_times writes them;
+    `resources`: RESOURCE_FIELDS figures that differ from a roomy machine's."""
     beat = {
         "rank": rank, "world_size": world, "pid": pid, "host": host or socket.gethostname(),
         "phase": phase, "epoch": 0, "step": step, "time": t,
@@ -180,6 +189,7 @@ def write_heartbeat(logs: Path, rank: int, world: int, *, pid: int, t: float, ph
         "rss_mb": 400.0, "workers": [{"pid": pid + 1, "rss_mb": 300.0}], "stalled": stalled,
         "state": state, "timing": timing or {"recent": None, "epoch": None},
         "data_workers": data_workers or [], "stragglers": stragglers or [],
+        "resources": {**ROOMY, **(resources or {})},
     }  # fmt: skip
     assert tuple(beat) == HEARTBEAT_FIELDS
     path = logs / HEARTBEAT_FILE.format(rank=rank, ts=ts)

@@ -19,6 +19,8 @@ Before rules 3-5: if every rank, on two or more hosts, stalled in a collective a
 and none failed of its own, no rank is stuck in its own work: the hosts cannot reach each other
 (`network`), and no rank is a culprit.
 A run where every rank wrote its exit line with code 0 and nothing failed has no culprits.
+Last, a culprit whose failure a resource explains gets that resource as its cause
+(`ae.diagnose.resources`: disk full, shared memory, the OOM killer, open files).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 from ae.diagnose.logscan import Evidence
 from ae.diagnose.rank_log import Crash, RankLog, Stall
+from ae.diagnose.resources import name_resources
 from ae.diagnose.run_state import RunState
 
 # A rank gone at most this before a peer's failure was stopped by torchrun: its heartbeat (every
@@ -166,6 +169,12 @@ class _Judge:
         got SIGTERM, or went after (or just before) another rank's failure, was stopped."""
         ranks = self.run.ranks.values()
         ended = {r.rank for r in ranks if r.crashes or r.exit is not None or finished(r)}
+        # A rank of this host known dead: a rank of another host that went silent well before
+        # it (more than a heartbeat's interval) is gone too (a node lost, its processes killed).
+        dead = [
+            r.last_sign_of_life or 0.0 for r in ranks if r.heartbeat and r.heartbeat.alive is False
+        ]
+        before = max(dead, default=float("-inf")) - GAP_S
         gone: list[tuple[float, RankLog, list[Evidence]]] = []
         for r in ranks:
             if not r.files or r.rank in ended or open_stall(r) is not None:
@@ -173,7 +182,8 @@ class _Judge:
             hb = r.heartbeat
             alive = hb.alive if hb is not None else None
             stale = hb is not None and (self.run.reference or 0) - hb.time > STALE_S
-            if alive is not False and not (alive is None and (ended or stale)):
+            silent = hb is not None and hb.time < before
+            if alive is not False and not (alive is None and (ended or stale or silent)):
                 continue
             evidence = [r.last.evidence] if r.last else []
             if hb is not None and alive is False:
@@ -190,6 +200,15 @@ class _Judge:
                 self._victim(r, f"stopped after rank {failed} failed", evidence[-1:])
             elif first_gone is not None:
                 self._victim(r, f"stopped after rank {first_gone.rank} died", evidence[-1:])
+            elif r.native_dump is not None or (hb is not None and hb.stalled):
+                # The watchdog saw the stall but its report never came: its thread was blocked
+                # too (a lock held across threads, native code holding the interpreter lock).
+                first_gone = r
+                dump = [e for e in (r.native_dump, r.native_dump_main) if e is not None]
+                rule = "stalled; its watchdog could not write a STALL report (faulthandler)"
+                self._culprit(
+                    r, current_phase(r), "stalled, watchdog blocked", rule, evidence + dump, life
+                )
             else:
                 first_gone = r
                 rule = "log stops with no exit line, no exception, no stall"
@@ -291,7 +310,7 @@ class _Judge:
 
     def _crashed(self, r: RankLog, c: Crash, rule: str) -> None:
         cause = f"{'fatal signal' if c.signal else 'exception'}: {c.kind}"
-        self._culprit(r, c.phase or r.log_phase, cause, rule, c.evidence, c.time)
+        self._culprit(r, c.phase or r.log_phase or "setup", cause, rule, c.evidence, c.time)
         self.states[r.rank] = "crashed"
 
     def _culprit(
@@ -353,5 +372,6 @@ def judge(run: RunState) -> Verdict:
         status = "running"
     else:
         status = "stopped"
+    name_resources(j.culprits, run.ranks)
     by_rank = sorted(j.culprits, key=lambda f: f.rank)
     return Verdict(status, by_rank, sorted(j.victims, key=lambda f: f.rank), j.states)

@@ -4,7 +4,7 @@ Each rank's watchdog rewrites its heartbeat every few seconds, even while the ra
 this view keeps moving when the job does not: a rank whose `since progress` grows while the
 others' stay small is the one holding the job back. Steps/s is measured between two heartbeats
 of a rank. `own ms` is a rank's own time per step (data wait + compute, without waiting for its
-peers) over its recent window, `score` that over the median of the ranks; a rank the detector
+peers) over its recent window, `score` that over the other ranks' median; a rank the detector
 named a straggler shows its cause next to its score, in yellow. The view ends when every rank has
 exited (or after `count` refreshes, or Ctrl-C).
 """

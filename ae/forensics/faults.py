@@ -10,6 +10,8 @@ actions:
   segv    SIGSEGV to the process itself from `_injected_segv`: a native crash
   kill    SIGKILL to the process itself from `_injected_kill`: the OOM killer
   oom     raise `torch.cuda.OutOfMemoryError` from `_injected_oom` (exists in CPU builds too)
+  grow    allocate and touch `mb` MB, held until the process ends, from `_injected_grow`:
+          memory growth for the OOM killer (in a memory-limited cgroup)
   slow    sleep `ms` milliseconds in `_injected_slow` at every call from `step` on (until
           `until`): a straggler -- per batch at `data`, per optimizer step at `train`
 points (who calls `fault_point`):
@@ -26,6 +28,7 @@ keys:
   secs=S   sleep duration (default 3600)
   ms=M     slow: milliseconds per call (required)
   until=N  slow: not from step N on (default: never stops)
+  mb=M     grow: megabytes to allocate (required)
 
 Examples::
 
@@ -35,6 +38,7 @@ Examples::
     AE_FAULT="segv@train:rank=1:step=2,kill@train:rank=0:step=2"
     AE_FAULT="slow@data:rank=1:ms=50"                 rank 1's batches each take 50 ms longer
     AE_FAULT="slow@train:rank=1:ms=40:until=500"      rank 1's steps 0-499 take 40 ms longer
+    AE_FAULT="grow@data:rank=1:step=2:mb=4000"       rank 1's worker grows by 4 GB at batch 2
 
 Each fault but `slow` fires at most once per process. A `FAULT injected: ...` WARNING is logged
 first (once), so the fault is placed in the logs. With AE_FAULT unset, `fault_point` is one
@@ -53,8 +57,8 @@ from loguru import logger
 from ae.errors import UserError
 from ae.log_lines import FAULT_INJECTED
 
-ACTIONS = ("sleep", "raise", "segv", "kill", "oom", "slow")
-KEYS = {"rank": int, "step": int, "secs": float, "ms": float, "until": int}
+ACTIONS = ("sleep", "raise", "segv", "kill", "oom", "slow", "grow")
+KEYS = {"rank": int, "step": int, "secs": float, "ms": float, "until": int, "mb": float}
 POINTS = ("data", "train", "checkpoint", "sampling")
 
 
@@ -71,6 +75,7 @@ class Fault:
     secs: float = 3600.0
     ms: float = 0.0
     until: int | None = None
+    mb: float = 0.0
 
     def __str__(self) -> str:
         return f"{self.action}@{self.point}"
@@ -102,6 +107,8 @@ def parse_faults(spec: str) -> list[Fault]:
                 raise FaultSpecError(f"AE_FAULT: {item!r}: {key} needs a number") from None
         if action == "slow" and not kwargs.get("ms", 0) > 0:
             raise FaultSpecError(f"AE_FAULT: {item!r}: slow needs ms=M (milliseconds, > 0)")
+        if action == "grow" and not kwargs.get("mb", 0) > 0:
+            raise FaultSpecError(f"AE_FAULT: {item!r}: grow needs mb=M (megabytes, > 0)")
         faults.append(Fault(action, point, **kwargs))  # type: ignore[arg-type]
     return faults
 
@@ -148,7 +155,7 @@ def fault_point(point: str, step: int) -> None:
             logger.warning(
                 FAULT_INJECTED.format(action=fault.action, point=point, step=step, rank=rank)
             )
-            _ACT[fault.action](fault.secs)
+            _ACT[fault.action](fault.mb if fault.action == "grow" else fault.secs)
 
 
 # Named functions, so a stack dump shows which fault is acting.
@@ -178,7 +185,16 @@ def _injected_oom(secs: float) -> None:
     raise torch.cuda.OutOfMemoryError("CUDA out of memory (oom fault injected by AE_FAULT)")
 
 
+_held: list[bytearray] = []  # what `grow` allocated: kept until the process ends
+
+
+def _injected_grow(mb: float) -> None:
+    # Repetition writes every byte: the pages are resident (a zeroed allocation would not be).
+    _held.append(bytearray(b"\x01") * int(mb * 2**20))
+
+
 _ACT = {
+    "grow": _injected_grow,
     "sleep": _injected_sleep,
     "raise": _injected_raise,
     "segv": _injected_segv,

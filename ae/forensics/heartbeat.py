@@ -36,10 +36,11 @@ def heartbeat_record(
     state: str = "running",
     times: StepTimes = step_times,
     stragglers: list[dict[str, Any]] | None = None,
+    resources: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The HEARTBEAT_FIELDS of this rank now. `state`: `running`; at the end `exited`, or
     `failed` when the rank left with an exception. `stragglers`: the episodes of the detecting
-    rank (`ae.forensics.stragglers`), empty elsewhere."""
+    rank (`ae.forensics.stragglers`), empty elsewhere; `resources`: a `ResourceReader` sample."""
     now = time.time()
     rss_mb, workers = rss.sample()
     record = {
@@ -59,6 +60,7 @@ def heartbeat_record(
         "state": state,
         **times.heartbeat(),
         "stragglers": stragglers or [],
+        "resources": resources,
     }
     assert tuple(record) == HEARTBEAT_FIELDS
     return record

@@ -2,12 +2,14 @@
 
 Every rank's heartbeat carries its step times (`ae.forensics.step_times`) and its dataloader
 workers' read rates. Rank 0's watchdog thread reads the heartbeat files of all ranks each time it
-writes its own, scores them (`ae.stragglers`: own time per step / median of the ranks), and when a
-rank stays above `--straggler_factor` for `--straggler_window` seconds it logs one `STRAGGLER`
-WARNING (train log, console, its debug log) naming the rank, its score, the cause and the
-evidence; `STRAGGLER RESOLVED` when its score falls back. The episodes go into rank 0's heartbeat
-(`stragglers`), where every rank looks for its own name and copies the line into its own debug
-log, so `grep STRAGGLER debug_rank1_*.log` finds it too.
+writes its own, scores them (`ae.stragglers`: own time per step / the other ranks' median), and
+when a rank stays above `--straggler_factor` for `--straggler_window` seconds it logs one
+`STRAGGLER` WARNING (train log, console, its debug log) naming the rank, its score, the cause
+and the evidence; `STRAGGLER RESOLVED` once its score stays at or below the factor for the
+window too (a dip of a few seconds, from a busy neighbour or a checkpoint, neither names nor
+clears a rank). The episodes go into rank 0's heartbeat (`stragglers`), where every rank looks
+for its own name and copies the line into its own debug log, so `grep STRAGGLER
+debug_rank1_*.log` finds it too.
 
 Multi-node: where the logs folder is shared, rank 0 judges every rank. Where each node has a
 folder of its own (rank 0's heartbeat is not there), each node's local rank 0 judges the ranks of
@@ -61,6 +63,7 @@ class Stragglers:
         self.max_age_s = max_age_s
         self.episodes: list[dict[str, Any]] = []  # published in the heartbeat when detecting
         self._above: dict[int, float] = {}  # rank -> since when it is above the factor
+        self._below: dict[int, float] = {}  # rank -> since when it is at or below it
         self._open: dict[int, dict[str, Any]] = {}
         self._told: set[tuple[float, bool]] = set()  # (since, resolved) lines copied
 
@@ -85,12 +88,14 @@ class Stragglers:
         timings = read_timings(self.logs_dir, self.run_ts, now, self.max_age_s)
         for rank, score in scores(timings).items():
             if score > self.factor:
+                self._below.pop(rank, None)
                 since = self._above.setdefault(rank, now)
                 if rank not in self._open and now - since >= self.window_s:
                     self._declare(rank, score, timings, since)
             else:
                 self._above.pop(rank, None)
-                if rank in self._open:
+                below = self._below.setdefault(rank, now)
+                if rank in self._open and now - below >= self.window_s:
                     self._resolve(rank, score, now)
             if rank in self._open:
                 self._open[rank]["score"] = round(score, 2)

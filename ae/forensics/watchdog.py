@@ -27,6 +27,7 @@ import logging_cfg
 from ae.forensics.heartbeat import heartbeat_path, heartbeat_record, write_heartbeat
 from ae.forensics.process_stats import RssReader
 from ae.forensics.progress import Progress, progress
+from ae.forensics.resources import SHM, ResourceReader, fs_space
 from ae.forensics.stall_report import (
     collective_wait,
     describe_frame,
@@ -35,10 +36,15 @@ from ae.forensics.stall_report import (
     report_body,
 )
 from ae.forensics.stragglers import Stragglers
-from ae.log_lines import STALL, STALL_REPORT, STALL_RESOLVED, STOP_SIGNAL
+from ae.log_lines import SHM_NEAR_FULL, STALL, STALL_REPORT, STALL_RESOLVED, STOP_SIGNAL
 from logging_cfg import LogPaths, RankContext
 
 MAX_REPORT_GAP_S = 3600.0
+SHM_NEAR_FULL_SHARE = 0.10  # /dev/shm with less than this share free, at a data-loading stall
+SHM_FIX = (
+    "dataloader workers block or die (SIGBUS) putting batches there; fix: a larger /dev/shm "
+    "(docker run --shm-size=...), a smaller --batch_size, or fewer --num_workers"
+)
 
 
 class Watchdog(threading.Thread):
@@ -65,6 +71,8 @@ class Watchdog(threading.Thread):
         if stragglers is not None:  # a short straggler window needs fresh figures
             self.heartbeat_s = min(self.heartbeat_s, max(1.0, stragglers.window_s / 5))
         self._rss = RssReader()
+        # the heartbeat sits in <output_dir>/logs/: the output folder's disk is its parent's
+        self._resources = ResourceReader(heartbeat.parent.parent) if heartbeat else None
         self._stop_event = threading.Event()
         self._last_heartbeat = float("-inf")
         self._stall_beat: float | None = None  # progress.last_beat when the stall began
@@ -96,13 +104,14 @@ class Watchdog(threading.Thread):
         if self._stall_beat is not None and beat != self._stall_beat:
             self._resolved(beat - self._stall_beat)
         if idle >= self._next_report_at:
-            if self._stall_beat is None:
+            first = self._stall_beat is None
+            if first:
                 self._stall_beat, self._stall_where = beat, (p.phase, p.epoch, p.step)
                 # The heartbeat says `stalled` before the log does (the report body takes a
                 # while): whoever has read the STALL line finds it in the heartbeat too.
                 if self.heartbeat is not None:
                     self.write_heartbeat()
-            self._report(idle)
+            self._report(idle, first)
             self._next_report_at += min(self._next_report_at, MAX_REPORT_GAP_S)
         due = time.monotonic() - self._last_heartbeat >= self.heartbeat_s
         if self.heartbeat is not None and due:
@@ -114,13 +123,16 @@ class Watchdog(threading.Thread):
         assert self.heartbeat is not None
         stalled = self._stall_beat is not None
         episodes = self.stragglers.episodes if self.stragglers is not None else None
+        resources = self._resources.sample() if self._resources is not None else None
         record = heartbeat_record(
-            self.ctx, self.progress, self._rss, stalled=stalled, state=state, stragglers=episodes
-        )
+            self.ctx, self.progress, self._rss, stalled=stalled, state=state,
+            stragglers=episodes, resources=resources,
+        )  # fmt: skip
         write_heartbeat(self.heartbeat, record)
         self._last_heartbeat = time.monotonic()
 
-    def _report(self, idle: float) -> None:
+    def _report(self, idle: float, first: bool) -> None:
+        """A STALL report; `first`: the first of this stall."""
         self.reports += 1
         phase, epoch, step = self._stall_where
         frame = main_thread_frame()
@@ -136,6 +148,8 @@ class Watchdog(threading.Thread):
             report=self.reports, rank=self.ctx.rank, pid=os.getpid(), idle=f"{idle:.1f}",
             phase=phase,
         )  # fmt: skip
+        if phase == "data loading" and first:
+            self._shm_check(phase)
         logger.info(f"{head}\n{report_body(where, collective, self.cuda_device)}")
         if pids := dump_worker_stacks():
             logger.info(
@@ -144,6 +158,15 @@ class Watchdog(threading.Thread):
             )
         if self.heartbeat is not None:
             self.write_heartbeat()
+
+    def _shm_check(self, phase: str) -> None:
+        """A data-loading stall with /dev/shm near full: say so (the stall report alone would
+        show workers waiting, not why)."""
+        shm = fs_space(SHM)
+        if shm is not None and shm.total and shm.free < SHM_NEAR_FULL_SHARE * shm.total:
+            mb = 2**20
+            free, total = f"{shm.free / mb:.1f}", f"{shm.total / mb:.1f}"
+            logger.warning(SHM_NEAR_FULL.format(phase=phase, free=free, total=total, fix=SHM_FIX))
 
     def _resolved(self, stall_s: float) -> None:
         phase, epoch, step = self._stall_where

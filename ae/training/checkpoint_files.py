@@ -25,6 +25,9 @@ from typing import BinaryIO
 
 from loguru import logger
 
+from ae.errors import DiskFullError
+from ae.forensics.resources import FULL_BYTES, disk_full_error, fs_space
+
 LAST = "last.ckpt"
 BEST = "best.ckpt"
 _STEP_FILE = re.compile(r"^step-(\d+)\.ckpt$")
@@ -38,8 +41,9 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """`write(f)` into a temporary file, then rename it over `path`."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], None], what: str = "checkpoint") -> None:
+    """`write(f)` into a temporary file, then rename it over `path`. A write that fails on a full
+    filesystem raises DiskFullError (the temporary file removed, `path` as it was)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
@@ -47,8 +51,13 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        space = fs_space(path.parent)  # before the removal frees the partial file's bytes
         tmp.unlink(missing_ok=True)
+        full = space is not None and space.free < FULL_BYTES
+        if isinstance(e, Exception) and (full or disk_full_error(e) is not None):
+            free, total = (space.free, space.total) if space else (None, None)
+            raise DiskFullError(what, str(path), free, total) from e
         raise
     fsync_dir(path.parent)
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ae.training.checkpoint_files import atomic_write
+
 _BG = (255, 255, 255)
 _INK = (40, 40, 40)
 _GRID = (225, 225, 225)
@@ -45,7 +47,7 @@ def reconstruction_grid(
         canvas.paste(to_image(inputs[i]).resize((tw, th), Image.NEAREST), (x, y))
         canvas.paste(to_image(outputs[i]).resize((tw, th), Image.NEAREST), (x, y + th + gap))
     path.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(path)
+    atomic_write(path, lambda f: canvas.save(f, format="PNG"), what="sample grid")
 
 
 def line_plot(
@@ -98,4 +100,4 @@ def line_plot(
         draw.line([(left + pw - 160, ly), (left + pw - 140, ly)], fill=color, width=2)
         draw.text((left + pw - 135, ly - 6), name, fill=color)
     path.parent.mkdir(parents=True, exist_ok=True)
-    img.save(path)
+    atomic_write(path, lambda f: img.save(f, format="PNG"), what="loss curve")

@@ -37,6 +37,15 @@ def device_name(ctx: RankContext, accelerator: str) -> str:
     return "cpu"
 
 
+def ae_version() -> str:
+    """The installed version, or `source` when `ae` runs from a checkout on PYTHONPATH (no
+    package metadata): the header must never be what stops a rank."""
+    try:
+        return importlib.metadata.version("ae")
+    except importlib.metadata.PackageNotFoundError:
+        return "source"
+
+
 def log_rank_header(ctx: RankContext, accelerator: str) -> None:
     cuda = torch.cuda.is_available()
     device = device_name(ctx, accelerator)
@@ -49,7 +58,7 @@ def log_rank_header(ctx: RankContext, accelerator: str) -> None:
         f"device={device} cuda_available={cuda} cuda_devices={torch.cuda.device_count()} "
         f"nccl_available={nccl_available()}",
         f"torch={torch.__version__} lightning={lightning.__version__} "
-        f"ae={importlib.metadata.version('ae')} ({Path(ae.__file__).parent})",
+        f"ae={ae_version()} ({Path(ae.__file__).parent})",
         *(f"{k}={os.environ.get(k, '<unset>')}" for k in _ENV_KEYS),
     ]
     logger.info("==================== RANK HEADER ====================")
@@ -87,7 +96,7 @@ def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, va
     main_log.info(f"Shards: {train} train, {val} val; logs in {paths.logs_dir}")
     config_path = run.dir.config_yaml
     # A valid --config file for the next run, written whole or not at all.
-    atomic_write(config_path, lambda f: f.write(cfg.to_yaml().encode()))
+    atomic_write(config_path, lambda f: f.write(cfg.to_yaml().encode()), what="config")
     main_log.bind(console=False).info(f"{RESOLVED_CONFIG} {config_path}\n" + cfg.to_yaml().rstrip())
 
 

@@ -16,6 +16,7 @@ from ae.config import Config, ConfigError, RunConfig
 from ae.data.datamodule import EpochSync
 from ae.forensics.loop_tracer import DebugCallback
 from ae.training.checkpointing import AtomicCheckpointIO, Checkpointing
+from ae.training.clock import ClockOffset
 from ae.training.ema import EMA
 from ae.training.metrics import build_loggers, metric_callbacks
 from ae.training.preemption import Preemption
@@ -48,6 +49,7 @@ def build_callbacks(cfg: Config, ctx: RankContext) -> list[L.Callback]:
     checkpointing = Checkpointing(cfg.checkpoints, cfg.run.dir, settings=cfg.to_dict())
     obs = cfg.obs
     callbacks: list[L.Callback] = [
+        ClockOffset(),
         EpochSync(),
         DebugCallback(
             debug=obs.debug,

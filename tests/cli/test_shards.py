@@ -13,6 +13,7 @@ import numpy as np
 from PIL import Image
 
 from ae.cli.shards import main
+from ae.data.header_walk import scan_shard
 from ae.data.index import read_index
 from ae.data.tar_samples import iter_samples
 from tests.support.runs import ROOT
@@ -67,10 +68,13 @@ def test_index_rebuilds_missing_and_reports_truncated(tmp_path: Path, capsys) ->
         idx.unlink()
     damaged = out / "train-000001.tar"
     damaged.write_bytes(damaged.read_bytes()[:3000])
-    assert main(["index", str(out)]) == 1  # one shard could not be indexed
-    assert read_index(str(out / "train-000000.tar")).samples == 10
+    assert main(["index", str(out), "--jobs", "2"]) == 1  # one shard could not be indexed
+    index = read_index(str(out / "train-000000.tar"), with_offsets=True)
+    assert (
+        index.samples == 10 and index.offsets == scan_shard(str(out / "train-000000.tar")).offsets
+    )
     assert read_index(str(damaged)) is None
-    assert "1 damaged" in capsys.readouterr().out
+    assert "2 indexed, 0 already had a current index, 1 damaged" in capsys.readouterr().out
     assert main(["inspect", str(out / "train-000001.tar")]) == 1
     assert "unreadable after" in capsys.readouterr().out
 
@@ -86,6 +90,7 @@ def test_bad_input_is_one_line_without_traceback(tmp_path: Path) -> None:
         ["write", str(tmp_path / "missing.npy"), str(tmp_path / "o")],
         ["inspect", str(tmp_path / "none-*.tar")],
         ["index", "pipe:cat a.tar"],
+        ["index", str(tmp_path), "--jobs", "0"],
         ["inspect", str(_npy_shards(tmp_path)), "--input_key", "cls"],  # no decoder for cls
     ):
         res = subprocess.run(

@@ -13,10 +13,11 @@ import pytest
 
 from ae.cli.shards import main as ae_shards
 from ae.data.counts import count_shards
+from ae.data.header_walk import scan_shard
 from ae.data.index import read_index, sample_offset
 from ae.data.spec import expand_shards
 from ae.data.stream import read_shard
-from ae.data.tar_samples import iter_samples, scan_shard
+from ae.data.tar_samples import iter_samples
 from ae.data.writer import write_shard
 from tests.support.shards import vector_samples
 

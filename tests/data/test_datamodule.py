@@ -41,7 +41,7 @@ def test_val_shape_must_match_train(tmp_path: Path) -> None:
     write_shard(val, vector_samples(4, dim=5))
     shape = r"shape \(5,\), expected \(6,\)"
     with pytest.raises(DataError, match=rf"^val_shards: no readable sample .*{shape}"):
-        ShardDataModule(DataConfig(), [str(train)], [str(val)], cache_dir=tmp_path, seed=0)
+        ShardDataModule(DataConfig(), [str(train)], [str(val)], seed=0)
 
 
 def _agree(rank: int, port: int, out: str) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from ae.data.header_walk import scan_shard
 from ae.data.index import index_url, read_index, sample_offset, write_index
-from ae.data.tar_samples import iter_samples, scan_shard
+from ae.data.tar_samples import iter_samples
 from ae.data.writer import write_shard
 from tests.support.shards import vector_samples
 

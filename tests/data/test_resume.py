@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from ae.data.decode import SampleDecoder
+from ae.data.header_walk import count_samples
 from ae.data.resume import ResumableLoader
 from ae.data.spec import resolve_shards
 from ae.data.stream import ShardStream, resumed_slot, worker_skip
-from ae.data.tar_samples import count_samples
 from ae.data.writer import png_bytes, write_shard
 from tests.support.shards import vector_decoder
 

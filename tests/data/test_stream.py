@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,48 +14,13 @@ import ae.data.stream as dataset
 from ae.data.errors import DataError
 from ae.data.plan import plan_epoch
 from ae.data.worker_stats import SHARD_BYTES
-from ae.data.writer import Sample, write_shard
+from ae.data.writer import write_shard
+from tests.support.id_streams import DIM
+from tests.support.id_streams import id_sample as _sample
+from tests.support.id_streams import make_stream as _stream
+from tests.support.id_streams import read_ids as _read
+from tests.support.id_streams import write_id_shards as _write
 from tests.support.shards import vector_decoder
-
-DIM = 4
-
-
-def _npy(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array)
-    return buf.getvalue()
-
-
-def _sample(i: int, dim: int = DIM) -> Sample:
-    """Every value of sample i is i: a batch row tells which sample it was."""
-    return {"__key__": f"{i:08d}".encode(), "npy": _npy(np.full(dim, i, np.float32))}
-
-
-def _write(tmp_path: Path, sizes: list[int], dim: int = DIM) -> list[str]:
-    urls, start = [], 0
-    for k, n in enumerate(sizes):
-        path = tmp_path / f"d-{k:06d}.tar"
-        write_shard(path, [_sample(i, dim) for i in range(start, start + n)])
-        urls.append(str(path))
-        start += n
-    return urls
-
-
-def _stream(urls: list[str], counts: list[int], **kw) -> dataset.ShardStream:
-    args = dict(
-        split="train", urls=urls, counts=counts, decoder=vector_decoder(DIM), batch_size=4,
-        rank=0, world_size=1, num_workers=1, shuffle=False,
-    )  # fmt: skip
-    return dataset.ShardStream(**{**args, **kw})
-
-
-def _read(stream: dataset.ShardStream, worker: int, monkeypatch) -> list[int]:
-    """Sample ids the stream yields as dataloader worker `worker`."""
-    info = SimpleNamespace(id=worker, num_workers=stream.num_workers)
-    monkeypatch.setattr(dataset, "get_worker_info", lambda: info)
-    batches = list(stream)
-    assert all(b.shape == (stream.batch_size, *stream.spec.shape) for b in batches)
-    return [int(v) for b in batches for v in b[:, 0]]
 
 
 @pytest.fixture

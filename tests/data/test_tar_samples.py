@@ -91,8 +91,8 @@ def test_bytes_read_are_counted(tmp_path: Path, reader: TarReader) -> None:
 
 
 def test_same_batches_through_the_stream(tmp_path: Path, make_shards) -> None:
+    from ae.data.header_walk import count_samples
     from ae.data.spec import expand_shards
-    from ae.data.tar_samples import count_samples
 
     urls = expand_shards(make_shards([30, 17, 25]))
     counts = [count_samples(u) for u in urls]

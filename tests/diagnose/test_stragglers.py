@@ -58,10 +58,10 @@ def test_running_job_slowed_by_rank_1(tmp_path: Path) -> None:
     live_run(tmp_path, LINE)
     doc = diagnose(find_run(tmp_path))
     assert doc["status"] == "running" and doc["culprits"] == []
-    assert [(r["rank"], r["score"]) for r in doc["ranks"]] == [(0, 0.5), (1, 1.5)]
+    assert [(r["rank"], r["score"]) for r in doc["ranks"]] == [(0, 0.33), (1, 3.0)]
     assert doc["ranks"][1]["step_time"]["data_ms"] == 25.0
     ((straggler),) = doc["stragglers"]
-    assert (straggler["rank"], straggler["score"], straggler["cause"]) == (1, 1.5, "data")
+    assert (straggler["rank"], straggler["score"], straggler["cause"]) == (1, 3.0, "data")
     line, now = straggler["evidence"]
     assert line["file"] == f"train_{TS}.log" and LINE in line["text"]
     assert now["file"] == f"heartbeat_rank1_{TS}.json" and now["text"].startswith(
@@ -72,15 +72,15 @@ def test_running_job_slowed_by_rank_1(tmp_path: Path) -> None:
     render(doc, console)
     text = console.export_text()
     assert "Verdict: running, slowed by rank 1: data" in text
-    assert "1.5x data" in text and "0.5x" in text  # the score column
-    assert "rank 1: 1.5x, cause data" in text
+    assert "3.0x data" in text and "0.3x" in text  # the score column
+    assert "rank 1: 3.0x, cause data" in text
 
 
 def test_resolved_straggler_is_no_longer_listed(tmp_path: Path) -> None:
     resolved = STRAGGLER_RESOLVED.format(rank=1, seconds="80", score="1.1")
     live_run(tmp_path, LINE, resolved)
     doc = diagnose(find_run(tmp_path))
-    assert doc["stragglers"] == [] and doc["ranks"][1]["score"] == 1.5  # scores stay
+    assert doc["stragglers"] == [] and doc["ranks"][1]["score"] == 3.0  # scores stay
 
 
 def test_watch_shows_scores_and_marks_the_straggler(tmp_path: Path) -> None:
@@ -90,8 +90,8 @@ def test_watch_shows_scores_and_marks_the_straggler(tmp_path: Path) -> None:
     text = console.export_text()
     rows = {line.split()[1]: line for line in text.splitlines() if "│" in line}
     assert "own ms" in text
-    assert "0.5x" in rows["0"] and "STRAGGLER" not in rows["0"]
-    assert "30.0" in rows["1"] and "1.5x STRAGGLER data" in rows["1"]
+    assert "0.3x" in rows["0"] and "STRAGGLER" not in rows["0"]
+    assert "30.0" in rows["1"] and "3.0x STRAGGLER data" in rows["1"]
 
 
 def test_heartbeat_of_an_older_version_still_reads(tmp_path: Path) -> None:

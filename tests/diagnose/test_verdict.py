@@ -162,6 +162,48 @@ def test_killed_rank_whose_process_is_gone(tmp_path: Path) -> None:
     assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(1, "peer failure: RuntimeError")]
 
 
+def test_a_stall_its_watchdog_could_not_report_is_not_a_silent_kill(tmp_path: Path) -> None:
+    """The rank deadlocks (a lock that its watchdog thread needs too: seen on a GPU node, where
+    Python 3.12's fork warning met loguru's at-fork locks), the watchdog marks the heartbeat
+    stalled but never writes its STALL line; faulthandler's timer dumps every thread. Then the
+    job is stopped. The verdict names the stall and the main thread's innermost frame."""
+    (w0,) = writers(tmp_path, world=1)
+    w0.log("========== EPOCH 0 TRAINING START ==========")
+    w0.raw(
+        "Timeout (0:00:27)!",
+        "Thread 0x00007f1f8bc856c0 (most recent call first):",
+        '  File "/site/loguru/_handler.py", line 122 in _protected_lock',
+        '  File "/x/ae/forensics/watchdog.py", line 129 in _report',
+        "",
+        "Thread 0x00007f20bc4f1140 (most recent call first):",
+        '  File "/site/loguru/_handler.py", line 122 in _protected_lock',
+        '  File "/usr/lib/python3.12/multiprocessing/popen_fork.py", line 66 in _launch',
+    )
+    w0.flush()
+    write_heartbeat(tmp_path, 0, 1, pid=dead_pid(), t=w0.t + 27, phase="data loading", step=0,
+                    stalled=True)  # fmt: skip
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(0, "data loading", "stalled, watchdog blocked")]
+    texts = [e["text"] for e in doc["culprits"][0]["evidence"]]
+    assert texts[-2] == "Timeout (0:00:27)!"
+    assert "line 122 in _protected_lock" in texts[-1]
+    lines = w0.path.read_text().splitlines()
+    main_thread = lines.index("Thread 0x00007f20bc4f1140 (most recent call first):")
+    assert doc["culprits"][0]["evidence"][-1]["line"] == main_thread + 2  # not the watchdog's
+
+
+def test_a_crash_before_the_first_marker_is_in_setup(tmp_path: Path) -> None:
+    """The console verdict said `phase ?` for a rank that failed while it set up (a GPU node
+    where the rank header could not read ae's version)."""
+    (w0,) = writers(tmp_path, world=1)
+    w0.fatal("PackageNotFoundError", "No package metadata was found for ae",
+             [("/x/ae/cli/rank.py", "main"), ("/usr/lib/python3.12/importlib/metadata.py",
+               "version")])  # fmt: skip
+    w0.flush()
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(0, "setup", "exception: PackageNotFoundError")]
+
+
 def test_killed_without_heartbeat_while_the_peer_failed(tmp_path: Path) -> None:
     """Rank 0 died before its first heartbeat: its host still comes from its log header."""
     w0, w1 = writers(tmp_path)

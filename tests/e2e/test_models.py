@@ -28,6 +28,7 @@ from tests.support.shards import vector_samples
 pytestmark = pytest.mark.slow
 
 USER_CLASS = "tests.support.my_autoencoder:TinyAutoEncoder"
+LIGHTNING_CLASS = "tests.support.my_lightning_autoencoder:LitAutoEncoder"
 
 
 def metrics_rows(out: Path) -> list[dict[str, str]]:
@@ -175,6 +176,16 @@ def test_mlp_then_encode_on_two_ranks_then_a_user_class_on_the_latents(tmp_path:
     assert f"Model: {USER_CLASS}, " in text and "latent 2 (2 numbers, 2x fewer" in text
     assert re.search(r"Epoch 0 done: .*val/recon=[\d.]+", text)  # its own loss() terms
     assert_resumed(resumed, at=6, to=12)
+
+    # 4. a LightningModule of the user's, trained as it is (its own steps and optimizer)
+    lit = [f"--model={LIGHTNING_CLASS}", "--model_args={latent: 3}", *user[1:]]
+    first, resumed = train_then_resume(lambda a: run_launcher(a, tmp_path / "lit"), lit)
+    text = first.text("train_*.log")
+    assert f"Model: {LIGHTNING_CLASS} (LightningModule), 31 parameters, latent 3 " in text
+    assert re.search(r"Epoch 0 done: .*val/loss=[\d.]+", text)
+    assert_resumed(resumed, at=6, to=12)
+    state = torch.load(tmp_path / "lit" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert state["hyper_parameters"]["latent"] == 3 and state["global_step"] == 12
 
 
 def test_user_class_mistakes_are_one_message(tmp_path: Path) -> None:

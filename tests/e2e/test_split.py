@@ -79,9 +79,11 @@ def test_every_rank_runs_the_same_batches(
     assert plan in res.text("train_*.log")
     rank0, rank1 = res.text("debug_rank0_*.log"), res.text("debug_rank1_*.log")
     n = len(sizes)
+    # every rank counts a share and gets the whole: the same line on both
     counted = f"({n - 3 * unindexed} from index, {3 * unindexed} scanned) counted in"
-    assert f"Shard counts train_shards: {n} shards, {sum(sizes)} samples {counted}" in rank0
-    assert re.search(r"Shard counts train_shards: .* from cache .*shard_counts_train_", rank1)
+    for text in (rank0, rank1):
+        line = f"Shard counts train_shards: {n} shards, {sum(sizes)} samples {counted}"
+        assert re.search(re.escape(line) + r" [\d.]+s on 2 rank\(s\), cached in ", text)
 
 
 def _truncate(path: Path, sample: int) -> None:
@@ -113,7 +115,9 @@ def test_bad_data_is_logged_and_replaced(launch, make_shards, tmp_path: Path) ->
     assert f"Bad sample 00000013 in shard {shard1}: shape (7,), expected (16,)" in errors
     assert f"Bad sample 00000016 in shard {shard1}: cannot decode .npy" in errors
     errors = errors.splitlines()
-    assert any("train-000002.tar: ReadError" in e and "counted 6 whole" in e for e in errors)
+    assert any(
+        "train-000002.tar: TruncatedTar: truncated" in e and "counted 6 whole" in e for e in errors
+    )
     assert any(f"Bad shard pipe:cat {piped}: TruncatedTar" in e for e in errors)
     main = res.text("train_*.log")
     assert "Bad shard pipe:cat" in main and "Bad sample 00000016" in main  # every ERROR there too
@@ -127,14 +131,14 @@ def test_a_rank_whose_data_vanishes_fails_the_job_without_hanging(
     """Rank 1's shard reads start failing after planning (the count cache exists by then): its
     worker raises, and the job must end promptly, not leave rank 0 waiting in an all-reduce."""
     _, folder = _spec(make_shards, [8, 8])
-    cache = tmp_path / "run" / "cache"
-    gate = f'if [ "$RANK" = 1 ] && ls {cache}/shard_counts_train_* >/dev/null 2>&1; then exit 1; fi'
+    cache = tmp_path / "counts"
+    gate = f'if [ "$RANK" = 1 ] && ls {cache}/counts-* >/dev/null 2>&1; then exit 1; fi'
     train = "::".join(f"pipe:{gate}; cat {folder}/train-00000{i}.tar" for i in (0, 1))
     val = make_shards([8], name="val")
     t0 = time.monotonic()
     res = launch(
         [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=2", "--num_workers=1",
-         *COMMON],
+         f"--count_cache={cache}", *COMMON],
         timeout=180,
     )  # fmt: skip
     assert res.returncode != 0
@@ -144,3 +148,23 @@ def test_a_rank_whose_data_vanishes_fails_the_job_without_hanging(
     no_data = "train_shards: no readable sample in any of 2 shards"
     assert re.search(rf"ERROR .*\[Rank 1/2 Worker 0/1\] {no_data}", rank1)  # said by the worker
     assert re.search(rf"ERROR .*\[Rank 1/2\] {no_data} \(rank 1 slot 0", rank1)  # one line
+
+
+def test_resampled_runs_equal_steps_without_counting(launch, make_shards) -> None:
+    """--shard_split=resampled over very uneven shards, one without a sidecar: no train count
+    at all, the same batches on every rank, the plan line says so; validation is counted."""
+    train, folder = _spec(make_shards, [3, 40, 1, 17, 9])
+    (folder / "train-000001.tar.idx").unlink()
+    val = make_shards([6, 6], name="val")
+    res = launch(
+        [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=4", "--num_workers=2",
+         "--shard_split=resampled", "--epoch_samples=100", *COMMON],
+    )  # fmt: skip
+    _assert_even(res, 12, 4)  # 100 // (2 ranks x 4) = 12 batches per rank, every epoch
+    main = res.text("train_*.log")
+    assert "Shard plan train: 5 shards, 100 samples -> 12 batches x 4 per rank" in main
+    assert "(resampled: 4 dropped, 0 repeated)" in main
+    logs = res.text("debug_rank*.log")
+    assert "Shard counts train_shards" not in logs and "Counting train_shards" not in logs
+    assert "Shard counts val_shards: 2 shards, 12 samples" in logs
+    assert not (folder / "train-000001.tar.idx").exists()  # never walked, so never indexed

@@ -25,16 +25,17 @@ from tests.support.live import diagnose, diagnose_json, live_run, wait_for
 
 pytestmark = pytest.mark.slow
 
-WINDOW = 5  # --straggler_window of these runs
+WINDOW = 10  # --straggler_window of these runs (5 s let the load of a shared 2-core machine in)
 LATE_S = WINDOW + 10  # the bar: named within the window + 10 s of the slowdown's start
 
 
 def run_args(make_shards) -> list[str]:
-    # 1000 batches of 8 per rank per epoch: one epoch outlasts each test
+    # 1000 batches of 8 per rank per epoch: one epoch outlasts each test. One dataloader worker:
+    # 50 ms per batch is then 50 ms per step, not hidden under the step time of a busy machine
     train = make_shards([4000, 4000, 4000, 4000], name="train")
     val = make_shards([32], name="val")
     return [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=8", "--max_epochs=3",
-            "--num_workers=2", "--hidden_dim=16", "--latent_dim=4", "--checkpointing_period=0",
+            "--num_workers=1", "--hidden_dim=16", "--latent_dim=4", "--checkpointing_period=0",
             f"--straggler_window={WINDOW}", "--stall_timeout=60"]  # fmt: skip
 
 
@@ -135,16 +136,16 @@ def stop_in_turns(rank_pid: int, stopped_s: float, running_s: float) -> Iterator
 
 
 def test_slow_data_on_rank_1_is_named_live_then_resolved(make_shards, tmp_path: Path) -> None:
-    """Rank 1's dataloader workers take 50 ms longer per batch for its first 600 batches."""
+    """Rank 1's dataloader worker takes 50 ms longer per batch for its first 600 batches."""
     out = tmp_path / "run"
     logs = out / "logs"
-    with live_run(run_args(make_shards), out, "slow@data:rank=1:ms=150:until=600"):
+    with live_run(run_args(make_shards), out, "slow@data:rank=1:ms=50:until=600"):
         ((named_at, _, line),) = wait_for("STRAGGLER", lambda: nth(logs, "STRAGGLER"))
         assert line["rank"] == "1" and line["cause"] == "data", line
         assert named_at - training_start(logs, 1) <= LATE_S
         assert float(line["score"]) > 1.3 and float(line["window"]) == WINDOW
         # the evidence: its data wait, and its slowest worker's shard and read rate
-        assert re.match(r"\d+% of it waiting for data; worker [01] reads \S+train-\d+\.tar at "
+        assert re.match(r"\d+% of it waiting for data; worker 0 reads \S+train-\d+\.tar at "
                         r"[\d.]+ MB/s, [\d.]+ ms per batch", line["evidence"]), line  # fmt: skip
         assert_live_diagnosis(logs, "data")
         watch = diagnose(logs, "--watch", "--count=1")
@@ -162,18 +163,18 @@ def test_slow_data_on_rank_1_is_named_live_then_resolved(make_shards, tmp_path: 
         assert wait_for("rank 1's copies", copied, timeout=15) == ["STRAGGLER 1", "RESOLVED 1"]
         beat = json.loads(next(logs.glob("heartbeat_rank1_*.json")).read_text())
         assert beat["timing"]["recent"]["steps"] > 0 and beat["timing"]["epoch"]["data_ms"] > 0
-        assert {w["worker"] for w in beat["data_workers"]} == {0, 1}
+        assert {w["worker"] for w in beat["data_workers"]} == {0}
         assert all(w["shard"].endswith(".tar") and w["mb_per_s"] > 0 for w in beat["data_workers"])
     assert_rank0_never_named(logs)
 
 
 def test_slow_step_then_stopped_workers_on_rank_1(make_shards, tmp_path: Path) -> None:
-    """Rank 1's training step takes 40 ms longer for its first 400 steps (cause compute); once
+    """Rank 1's training step takes 40 ms longer for its first 600 steps (cause compute); once
     that is resolved, its dataloader workers are stopped 0.4 s of every 0.5 s from outside, the
     way a starved worker behaves (cause data)."""
     out = tmp_path / "run"
     logs = out / "logs"
-    with live_run(run_args(make_shards), out, "slow@train:rank=1:ms=40:until=400"):
+    with live_run(run_args(make_shards), out, "slow@train:rank=1:ms=40:until=600"):
         ((named_at, _, line),) = wait_for("STRAGGLER", lambda: nth(logs, "STRAGGLER"))
         assert line["rank"] == "1" and line["cause"] == "compute", line
         assert named_at - training_start(logs, 1) <= LATE_S

@@ -6,6 +6,7 @@ import pytest
 
 from ae.forensics import faults as fault_injection
 from ae.forensics.faults import Fault, FaultSpecError, InjectedFault, fault_point, parse_faults
+from ae.forensics.process_stats import process_rss_mb
 
 
 def test_parse() -> None:
@@ -99,3 +100,15 @@ def test_slow_acts_at_every_call_in_its_steps_and_logs_once(
         logger.remove(sink)
     assert slept == [0.05, 0.05, 0.05]  # steps 2, 3, 4
     assert messages == ["FAULT injected: slow@data at step 2 (rank 1)"]
+
+
+def test_grow_needs_mb_and_holds_resident_memory() -> None:
+    assert parse_faults("grow@data:rank=1:mb=64") == [Fault("grow", "data", rank=1, mb=64.0)]
+    with pytest.raises(FaultSpecError, match="grow needs mb=M"):
+        parse_faults("grow@data")
+    before = process_rss_mb()
+    fault_injection._injected_grow(64)
+    try:
+        assert process_rss_mb() - before > 60  # touched: resident, not only reserved
+    finally:
+        fault_injection._held.clear()

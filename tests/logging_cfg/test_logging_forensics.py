@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from tests.support.runs import ROOT
 
@@ -300,3 +303,52 @@ def test_lightning_len_warning_is_silenced_after_configure(tmp_path: Path) -> No
     train_log = (tmp_path / "train_TS.log").read_text()
     assert "some other library warning" in train_log  # warnings still reach the logs
     assert "has `__len__` defined" not in train_log
+
+
+def _python312() -> str | None:
+    """A working Python 3.12 interpreter (pyenv's shim answers even when 3.12 is not selected)."""
+    candidates = [*sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))]
+    candidates += [Path(w) for w in [shutil.which("python3.12")] if w]
+    for exe in candidates:
+        ok = subprocess.run([exe, "-c", "pass"], capture_output=True, timeout=30).returncode == 0
+        if ok:
+            return str(exe)
+    return None
+
+
+PYTHON312 = _python312()
+
+
+@pytest.mark.skipif(PYTHON312 is None, reason="no python3.12 on this machine")
+def test_fork_with_threads_does_not_deadlock_on_python_312(tmp_path: Path) -> None:
+    """Python 3.12 warns inside os.fork() when other threads run, while loguru's at-fork hook
+    holds its handler locks; routed to loguru, that warning hung every rank at its first
+    DataLoader fork (seen on a GPU node). Run in a real 3.12 interpreter: logging_cfg needs only
+    the standard library and loguru (pure Python, taken from this venv)."""
+    import loguru
+
+    body = """
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        logger.info("parent carries on after the fork")
+        warnings.warn("an ordinary deprecation", DeprecationWarning)
+        """
+    code = PREAMBLE.format(rank=1, logs=str(tmp_path), kwargs={}) + "import warnings\n"
+    code += textwrap.dedent(body)
+    site = str(Path(loguru.__file__).parent.parent)
+    proc = subprocess.run(
+        [PYTHON312, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{site}"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (tmp_path / "debug_rank1_TS.log").read_text()
+    assert "parent carries on after the fork" in text
+    assert "an ordinary deprecation" in text  # other warnings still reach the logs
+    assert "is multi-threaded, use of fork()" not in text

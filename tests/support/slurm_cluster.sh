@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One-node SLURM test cluster on this machine (munged + slurmctld + slurmd, all as root).
 #
-#   slurm_cluster.sh start    install slurm-wlm/munge if missing, write config, start daemons,
-#                             wait until the node is idle; exit 0 (also when already up)
+#   slurm_cluster.sh install  install slurm-wlm and munge with apt-get when missing (root; .ci/run
+#                             calls it, bounded in time)
+#   slurm_cluster.sh start    write config, start daemons, wait until the node is idle; exit 0
+#                             (also when already up); fails, naming them, when the packages are
+#                             missing
 #   slurm_cluster.sh status   exit 0 when the cluster answers and the node is usable
 #   slurm_cluster.sh stop     cancel jobs, stop the daemons, remove the state directory
 #   slurm_cluster.sh env      print `export SLURM_CONF=...` (for eval)
@@ -205,7 +208,11 @@ port_busy() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q . ; }
 
 cmd_start() {
   local t0; t0=$(now)
-  install_packages
+  local b
+  for b in slurmctld slurmd sbatch munged; do
+    command -v "$b" >/dev/null 2>&1 \
+      || die "$b not found: install slurm-wlm and munge (as root: $0 install)"
+  done
   if cluster_up; then log "already up ($(node_state))"; print_env; return 0; fi
   # Half-up (e.g. one daemon died): restart everything from a clean state.
   if [ -n "$(our_pids)" ]; then log "partially running; restarting"; stop_daemons; fi
@@ -283,9 +290,10 @@ cmd_status() {
 print_env() { echo "export SLURM_CONF=$CONF"; }
 
 case "${1:-}" in
+  install) install_packages ;;
   start) cmd_start ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
   env) print_env ;;
-  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 install|start|stop|status|env" >&2; exit 2 ;;
 esac

@@ -13,6 +13,7 @@ import torch
 
 from ae.training.checkpoint_files import CheckpointStore, atomic_write, human_size, resolve_resume
 from ae.training.checkpointing import AtomicCheckpointIO
+from tests.support.limits import namespace_problem
 from tests.support.runs import ROOT
 
 
@@ -121,3 +122,36 @@ def test_checkpoint_written_before_the_layout_change_resumes(tmp_path: Path) -> 
     assert re.search(r"Resumed from .*pre_layout_step3\.ckpt at step 3 ", text)
     assert "Training finished at step 6" in text
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+
+
+FULL_DISK_SCRIPT = """
+import sys
+from pathlib import Path
+from ae.errors import DiskFullError
+from ae.training.checkpoint_files import atomic_write
+target = Path(sys.argv[1]) / "grid.png"
+atomic_write(target, lambda f: f.write(b"old"), what="sample grid")
+try:
+    atomic_write(target, lambda f: f.write(b"x" * 2 * 2**20), what="sample grid")
+except DiskFullError as e:
+    files = sorted(p.name for p in target.parent.iterdir())
+    print(e.what, e.errno, e.filename, e.free < 2**20, e.total, files, target.read_bytes())
+"""
+
+
+def test_atomic_write_on_a_full_disk_removes_the_partial_file(tmp_path: Path) -> None:
+    """A real ENOSPC (a 1 MB tmpfs in a private mount namespace): DiskFullError with what was
+    written and the figures, no `.tmp` left, the previous file intact."""
+    if (problem := namespace_problem()) is not None:
+        pytest.skip(problem)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    res = subprocess.run(
+        ["unshare", "-m", "bash", "-c",
+         f'mount -t tmpfs -o size=1m tmpfs {mnt} && "{sys.executable}" -c "$SCRIPT" {mnt}'],
+        cwd=ROOT, env={**os.environ, "SCRIPT": FULL_DISK_SCRIPT}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    expected = f"sample grid 28 {mnt}/grid.png True 1048576 ['grid.png'] b'old'"
+    assert res.stdout.strip() == expected

@@ -15,9 +15,9 @@ from PIL import Image
 from ae.config import ModelConfig, parse_config
 from ae.data import stream as stream_module
 from ae.data.decode import InputSpec
+from ae.data.header_walk import count_samples
 from ae.data.spec import resolve_shards
 from ae.data.stream import ShardStream
-from ae.data.tar_samples import count_samples
 from ae.forensics import faults as fault_injection
 from ae.training.ema import EMA, averaged_module
 from ae.training.metrics import read_loss_history

@@ -1,0 +1,112 @@
+"""Problems between flags (and with the resume path): checks that no single flag's type or range
+can express, run on the values that parsed."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+from ae.config.sections import BUILTIN_MODELS, DOWNSAMPLE_FACTORS, USER_MODEL, Config, show_value
+
+
+def cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
+    """Problems between fields (and with the resume path), each with the keys it involves."""
+    problems: list[tuple[tuple[str, ...], str]] = []
+    cfg = types.SimpleNamespace(**config.to_dict())  # flat: checks cross the sections
+
+    def need(ok: bool, keys: tuple[str, ...], message: str) -> None:
+        if not ok:
+            problems.append((keys, f"{'/'.join(keys)}: {message}"))
+
+    need(
+        cfg.max_epochs != -1 or cfg.max_steps != -1,
+        ("max_epochs", "max_steps"),
+        "at least one stop condition must be set",
+    )
+    need(
+        cfg.devices == "auto" or (cfg.devices.isdigit() and int(cfg.devices) >= 1),
+        ("devices",),
+        f"must be a positive integer or auto; got {cfg.devices!r}",
+    )
+    need(
+        not (cfg.precision == "16-mixed" and cfg.accelerator == "cpu"),
+        ("precision",),
+        "16-mixed needs a GPU; use 32 or bf16-mixed on CPU",
+    )
+    need(
+        cfg.pg_timeout <= 0 or cfg.stall_timeout <= 0 or cfg.pg_timeout > cfg.stall_timeout,
+        ("pg_timeout",),
+        f"must be above stall_timeout ({cfg.stall_timeout:g}s), or a rank waiting for a stuck"
+        " peer fails before the stall is reported",
+    )
+    need(
+        (cfg.shard_split == "resampled") == (cfg.epoch_samples > 0),
+        ("shard_split", "epoch_samples"),
+        "--shard_split=resampled needs --epoch_samples (the samples of one epoch, all ranks "
+        "together), and --epoch_samples only applies to it",
+    )
+    need(cfg.channels in (0, 1, 3), ("channels",), f"must be 1, 3 or 0 (auto); got {cfg.channels}")
+    need(
+        cfg.straggler_factor == 0 or cfg.straggler_factor > 1,
+        ("straggler_factor",),
+        f"must be above 1 (1.3: 30% slower than the median), or 0 for off; got "
+        f"{cfg.straggler_factor:g}",
+    )
+    need(
+        cfg.sample_period != 0,
+        ("sample_period",),
+        "use -1 to turn sampling off, or a positive step count",
+    )
+    need(
+        cfg.max_steps == -1 or cfg.sample_period <= cfg.max_steps,
+        ("sample_period", "max_steps"),
+        f"sampling every {cfg.sample_period} steps never runs in a run of {cfg.max_steps} "
+        "steps; use -1 to turn it off",
+    )
+    need(
+        cfg.encoder_lr_mult > 0 or cfg.decoder_lr_mult > 0,
+        ("encoder_lr_mult", "decoder_lr_mult"),
+        "both 0 would freeze the whole model",
+    )
+    need(
+        not (cfg.overwrite and cfg.resume_from_checkpoint is not None),
+        ("overwrite", "resume_from_checkpoint"),
+        "overwrite deletes the checkpoints that a resume would read; pick one",
+    )
+    need(
+        cfg.model in BUILTIN_MODELS or USER_MODEL.fullmatch(cfg.model) is not None,
+        ("model",),
+        f"must be one of {', '.join(BUILTIN_MODELS)} or package.module:ClassName; got "
+        f"{cfg.model!r}",
+    )
+    user_model = cfg.model not in BUILTIN_MODELS
+    need(
+        cfg.model_args is None or user_model,
+        ("model_args",),
+        "only for your own class (--model=package.module:ClassName)",
+    )
+    need(
+        cfg.kl_weight == 0 or not user_model,
+        ("kl_weight",),
+        "only for the built-in models; your own class computes its own loss",
+    )
+    need(
+        cfg.downsample in DOWNSAMPLE_FACTORS,
+        ("downsample",),
+        f"must be one of {', '.join(map(str, DOWNSAMPLE_FACTORS))}; got {cfg.downsample}",
+    )
+    need(cfg.ema_decay < 1, ("ema_decay",), f"must be below 1 (0 = off); got {cfg.ema_decay}")
+    levels = cfg.downsample.bit_length()  # log2(f) + 1 resolutions
+    need(
+        cfg.model != "resnet" or len(cfg.channel_mult) >= levels,
+        ("channel_mult", "downsample"),
+        f"downsample {cfg.downsample} has {levels} resolutions, so it needs at least {levels} "
+        f"channel multipliers; got {show_value(cfg.channel_mult)}",
+    )
+    resume = cfg.resume_from_checkpoint
+    need(
+        resume in (None, "last") or Path(resume).is_file(),
+        ("resume_from_checkpoint",),
+        f"no such checkpoint file: {resume} (a path, or last)",
+    )
+    return problems

@@ -1,0 +1,219 @@
+"""Flat flags and YAML -> `Config`: coercion, ranges, the cross-field checks, and --help. Every
+problem is collected before failing, so a user fixes a bad command in one go."""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ae.config.checks import cross_checks
+from ae.config.sections import FIELDS, SECTIONS, Config, show_value
+from ae.errors import UserError
+
+
+class ConfigError(UserError):
+    """Bad user input. `problems` holds one line per offending key."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+    def render(self) -> str:
+        n = len(self.problems)
+        head = f"{n} problem{'s' if n > 1 else ''} in the configuration:"
+        return "\n".join([head, *(f"  - {p}" for p in self.problems)])
+
+
+_TYPES = {k: v for cls in SECTIONS.values() for k, v in typing.get_type_hints(cls).items()}
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _coerce_int(raw: Any) -> int:
+    if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+        raise ValueError(f"must be an integer; got {raw!r}")
+    try:
+        return int(raw) if not isinstance(raw, str) else int(raw.strip())
+    except ValueError:
+        raise ValueError(f"must be an integer; got {raw!r}") from None
+
+
+def _coerce(key: str, raw: Any) -> Any:
+    """Convert a CLI string or YAML value to the field's type; raise ValueError with a reason."""
+    hint = _TYPES[key]
+    args = typing.get_args(hint)
+    optional = isinstance(hint, types.UnionType) and type(None) in args
+    if optional:
+        if raw is None or (isinstance(raw, str) and raw.lower() in {"none", "null", ""}):
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        value = str(raw)
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}; got {raw!r}")
+        return value
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        if str(raw).lower() in _TRUE:
+            return True
+        if str(raw).lower() in _FALSE:
+            return False
+        raise ValueError(f"must be true or false; got {raw!r}")
+    if hint is int:
+        return _coerce_int(raw)
+    if hint is float:
+        # PyYAML reads `1e-4` (no dot) as a string: float() accepts it, as users expect.
+        if isinstance(raw, bool):
+            raise ValueError(f"must be a number; got {raw!r}")
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"must be a number; got {raw!r}") from None
+    if hint is str:
+        if isinstance(raw, dict | list):
+            raise ValueError(f"must be a string; got {raw!r}")
+        return str(raw)
+    if typing.get_origin(hint) is tuple:  # tuple[int, ...]: `1,2,4`, or a YAML list
+        items = raw if isinstance(raw, list | tuple) else str(raw).strip("[]() ").split(",")
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            items = [raw]
+        try:
+            return tuple(_coerce_int(x) for x in items if str(x).strip())
+        except ValueError:
+            raise ValueError(f"must be integers separated by commas; got {raw!r}") from None
+    if typing.get_origin(hint) is dict:  # a YAML mapping, or its text on the command line
+        value = raw
+        if isinstance(raw, str):
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError as e:
+                raise ValueError(f"not YAML/JSON: {str(e).splitlines()[0]}") from None
+        if value is None:
+            return None
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ValueError(f"must be a mapping of names to values; got {raw!r}")
+        return value
+    raise TypeError(f"unsupported config type for {key}: {hint}")  # programming error
+
+
+def _split_argv(argv: list[str], problems: list[str]) -> dict[str, str]:
+    """`--key=value`, `--key value`, and a bare `--flag` (true) for booleans."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if not arg.startswith("--") or arg == "--":
+            problems.append(f"unexpected argument {arg!r}: flags look like --key=value")
+            continue
+        key, eq, value = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        if not eq:
+            nxt = argv[i] if i < len(argv) else None
+            if key in FIELDS and _TYPES[key] is bool and (nxt is None or nxt.startswith("--")):
+                value = "true"
+            elif nxt is None:
+                problems.append(f"--{key}: missing value")
+                continue
+            else:
+                value, i = nxt, i + 1
+        out[key] = value
+    return out
+
+
+def _read_yaml(path: str, problems: list[str]) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        problems.append(f"config: file not found: {path}")
+        return {}
+    except (OSError, yaml.YAMLError) as e:
+        problems.append(f"config: cannot read {path}: {e}".splitlines()[0])
+        return {}
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        problems.append(f"config: {path} must hold a mapping of key: value")
+        return {}
+    return data
+
+
+def _check_range(key: str, value: Any) -> str | None:
+    meta = FIELDS[key].metadata
+    lo, hi = meta.get("lo"), meta.get("hi")
+    for item in value if isinstance(value, tuple) else (value,):  # a list: each of its items
+        if isinstance(item, int | float) and not isinstance(item, bool):
+            if lo is not None and item < lo:
+                return f"{key}: must be >= {lo:g}; got {show_value(value)}"
+            if hi is not None and item > hi:
+                return f"{key}: must be <= {hi:g}; got {show_value(value)}"
+    return None
+
+
+def parse_config(argv: list[str]) -> Config:
+    """Build a Config from command-line args (and the YAML file they name); collect all problems."""
+    problems: list[str] = []
+    cli = _split_argv(argv, problems)
+    merged: dict[str, Any] = {}
+    if cli.get("config"):
+        for key, value in _read_yaml(cli["config"], problems).items():
+            if key == "config":
+                problems.append("config: a config file cannot name another config file")
+                continue
+            merged[key] = value
+    merged.update(cli)
+
+    values: dict[str, Any] = {}
+    for key, raw in merged.items():
+        if key not in FIELDS:
+            problems.append(f"{key}: unknown key (see --help for the list)")
+            continue
+        try:
+            values[key] = _coerce(key, raw)
+        except ValueError as e:
+            problems.append(f"{key}: {e}")
+            continue
+        if (msg := _check_range(key, values[key])) is not None:
+            problems.append(msg)
+    # Cross-field checks run on the values that parsed (defaults elsewhere), so one message
+    # carries every problem; a check involving a key that is already wrong is skipped.
+    bad = {p.split(":")[0] for p in problems}
+    values = {k: v for k, v in values.items() if k not in bad}
+    cfg = Config.from_flat(values)
+    problems += [msg for keys, msg in cross_checks(cfg) if not bad & set(keys)]
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def _kind(hint: Any) -> str:
+    """How --help names a type: `mse|l1`, `int`, `int list`, `mapping`."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if isinstance(hint, types.UnionType):  # X | None
+        return _kind(args[0])
+    if typing.get_origin(hint) is Literal:
+        return "|".join(args)
+    if typing.get_origin(hint) is tuple:
+        return f"{args[0].__name__} list"
+    if typing.get_origin(hint) is dict:
+        return "mapping"
+    return hint.__name__
+
+
+def help_text() -> str:
+    lines = [Config.__doc__ or "", "", "flags (--key=value or --key value; YAML keys alike):"]
+    for section in SECTIONS.values():
+        lines += ["", f"{section.__doc__}"]
+        for f in fields(section):
+            lines.append(
+                f"  --{f.name:<28} {f.metadata['help']} [{_kind(_TYPES[f.name])}, "
+                f"default {show_value(f.default)}]"
+            )
+    return "\n".join(lines)
