@@ -138,7 +138,9 @@ def _resized(img: Image.Image) -> np.ndarray:
 
 def _decode_only(urls: list[str], rounds: int) -> dict[str, float]:
     """Milliseconds per JPEG, decode and resize alone (no pipeline), both ways alternating over
-    the same bytes in memory, best round each: the figure a loaded machine disturbs least."""
+    the same bytes in memory, best round each, in CPU time of this process (Pillow decodes in
+    the calling thread): on a shared machine the wall clock also counts the time other
+    processes held the core, which swung this ratio from 0.8x to 2.6x at a load of 8 on 2 cores."""
     from ae.data.tar_samples import iter_samples
 
     blobs = [s["jpg"] for url in urls for s in iter_samples(url)]
@@ -154,10 +156,10 @@ def _decode_only(urls: list[str], rounds: int) -> dict[str, float]:
     best = dict.fromkeys(ways, float("inf"))
     for _ in range(rounds):
         for name, decode in ways.items():
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             for data in blobs:
                 decode(data)
-            best[name] = min(best[name], (time.perf_counter() - t0) / len(blobs) * 1e3)
+            best[name] = min(best[name], (time.process_time() - t0) / len(blobs) * 1e3)
     return best
 
 
@@ -177,20 +179,22 @@ def _count(loader: DataLoader) -> int:
     return n
 
 
-def _rate(loader: DataLoader, expect: int) -> float:
-    t0 = time.perf_counter()
+def _rate(loader: DataLoader, expect: int) -> tuple[float, float]:
+    """Samples per second of wall time, and per second of this process's CPU time (all of the
+    work with 0 workers; the figure that other processes on a shared machine disturb least)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     n = _count(loader)
-    dt = time.perf_counter() - t0
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
     if isinstance(loader, ResumableLoader):  # epoch after epoch, as training reads
         epoch = 0
         while dt < VEC_EPOCHS_S:
             epoch += 1
             loader.dataset.epoch = epoch
             n += _count(loader)
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
         expect *= epoch + 1
     assert n >= expect * 0.95, (n, expect)  # a pipeline that skips data is not faster
-    return n / dt
+    return n / dt, n / dc
 
 
 def main() -> None:
@@ -228,24 +232,31 @@ def main() -> None:
                 readers.insert(1, ("ae_general", _ours_general))
             for _ in range(args.repeat):
                 for name, make in readers:
-                    r[name] = max(r.get(name, 0.0), _rate(make(urls, kind, workers), total))
+                    wall, cpu = _rate(make(urls, kind, workers), total)
+                    r[name] = max(r.get(name, 0.0), wall)
+                    if workers == 0:
+                        r[f"{name}_cpu"] = max(r.get(f"{name}_cpu", 0.0), cpu)
             r["ae_vs_webdataset"] = r["ae"] / r["webdataset"]
             r["ae_vs_ceiling"] = r["ae"] / r["ceiling"]
             r["load_average"] = os.getloadavg()[0]
+            cpu_ratio = ""
+            if workers == 0:
+                r["ae_vs_webdataset_cpu"] = r["ae_cpu"] / r["webdataset_cpu"]
+                cpu_ratio = f" ({r['ae_vs_webdataset_cpu']:.1f}x in CPU time)"
             rows.append(r)
             general = f"ae_general {r['ae_general']:,.0f}/s, " if "ae_general" in r else ""
             print(
                 f"{kind} batch={r['batch_size']} workers={workers}: ae {r['ae']:,.0f}/s, {general}"
                 f"webdataset {r['webdataset']:,.0f}/s, ceiling {r['ceiling']:,.0f}/s -> "
-                f"{r['ae_vs_webdataset']:.1f}x webdataset, {r['ae_vs_ceiling']:.2f}x ceiling "
-                f"(load {r['load_average']:.1f})",
+                f"{r['ae_vs_webdataset']:.1f}x webdataset{cpu_ratio}, "
+                f"{r['ae_vs_ceiling']:.2f}x ceiling (load {r['load_average']:.1f})",
                 flush=True,
             )
     decode_ms = None
     if "jpg" in args.kinds.split(","):
         decode_ms = _decode_only(photo_shards(Path(args.data), *sizes["jpg"]), 3 * args.repeat)
         print(
-            f"jpg decode+resize alone: ae {decode_ms['ae']:.3f} ms, webdataset "
+            f"jpg decode+resize alone (CPU time): ae {decode_ms['ae']:.3f} ms, webdataset "
             f"{decode_ms['webdataset']:.3f} ms per image -> "
             f"{decode_ms['webdataset'] / decode_ms['ae']:.1f}x"
         )

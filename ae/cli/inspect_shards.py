@@ -183,6 +183,16 @@ def _array_hints(
     return out
 
 
+def shorter_sides(sizes: dict[str, int]) -> str:
+    """The distribution of the images' shorter sides: `shorter side 51..769 px, median 232`."""
+    sides = sorted(
+        side for size, n in sizes.items() for side in [min(int(v) for v in size.split("x"))] * n
+    )
+    if not sides:
+        return ""
+    return f"shorter side {sides[0]}..{sides[-1]} px, median {sides[len(sides) // 2]}"
+
+
 def _image_hints(reports: list[ShardReport], native: SampleDecoder) -> list[str]:
     sizes: Counter[str] = Counter()
     modes: Counter[str] = Counter()
@@ -193,8 +203,9 @@ def _image_hints(reports: list[ShardReport], native: SampleDecoder) -> list[str]
     if len(sizes) > 1:
         areas = sorted(sizes, key=lambda s: int(s.split("x")[0]) * int(s.split("x")[1]))
         out.append(
-            f"images of {len(sizes)} sizes ({areas[0]} .. {areas[-1]}): pass --image_size "
-            "(e.g. --image_size=64: shorter side resized to 64, then cropped to 64x64)"
+            f"images of {len(sizes)} sizes ({areas[0]} .. {areas[-1]}; {shorter_sides(sizes)}):"
+            " pass --image_size (e.g. --image_size=64: shorter side resized to 64, then cropped"
+            " to 64x64)"
         )
     else:
         size = next(iter(sizes), "?")
@@ -223,7 +234,8 @@ def print_reports(console: Console, reports: list[ShardReport], hints: list[str]
         images = ""
         if r.image_sizes:
             modes = "/".join(f"{m} {n}" for m, n in r.image_modes.items())
-            images = f"{len(r.image_sizes)} size{'s' if len(r.image_sizes) > 1 else ''}; {modes}"
+            sizes = f"{len(r.image_sizes)} size{'s' if len(r.image_sizes) > 1 else ''}"
+            images = f"{sizes} ({shorter_sides(r.image_sizes)}); {modes}"
         table.add_row(
             r.url if is_remote(r.url) else Path(r.url).name,
             str(r.samples),

@@ -133,7 +133,12 @@ def _array(field: str, name: str | None, data: bytes) -> np.ndarray:
     return _flat_float32(array)
 
 
+_FLOAT32 = np.dtype(np.float32)
+
+
 def _flat_float32(array: np.ndarray) -> np.ndarray:
+    if array.dtype is _FLOAT32 and array.ndim == 1:  # as stored: most vector datasets, per sample
+        return array
     if array.dtype.kind not in "biuf":
         raise ValueError(f"dtype {array.dtype} is not a real number type")
     return array.reshape(-1).astype(np.float32, copy=False)

@@ -113,7 +113,10 @@ def test_inspect_photos_reports_sizes_modes_and_the_flags_a_run_needs(
     assert main(["inspect", str(out)]) == 0  # every photo decodes, whatever its size and mode
     text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     assert "input field: png or another image extension (the default" in text
-    assert re.search(r"images of (\d+) sizes \(17x23 \.\. 1411x1411\): pass --image_size", text)
+    sizes = (
+        r"images of (\d+) sizes \(17x23 \.\. 1411x1411; shorter side 17\.\.1411 px, median \d+\)"
+    )
+    assert re.search(sizes + ": pass --image_size", text)
     assert "all converted to RGB (3 channels, as the first image); --channels=1" in text
     assert main(["inspect", str(out), "--json"]) == 0
     reports = json.loads(capsys.readouterr().out)
