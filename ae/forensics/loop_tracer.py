@@ -76,6 +76,9 @@ class DebugCallback(L.Callback):
             marker = epoch_marker(trainer.current_epoch, "TRAINING", "START")
             logger.info(f"{marker} (resumed at batch {idx})")
 
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        step_times.backward_done(time.perf_counter())
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:

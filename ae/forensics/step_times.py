@@ -3,36 +3,41 @@
 Per training batch, three clocks (host time, `time.perf_counter`):
 - data: the time spent in the train loader's `next()`, waiting for the batch (`fetched`, called
   by `ae.data.resume.ResumableLoader`);
-- sync: the time spent waiting for the other ranks. The gradient all-reduce is timed by a DDP
-  communication hook (`timed_allreduce`, registered when fitting starts): from the launch of
-  the step's last bucket to the completion of all of them, the time backward only waits. Added to
-  it is the stretch between the end of one batch and the fetch of the next: Lightning's per-step
-  stop-signal broadcast (a collective, where a fast rank waits when its peer was slow after the
-  all-reduce), the other callbacks' bookkeeping, a checkpoint save;
+- sync: the time spent waiting for the other ranks. The gradient all-reduce is timed from the
+  moment the last gradient is ready (a hook on each parameter: DDP launches the last bucket then)
+  to the end of backward, when DDP has waited for every bucket: the time backward only waits.
+  Added to it is the stretch between the end of one batch and the fetch of the next:
+  Lightning's per-step stop-signal broadcast (a collective, where a fast rank waits when its
+  peer was slow after the all-reduce), the other callbacks' bookkeeping, a checkpoint save;
 - compute: the rest, from the batch in hand to the end of the optimizer step.
 Own time = data + compute: what the rank would take alone. A fast rank waiting for a slow one
 has a short own time and a long sync; the slow one the reverse.
 
-The training loop calls `fetched`/`batch_end` (`ae.forensics.loop_tracer`), gloo's thread calls
-`collective`, and the watchdog thread reads `window()` for the heartbeat: the records are
-appended and the epoch sums swapped as whole tuples, so the readers need no lock. Validation
-and the start of an epoch restart the clock (`restart`): they are not training steps.
+The training loop calls `fetched`/`backward_done`/`batch_end` (`ae.forensics.loop_tracer`) and
+the watchdog thread reads `window()` for the heartbeat: the records are appended and the epoch
+sums swapped as whole tuples, so the readers need no lock. Validation and the start of an epoch
+restart the clock (`restart`): they are not training steps.
 
-On a GPU the all-reduce runs asynchronously on the device and the hook's times are those of the
+Every clock is read on the thread that runs backward, never in a callback on the communication
+library's threads: a Python callback there (a comm hook's `future.then`, as torch's own
+`allreduce_hook` has) creates and deletes a Python thread state each time, and a DataLoader
+that forks while that happens leaves a worker deadlocked at birth on Python 3.11 (its runtime
+lock, held by the dying thread state, is copied locked). Found as a rare hang at the fork of the
+validation workers.
+
+On a GPU the all-reduce runs asynchronously on the device and these times are those of the
 host; the split is exact on CPU (gloo), and on GPU the data wait is (the compute/sync split is not
 validated there).
 """
 
-# No `from __future__ import annotations`: DDP checks a hook's annotations at registration, and
-# would find strings instead of dist.GradBucket.
+from __future__ import annotations
+
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from ae.stragglers import RECENT_S
@@ -51,6 +56,7 @@ class StepTimes:
         self._fetched_at: float | None = None
         self._data = 0.0
         self._collectives: list[tuple[float, float]] = []
+        self.last_grad_ready: float | None = None  # this backward's last gradient, if DDP
         # Set by the data module: the train loader's workers, for the heartbeat.
         self.data_workers: Callable[[], list[dict[str, Any]]] | None = None
 
@@ -71,8 +77,14 @@ class StepTimes:
         self._fetched_at = done
 
     def collective(self, launched: float, done: float) -> None:
-        """A gradient bucket's all-reduce (called from the communication library's thread)."""
+        """A wait for the other ranks' gradients, from `launched` to `done`."""
         self._collectives.append((launched, done))
+
+    def backward_done(self, now: float) -> None:
+        """Backward returned `now` (DDP has waited for every bucket's all-reduce)."""
+        if self.last_grad_ready is not None:
+            self.collective(self.last_grad_ready, now)
+            self.last_grad_ready = None
 
     def batch_end(self, now: float, steps: int) -> Record | None:
         """Close the batch that ends `now`; `steps`: optimizer steps it made (0 while
@@ -139,20 +151,13 @@ step_times = StepTimes()
 
 
 def time_gradient_allreduce(model: torch.nn.Module) -> None:
-    """Register `timed_allreduce` on a DDP-wrapped model (Lightning's `ddp_comm_hook` would
-    register it on CUDA only). Call once, after the strategy wrapped the model."""
+    """On a DDP-wrapped model, note when each gradient is ready (the last one launches the last
+    bucket's all-reduce). Call once, after the strategy wrapped the model."""
     if isinstance(model, DistributedDataParallel):
-        model.register_comm_hook(None, timed_allreduce)
+        for param in model.module.parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(_grad_ready)
 
 
-def timed_allreduce(
-    state: dist.ProcessGroup | None, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: the default all-reduce (mean of the gradients), timed."""
-    launched = time.perf_counter()
-
-    def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-        step_times.collective(launched, time.perf_counter())
-        return fut.value()
-
-    return allreduce_hook(state, bucket).then(done)  # type: ignore[arg-type]
+def _grad_ready(_param: torch.Tensor) -> None:
+    step_times.last_grad_ready = time.perf_counter()

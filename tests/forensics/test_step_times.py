@@ -3,6 +3,7 @@ windows, and the timed all-reduce hook on a real (1-process gloo) DDP model."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,9 @@ def test_heartbeat_carries_the_workers_of_the_data_module() -> None:
     assert t.heartbeat()["data_workers"] == [{"worker": 0}]
 
 
-def test_timed_allreduce_on_a_ddp_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_all_reduce_is_timed_from_the_last_gradient_on_a_ddp_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     times = StepTimes()
     monkeypatch.setattr(st, "step_times", times)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
@@ -77,9 +80,13 @@ def test_timed_allreduce_on_a_ddp_model(tmp_path: Path, monkeypatch: pytest.Monk
         time_gradient_allreduce(model)
         x = torch.randn(3, 4)
         times.fetched(0.0, 0.0)
+        before = time.perf_counter()
         model(x).sum().backward()
+        assert times.last_grad_ready is not None and times.last_grad_ready >= before
+        times.backward_done(time.perf_counter())
         plain(x).sum().backward()
-        assert len(times._collectives) == 1  # one bucket, timed
+        assert len(times._collectives) == 1  # the wait after the last gradient, timed
+        assert times.last_grad_ready is None  # plain's hooks are not DDP's: nothing noted
         for a, b in zip(model.module.parameters(), plain.parameters(), strict=True):
             assert torch.allclose(a.grad, b.grad)  # the mean over 1 rank: the same gradients
     finally:
