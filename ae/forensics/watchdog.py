@@ -189,6 +189,10 @@ class Watchdog(threading.Thread):
         if self.is_alive():  # stuck in a report: leave its state alone
             return
         self.check()
+        if self.stragglers is not None:
+            # A last look, due or not: the slow rank copies a line that the detecting rank wrote
+            # in the last seconds of the run (a RESOLVED just before the end).
+            self.stragglers.check()
         if self.heartbeat is not None:
             self.write_heartbeat(state=state)
 
