@@ -30,11 +30,12 @@ LATE_S = WINDOW + 10  # the bar: named within the window + 10 s of the slowdown'
 
 
 def run_args(make_shards) -> list[str]:
-    # 1000 batches of 8 per rank per epoch: one epoch outlasts each test. One dataloader worker:
+    # 1000 batches of 8 per rank per epoch, 40 epochs: the run outlasts each test (which ends it)
+    # however fast the machine is (a quiet one runs an epoch in ~4 s). One dataloader worker:
     # 50 ms per batch is then 50 ms per step, not hidden under the step time of a busy machine
     train = make_shards([4000, 4000, 4000, 4000], name="train")
     val = make_shards([32], name="val")
-    return [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=8", "--max_epochs=3",
+    return [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=8", "--max_epochs=40",
             "--num_workers=1", "--hidden_dim=16", "--latent_dim=4", "--checkpointing_period=0",
             f"--straggler_window={WINDOW}", "--stall_timeout=60"]  # fmt: skip
 
