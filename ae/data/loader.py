@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -58,6 +59,11 @@ def install_worker_reaper() -> None:
     atexit.register(_kill_leftover_workers)
 
 
+# Seconds to wait before workers are forked (once for persistent train workers, at each
+# validation for the others): far below a run's cost, far above a thread's hand-back.
+FORK_SETTLE_S = 0.1
+
+
 class PreemptibleLoader(DataLoader):
     """A DataLoader whose worker processes leave stop signals to their rank."""
 
@@ -65,5 +71,12 @@ class PreemptibleLoader(DataLoader):
         super().__init__(*args, worker_init_fn=ignore_sigterm_in_worker, **kwargs)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.num_workers > 0 and (self._iterator is None or not self.persistent_workers):
+            # Workers are about to be forked: let the communication library's threads finish
+            # what a collective just left them (a Python thread state made or deleted on their
+            # side). A fork in that instant copies CPython 3.11's runtime lock held, and the
+            # worker deadlocks at birth (seen after the setup collectives and after the last
+            # step's all-reduce, 1-2% of launches under load).
+            time.sleep(FORK_SETTLE_S)
         with sigterm_blocked():  # workers start in the iterator's constructor
             return super().__iter__()
