@@ -202,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
             logger.warning(RESOURCE_TIGHT.format(problem=tight))
         if topo.nnodes > 1:  # the interface that reaches the master, and whether it does
             port = int(topo.master_port or 29500)
-            logger.info(prepare_node(os.environ, topo.master_addr, port, topo.node_rank))
+            line = prepare_node(
+                os.environ, topo.master_addr, port, topo.node_rank, hosts_store=topo.leader
+            )
+            logger.info(line)
         lock, ts = claim_run_folder(cfg, topo)
         # The demo data stands in for an unset spec: built (once) here, named to the ranks.
         train_spec, val_spec = with_demo_defaults(cfg.data.train_shards, cfg.data.val_shards)

@@ -26,6 +26,7 @@ from ae.errors import UserError
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # A node that answers "connection refused" is up, its store not yet: torchrun waits for it.
 _WAIT_ERRNOS = {errno.ECONNREFUSED}
+CONNECT_TIMEOUT_S = 8.0  # no answer from MASTER_ADDR within this: unreachable
 
 
 class NetworkError(UserError):
@@ -77,27 +78,33 @@ def is_local_address(ip: str) -> bool:
     )
 
 
-def check_master(route: Route, port: int, node_rank: int, timeout_s: float = 8.0) -> None:
-    """Node 0: MASTER_ADDR is one of its addresses and the port is free to listen on. Other
-    nodes: MASTER_ADDR:MASTER_PORT answers (a refusal means node 0 is up and its store not yet,
-    which torchrun waits for); no answer within `timeout_s`, or no route, is an error."""
+def check_master(route: Route, port: int, node_rank: int, *, hosts_store: bool) -> None:
+    """Node 0 holds MASTER_ADDR. The process that will host the rendezvous store (`hosts_store`:
+    the job's leader) can listen on the port; every other one -- other nodes, and under SLURM's
+    one-task-per-process layout node 0's other tasks, whose leader may already listen there --
+    can reach it (a refusal means node 0 is up and its store not yet, which the ranks wait for);
+    no answer within CONNECT_TIMEOUT_S, or no route, is an error."""
     where = f"{route.master_ip}:{port} (interface {route.interface}, source {route.source_ip})"
-    if node_rank == 0:
-        if not is_local_address(route.master_ip):
-            raise NetworkError(
-                f"MASTER_ADDR: {route.master_ip} is not an address of this host, but node 0 "
-                "runs the rendezvous store there: set MASTER_ADDR to this node's address"
-            )
+    if node_rank == 0 and not is_local_address(route.master_ip):
+        raise NetworkError(
+            f"MASTER_ADDR: {route.master_ip} is not an address of this host, but node 0 "
+            "runs the rendezvous store there: set MASTER_ADDR to this node's address"
+        )
+    if hosts_store:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # As the store itself binds: a port that an earlier run left in TIME_WAIT (a quick
+            # re-launch, a SLURM requeue with the same job-derived port) is free; a listener is not.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((route.master_ip, port))
+                s.listen()
             except OSError as e:
                 raise NetworkError(
                     f"MASTER_PORT: node 0 cannot listen on {where}: {e.strerror or e}"
                 ) from None
         return
     try:
-        with socket.create_connection((route.master_ip, port), timeout=timeout_s):
+        with socket.create_connection((route.master_ip, port), timeout=CONNECT_TIMEOUT_S):
             return
     except OSError as e:
         if e.errno in _WAIT_ERRNOS:
@@ -108,11 +115,13 @@ def check_master(route: Route, port: int, node_rank: int, timeout_s: float = 8.0
         ) from None
 
 
-def prepare_node(env: MutableMapping[str, str], master_addr: str, port: int, node_rank: int) -> str:
+def prepare_node(
+    env: MutableMapping[str, str], master_addr: str, port: int, node_rank: int, *, hosts_store: bool
+) -> str:
     """Check this node's path to the master, set the ranks' interface variables in `env` (those
     the user left unset), and return the line saying what was chosen."""
     route = route_to(master_addr, port)
-    check_master(route, port, node_rank)
+    check_master(route, port, node_rank, hosts_store=hosts_store)
     chosen = socket_env(env, route)
     env.update(chosen)
     kept = [f"{v}={env[v]} (yours)" for v in SOCKET_IFNAME_VARS if v not in chosen]
