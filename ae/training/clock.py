@@ -32,8 +32,11 @@ def clock_offset(device: torch.device, rounds: int = ROUNDS) -> tuple[float, flo
         before = time.time()
         t0 = torch.tensor([before], dtype=torch.float64, device=device)
         dist.broadcast(t0, src=0)
+        # .item() waits for the value (an NCCL broadcast returns before it lands): only then
+        # has it arrived.
+        sent = float(t0.item())
         arrived = time.time()
-        found = (arrived - float(t0.item()), arrived - before)
+        found = (arrived - sent, arrived - before)
         if best is None or found[0] < best[0]:
             best = found
     assert best is not None
