@@ -31,7 +31,7 @@ import math
 import mmap
 import os
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -350,12 +350,21 @@ def columnar_slot(
 
 
 def column_batches(
-    slot: ColumnarSlot, order: np.ndarray, batch_size: int, count: ByteCount | None = None
+    slot: ColumnarSlot,
+    order: np.ndarray,
+    batch_size: int,
+    count: ByteCount | None = None,
+    on_slice: Callable[[int], None] | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Full batches of the rows at `order`, one gather each; `count` gets the bytes spanned."""
+    """Full batches of the rows at `order`, one gather each; `count` gets the bytes spanned and
+    `on_slice` the index of the slice that each batch's first row comes from (a shuffled batch
+    draws on every slice of the slot: that one stands for it)."""
     per_sample = sum(c.nbytes for c in slot.slices) // max(1, len(slot))
     for i in range(0, len(order) - batch_size + 1, batch_size):
-        batch = slot.gather(order[i : i + batch_size])
+        positions = order[i : i + batch_size]
+        if on_slice is not None:
+            on_slice(int(np.searchsorted(slot.starts, positions[0], side="right")) - 1)
+        batch = slot.gather(positions)
         if count is not None:
             count.n += batch_size * per_sample
         yield torch.from_numpy(batch)

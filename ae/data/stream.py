@@ -403,10 +403,12 @@ class ShardStream(IterableDataset):
             slices = plan.slot_slices(self.rank, slot)
             columns = columnar_slot(self.urls, self.counts, slices, self.decoder, self.debug)
         if columns is not None:
-            meter.shard(slices[0].shard)
             bufsize = self.shuffle_buffer if self.shuffle else 0
             order = shuffled_order(len(columns), bufsize, rng)[skip:]
-            batches = column_batches(columns, order, self.batch_size, meter.count)
+            shards = [s.shard for s in slices]
+            batches = column_batches(
+                columns, order, self.batch_size, meter.count, lambda i: meter.reading(shards[i])
+            )
         else:
             batches = self._general_batches(raw, planned, own, slot, rng, skip, errors)
         n = 0

@@ -75,6 +75,11 @@ class SlotMeter:
     def shard(self, index: int) -> None:
         self._shard, self._shard_start, self._shard_busy = index, self.count.n, 0.0
 
+    def reading(self, index: int) -> None:
+        """The shard that the current batch comes from, when a worker reads all of its shards at
+        once (the columnar path's shuffled gathers): the rate stays the worker's whole rate."""
+        self._shard = index
+
     def batch(self, busy_s: float) -> None:
         self._shard_busy += busy_s
         self._batches += 1

@@ -23,6 +23,7 @@ from ae.data.index import write_index
 from ae.data.resume import ResumableLoader
 from ae.data.shuffle_order import shuffled_order
 from ae.data.stream import ShardStream, shuffle_samples
+from ae.data.worker_stats import SHARD
 from ae.log_lines import SHARD_PATH
 
 DIM = 8
@@ -183,3 +184,17 @@ def test_a_shard_cut_short_is_a_bad_shard_on_the_general_path(tmp_path: Path, pa
     assert len(batches) == 7  # the planned batches, filled with replacements
     assert stream.errors.table[0].tolist()[1] >= 1  # a bad shard read was counted
     assert "general" in _taken(paths)
+
+
+def test_a_worker_names_the_shard_each_columnar_batch_comes_from(tmp_path: Path) -> None:
+    """A shuffled columnar batch draws on every shard of the slot: the worker's row (heartbeat,
+    STRAGGLER evidence) names the shard of each batch's first sample, not the slot's first shard
+    all epoch long."""
+    sizes = [12, 12, 12]
+    stream = _stream(_shards(tmp_path, sizes), "fast", workers=0, ranks=1)
+    shard_of = np.repeat(np.arange(len(sizes)), sizes)  # sample number -> its shard
+    named = []
+    for batch in stream:
+        named.append(int(stream.stats.table[0, SHARD]))
+        assert named[-1] == shard_of[int(batch[0, 0])]
+    assert len(named) == sum(sizes) // 4 and len(set(named)) > 1, named
