@@ -166,7 +166,10 @@ class AutoEncoder(L.LightningModule):
         # as a whole step of a small model: the step loss is logged at the loggers' cadence, and
         # the epoch mean is summed here and logged once, on the epoch's last batch.
         trainer = self.trainer
-        if self.global_step % trainer.log_every_n_steps == 0:
+        # Lightning hands step metrics to the loggers after the steps where
+        # (optimizer steps so far + 1) % log_every_n_steps == 0: log at exactly those, or the
+        # values are dropped before any logger sees them.
+        if (self.global_step + 1) % trainer.log_every_n_steps == 0:
             # rank 0's own loss: a sync across ranks would cost a collective per step
             self.log("train/loss", loss, prog_bar=True)
             for name, value in logs.items():

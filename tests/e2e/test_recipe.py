@@ -105,6 +105,7 @@ def test_recipe_run(launch, make_shards, tmp_path: Path) -> None:
     with open(metrics_csv) as f:
         rows = list(csv.DictReader(f))
     assert any(r.get("val/loss") for r in rows) and any(r.get("lr-AdamW/encoder") for r in rows)
+    assert [r["step"] for r in rows if r.get("train/loss")] == ["9"]  # log_every_n_steps=10
     assert (out / "loss_curve.png").stat().st_size > 0
 
 
