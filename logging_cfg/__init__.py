@@ -46,6 +46,7 @@ from logging_cfg.native import (
     move_native_output,
     native_output_target,
     pending_native_log,
+    streams_to_native_in_child,
 )
 from logging_cfg.rank_context import RankContext, rank_tag, resolve_run_ts, worker_info
 from logging_cfg.sinks import AppendFileSink, ConsoleSink
@@ -62,6 +63,7 @@ __all__ = [
     "log_worker_exceptions",
     "resolve_run_ts",
     "start_native_capture",
+    "streams_to_native_in_child",
 ]
 
 

@@ -55,6 +55,19 @@ def capture_native_output(path: Path, *, keep_console: bool) -> None:
     _target = path
 
 
+def streams_to_native_in_child() -> None:
+    """In a process forked from the console rank (a dataloader worker): its `sys.stdout` /
+    `sys.stderr` still write to the terminal, so a worker's Python-level output (the traceback
+    that multiprocessing's queue thread prints when a batch cannot be put in shared memory) would
+    land on the console. Point them at descriptors 1 and 2, the rank's native log."""
+    if _target is None or sys.stderr.fileno() == 2:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's stream
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+
+
 def native_output_target() -> Path | None:
     """The file native output goes to, or None before `capture_native_output`."""
     return _target

@@ -19,13 +19,15 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from logging_cfg import streams_to_native_in_child
+
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 @contextmanager
 def sigterm_blocked() -> Iterator[None]:
     """Hold the stop signals back (they stay pending) while dataloader workers are forked: they
-    inherit the block, so none can die of one before `ignore_sigterm_in_worker` runs."""
+    inherit the block, so none can die of one before `init_worker` runs."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
@@ -33,9 +35,11 @@ def sigterm_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def ignore_sigterm_in_worker(worker_id: int) -> None:
+def init_worker(worker_id: int) -> None:
     """DataLoader `worker_init_fn`: replaces torch's worker SIGTERM handler (which dies), and
-    Python's SIGINT one (KeyboardInterrupt ends torch's worker loop)."""
+    Python's SIGINT one (KeyboardInterrupt ends torch's worker loop); a worker of the console
+    rank writes its Python-level output to the rank's native log, not to the console."""
+    streams_to_native_in_child()
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -68,7 +72,7 @@ class PreemptibleLoader(DataLoader):
     """A DataLoader whose worker processes leave stop signals to their rank."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, worker_init_fn=ignore_sigterm_in_worker, **kwargs)
+        super().__init__(*args, worker_init_fn=init_worker, **kwargs)
 
     def __iter__(self) -> Iterator[Any]:
         if self.num_workers > 0 and (self._iterator is None or not self.persistent_workers):

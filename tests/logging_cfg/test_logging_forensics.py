@@ -172,6 +172,31 @@ def test_native_output_goes_to_the_rank_file(tmp_path: Path) -> None:
     assert (tmp_path / "native_rank0_TS.log").read_text() == "native stdout\nnative stderr\n"
 
 
+def test_a_console_ranks_dataloader_worker_writes_python_output_to_the_native_file(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 keeps the console for Python-level output; its dataloader workers (forked, through
+    the loader's worker_init_fn) do not: a traceback that multiprocessing's queue thread prints
+    in a worker (shared memory full) belongs in the native log."""
+    body = """
+    import torch
+    from ae.data.loader import PreemptibleLoader
+
+    class Talks(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            print("printed in a worker", file=sys.stderr)
+            yield torch.zeros(1)
+
+    print("printed in the rank")
+    assert len(list(PreemptibleLoader(Talks(), num_workers=1, batch_size=None))) == 1
+    """
+    rank0 = run_rank(tmp_path, body, rank=0, native_output=True)
+    assert rank0.returncode == 0, rank0.stderr
+    assert rank0.stdout == "printed in the rank\n"
+    assert "printed in a worker" not in rank0.stderr
+    assert "printed in a worker\n" in (tmp_path / "native_rank0_TS.log").read_text()
+
+
 EARLY = """
 import os, sys
 from pathlib import Path
