@@ -215,7 +215,7 @@ def configure_console(level: str = "INFO") -> None:
     hot_path.install(None)
     logger.remove()
     logger.configure(extra={"tag": ""})
-    logger.add(ConsoleSink().write, level=level, format="{message}", colorize=False)
+    logger.add(ConsoleSink().write, level=level, format="{message}", colorize=False, diagnose=False)
 
 
 def configure(
@@ -258,7 +258,13 @@ def configure(
     debug_sink = AppendFileSink(
         paths.debug_log, rotate_bytes=rotate, keep=rotate_keep, on_open=_install_faulthandler
     )
-    logger.add(debug_sink.write, level="DEBUG" if debug else "INFO", format=RECORD_FORMAT)
+    # diagnose=False: tracebacks without loguru's variable values. Rendering them calls repr()
+    # on every local of every frame, and some are huge: a failed shared-memory allocation has a
+    # TypedStorage in its frames, whose repr lists every element (a worker's crash line then took
+    # 15-30 s to write, the rank waiting on it); values can also be data that has no place in logs.
+    logger.add(
+        debug_sink.write, level="DEBUG" if debug else "INFO", format=RECORD_FORMAT, diagnose=False
+    )
     hot_path.install(debug_sink if debug else None)
 
     def train_filter(record: dict) -> bool:
@@ -267,7 +273,7 @@ def configure(
         )
 
     train_sink = AppendFileSink(paths.train_log, rotate_bytes=rotate, keep=rotate_keep)
-    logger.add(train_sink.write, filter=train_filter, format=RECORD_FORMAT)
+    logger.add(train_sink.write, filter=train_filter, format=RECORD_FORMAT, diagnose=False)
     if ctx.rank == 0:
         rank_pid = os.getpid()
 
@@ -283,7 +289,10 @@ def configure(
                 return False
             return level >= logging.ERROR or (record["name"] or "").startswith("ae")
 
-        logger.add(ConsoleSink().write, filter=console_filter, format="{message}", colorize=False)
+        logger.add(
+            ConsoleSink().write, filter=console_filter, format="{message}", colorize=False,
+            diagnose=False,
+        )  # fmt: skip
     _route_stdlib()
     _install_exception_hooks()
     return paths
