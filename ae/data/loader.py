@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from torch.utils.data import DataLoader
+import torch
+from torch.utils.data import DataLoader, get_worker_info
 
 from logging_cfg import streams_to_native_in_child
 
@@ -43,6 +44,20 @@ def init_worker(worker_id: int) -> None:
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def into_shared_memory(tensor: torch.Tensor) -> torch.Tensor:
+    """In a dataloader worker, move a batch tensor into shared memory before it is yielded.
+
+    Torch would do it anyway, in the worker's queue thread, as the batch is sent: there a full
+    /dev/shm is a traceback printed on stderr and the batch silently lost; once the worker ends
+    its pass the loader skips the missing batch, so this rank's epoch is one batch short and the
+    ranks' collectives no longer match (a hang). Here the same allocation fails in the worker's
+    own iteration: torch raises it in the rank (`No space left on device` in shared memory,
+    which ae-diagnose names `shared memory exhausted`). The copy is the one torch would make."""
+    if get_worker_info() is not None:
+        tensor.share_memory_()
+    return tensor
 
 
 def _kill_leftover_workers() -> None:

@@ -45,6 +45,7 @@ from ae.data.columnar import column_batches, columnar_slot
 from ae.data.decode import Augment, InputSpec, SampleDecoder
 from ae.data.errors import DataError, ErrorCounts, SlotErrors
 from ae.data.index import sample_offset
+from ae.data.loader import into_shared_memory
 from ae.data.plan import EpochPlan, ShardSlice, SplitMode, plan_epoch
 from ae.data.resampled import ResampledPlan, read_resampled, resampled_plan
 from ae.data.shuffle_order import shuffled_order
@@ -419,6 +420,7 @@ class ShardStream(IterableDataset):
         started = time.perf_counter()
         for i, batch in enumerate(batches):
             fault_point("data", step0 + i * stride)
+            into_shared_memory(batch)
             meter.batch(time.perf_counter() - started)
             n += len(batch)
             yield batch

@@ -26,6 +26,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ae.data.decode import InputSpec, SampleDecoder
 from ae.data.errors import ErrorCounts, SlotErrors
+from ae.data.loader import into_shared_memory
 from ae.data.tar_samples import TarReader, iter_samples
 from ae.forensics.faults import fault_point
 from logging_cfg import log_worker_exceptions
@@ -107,4 +108,6 @@ class WholeShards(IterableDataset):
         errors = SlotErrors(self.errors, worker)
         for i, shard in enumerate(self.shards[worker::k]):
             fault_point("data", i)
-            yield from self._shard_batches(shard, errors)
+            for batch in self._shard_batches(shard, errors):
+                into_shared_memory(batch["inputs"])
+                yield batch

@@ -179,18 +179,19 @@ def test_worker_killed_for_memory_is_out_of_memory(make_shards, tmp_path: Path) 
     assert re.search(r"heartbeat: cgroup OOM kills 0 -> [1-9]", texts), texts
 
 
-def test_shm_filled_mid_run_blocks_and_is_named(make_shards, tmp_path: Path) -> None:
+def test_shm_filled_mid_run_fails_the_rank_and_is_named(make_shards, tmp_path: Path) -> None:
     """/dev/shm (100 MB, room for the batches: the preflight passes) filled by another process
-    mid-run: the workers cannot hand batches over and the rank blocks in data loading. The
-    watchdog says shared memory is near full below its STALL line, and ae-diagnose --json, on the
-    live run, names `shared memory exhausted` with the heartbeat's /dev/shm figures."""
+    mid-run: a dataloader worker cannot put its next batch in shared memory. That fails in the
+    worker's own iteration and the rank raises it -- never a batch silently lost in the queue's
+    thread (which left one rank's epoch a batch short and the ranks' collectives mismatched, a
+    hang) -- and the console's verdict and ae-diagnose --json name `shared memory exhausted`."""
     train = make_shards([64, 64], name="train", dim=DIM)
     val = make_shards([16], name="val", dim=DIM)
     out = tmp_path / "run"
     logs = out / "logs"
     args = shlex.join([f"--output_dir={out}", f"--train_shards={train}", f"--val_shards={val}",
                        "--batch_size=8", "--num_workers=1", "--max_steps=1000",
-                       "--stall_timeout=3"])  # fmt: skip
+                       "--stall_timeout=60"])  # fmt: skip
     try:
         res = in_namespace(
             f"""
@@ -203,12 +204,8 @@ def test_shm_filled_mid_run_blocks_and_is_named(make_shards, tmp_path: Path) -> 
                 sleep 0.05; done'
             free=$(df -B1 --output=avail /dev/shm | tail -1)
             fallocate -l $((free - 4096)) /dev/shm/filler
-            # the rank whose own worker ran dry first says it (its peer waits in an all-reduce)
-            timeout 60 bash -c 'until grep -qs "Shared memory near" {logs}/debug_rank*.log; do
-                sleep 0.2; done'
+            wait $launcher && echo 0 > {tmp_path}/shm.rc || echo $? > {tmp_path}/shm.rc
             $PY -m ae.diagnose {logs} --json > {tmp_path}/diagnose.json
-            kill -TERM $launcher || true
-            wait $launcher || true
             """,
             out,
         )
@@ -219,20 +216,13 @@ def test_shm_filled_mid_run_blocks_and_is_named(make_shards, tmp_path: Path) -> 
     debug = "".join(p.read_text() for p in logs.glob("debug_rank*.log"))
     console = (tmp_path / "shm.txt").read_text() if (tmp_path / "shm.txt").exists() else ""
     assert res.returncode == 0, "\n".join([res.stdout, res.stderr, console, debug[-6000:]])
-    m = re.search(
-        r"Shared memory near full while stalled in data loading: /dev/shm (\d+\.\d) MB free of "
-        r"100\.0 MB; .*--shm-size",
-        debug,
-    )
-    assert m and float(m[1]) < 10, debug[-3000:]
+    assert (tmp_path / "shm.rc").read_text().strip() != "0", console
+    assert re.search(r"Training failed: .*rank \d.*shared memory exhausted", console), console
+    assert "Traceback" not in console  # the worker's traceback is in the logs, not here
     doc = json.loads((tmp_path / "diagnose.json").read_text())
-    assert doc["status"] == "hung"
-    # One /dev/shm for the node: the workers of every rank block on it; a rank stuck in data
-    # loading is named for it (a peer may wait in its training step's all-reduce).
-    stuck = [c for c in doc["culprits"] if c["phase"] == "data loading"]
-    assert stuck, doc["culprits"]
-    for culprit in stuck:
+    assert doc["culprits"], doc
+    for culprit in doc["culprits"]:
         assert culprit["cause"] == "shared memory exhausted", culprit
-        texts = [e["text"] for e in culprit["evidence"]]
-        assert "STALL detected" in texts[0]
-        assert re.fullmatch(r"heartbeat: /dev/shm \d\.\d MB free of 100\.0 MB", texts[-1]), texts
+        texts = "\n".join(e["text"] for e in culprit["evidence"])
+        assert re.search(r"No space left on device", texts), texts
+        assert re.search(r"heartbeat: /dev/shm \d+\.\d MB free of 100\.0 MB", texts), texts
