@@ -25,6 +25,12 @@ PHASES = (
     "encoding",  # ae-encode: a batch through the encoder, its latents into the output shard
     "teardown",
 )
+# A rank that has made no progress for this long after a stop signal will not reach the next
+# step boundary, where the ranks save together: it is stuck (a hang, or waiting for a peer that
+# died -- torchrun's SIGTERM after a peer failure). It leaves through the exception path instead
+# (`ae.training.preemption`), so its `finally` blocks run and its log says why, rather than being
+# SIGKILLed by torchrun 30 s later.
+STUCK_AFTER_S = 10.0
 
 
 @dataclass

@@ -15,6 +15,7 @@ stuck rank and the ranks waiting for it in a collective (those say `collective w
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -26,7 +27,7 @@ from loguru import logger
 import logging_cfg
 from ae.forensics.heartbeat import heartbeat_path, heartbeat_record, write_heartbeat
 from ae.forensics.process_stats import RssReader
-from ae.forensics.progress import Progress, progress
+from ae.forensics.progress import STUCK_AFTER_S, Progress, progress
 from ae.forensics.resources import SHM, ResourceReader, fs_space
 from ae.forensics.stall_report import (
     collective_wait,
@@ -40,6 +41,9 @@ from ae.log_lines import SHM_NEAR_FULL, STALL, STALL_REPORT, STALL_RESOLVED, STO
 from logging_cfg import LogPaths, RankContext
 
 MAX_REPORT_GAP_S = 3600.0
+# Phases that beat at every batch: no progress in them for STUCK_AFTER_S after a stop signal is a
+# hang. (A checkpoint save, sampling or teardown may legitimately take longer.)
+BEATING_PHASES = ("setup", "data loading", "training step", "validation")
 SHM_NEAR_FULL_SHARE = 0.10  # /dev/shm with less than this share free, at a data-loading stall
 SHM_FIX = (
     "dataloader workers block or die (SIGBUS) putting batches there; fix: a larger /dev/shm "
@@ -81,6 +85,7 @@ class Watchdog(threading.Thread):
         self.reports = 0
         self._failed = False
         self._signal_logged = False
+        self._signal_redelivered = False
 
     def run(self) -> None:
         while not self._stop_event.wait(self.poll_s):
@@ -101,6 +106,8 @@ class Watchdog(threading.Thread):
             self._signal_logged = True
             logger.warning(STOP_SIGNAL.format(signal=p.stop_signal, phase=p.phase, step=p.step))
         beat, idle = p.last_beat, p.idle_s()
+        if p.stop_signal is not None and idle > STUCK_AFTER_S and p.phase in BEATING_PHASES:
+            self._redeliver_stop_signal(p.stop_signal)
         if self._stall_beat is not None and beat != self._stall_beat:
             self._resolved(beat - self._stall_beat)
         if idle >= self._next_report_at:
@@ -118,6 +125,18 @@ class Watchdog(threading.Thread):
             if self.stragglers is not None:
                 self.stragglers.check()
             self.write_heartbeat()
+
+    def _redeliver_stop_signal(self, name: str) -> None:
+        """The stop signal came while the rank was busy, and it has made no progress since: it
+        will never reach the step boundary where the ranks save. Deliver the signal again to the
+        main thread: the handler, seeing the rank stuck now, makes it leave through its `finally`
+        blocks with its reason logged, before torchrun's SIGKILL, which leaves no trace (a main
+        thread blocked in native code runs the handler when that call returns)."""
+        signum = signal.Signals[name]
+        if self._signal_redelivered or not callable(signal.getsignal(signum)):
+            return  # once; and never to a default action, which would kill the rank outright
+        self._signal_redelivered = True
+        signal.pthread_kill(threading.main_thread().ident, signum)
 
     def write_heartbeat(self, state: str = "running") -> None:
         assert self.heartbeat is not None

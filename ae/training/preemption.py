@@ -25,16 +25,11 @@ from typing import Any
 import lightning as L
 from loguru import logger
 
-from ae.forensics.progress import progress
+from ae.forensics.progress import STUCK_AFTER_S, progress
 from ae.log_lines import PREEMPTED, STOP_SIGNAL_STUCK, main_log
 from ae.training.checkpointing import Checkpointing, current_lr
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# A rank that has made no progress for this long when a stop signal comes will not reach the next
-# step boundary to save: it is stuck (a hang, or waiting for a peer that died -- torchrun's SIGTERM
-# after a peer failure). It leaves at once through the exception path instead, so its `finally`
-# blocks run and its log says why, rather than being SIGKILLed by torchrun 30 s later.
-STUCK_AFTER_S = 10.0
 
 
 class SigtermWhileStuck(SystemExit):
@@ -61,6 +56,8 @@ def _on_stop_signal(signum: int, frame: Any) -> None:
     if progress.stop_signal is None:
         progress.stop_signal = signal.Signals(signum).name
         progress.stop_signal_at = time.time()
+    # Stuck when the signal comes -- or, when it came to a busy rank, when the watchdog delivers
+    # it again after STUCK_AFTER_S without progress (`ae.forensics.watchdog`).
     if (idle := progress.idle_s()) > STUCK_AFTER_S:
         raise SigtermWhileStuck(idle, progress.phase, progress.step, signum)
 

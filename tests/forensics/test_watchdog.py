@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -15,7 +16,7 @@ from loguru import logger
 from ae.forensics.faults import _injected_sleep
 from ae.forensics.heartbeat import heartbeat_record, write_heartbeat
 from ae.forensics.process_stats import RssReader
-from ae.forensics.progress import Progress
+from ae.forensics.progress import STUCK_AFTER_S, Progress
 from ae.forensics.stall_report import collective_wait, describe_frame, thread_stacks
 from ae.forensics.watchdog import Watchdog
 from ae.log_lines import HEARTBEAT_FIELDS, STALL, STALL_RESOLVED, STOP_SIGNAL
@@ -181,3 +182,26 @@ def test_heartbeat_rewrite_is_atomic(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["step"] == 299
     assert seen == sorted(seen)  # never an older content after a newer one
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+
+
+def test_a_stop_signal_is_delivered_again_to_a_rank_that_stays_stuck() -> None:
+    """SIGTERM came while the rank was busy (the handler let it run on to the next step, where
+    the ranks save together); STUCK_AFTER_S later it has made no progress: the watchdog delivers
+    the signal again, once, for the handler to leave. Not in a phase that may take long."""
+    got: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        for phase, expected in [("data loading", [signal.SIGTERM]), ("checkpoint save", [])]:
+            got.clear()
+            prog = Progress()
+            prog.enter(phase, step=7)
+            dog = Watchdog(60, RankContext(), progress=prog)
+            prog.stop_signal, prog.stop_signal_at = "SIGTERM", time.time()
+            dog.check()
+            assert got == []  # just signalled: the rank may still reach its step
+            prog.last_beat -= STUCK_AFTER_S + 1
+            dog.check()
+            dog.check()
+            assert got == expected, phase
+    finally:
+        signal.signal(signal.SIGTERM, previous)
