@@ -161,8 +161,8 @@ def test_top_level_of_ae_stays_small() -> None:
 
 def test_launcher_and_diagnose_do_not_import_torch() -> None:
     """--help and bad flags answer in well under a second: no torch, no Lightning (measured
-    the way `python -X importtime` lists them)."""
-    for module in ("ae.cli.launch", "ae.diagnose.cli"):
+    the way `python -X importtime` lists them); ae-shards too, until it reads a shard."""
+    for module in ("ae.cli.launch", "ae.diagnose.cli", "ae.cli.shards"):
         out = subprocess.run(
             [sys.executable, "-X", "importtime", "-c", f"import {module}"],
             cwd=ROOT, capture_output=True, text=True, timeout=60,

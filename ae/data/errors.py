@@ -8,12 +8,15 @@ the workers, and the rank reads them at the end of the run, after the last batch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
 from loguru import logger
 
 from ae.errors import UserError
 from ae.log_lines import BAD_SAMPLE, BAD_SHARD_READ, DATA_ERRORS
+
+if TYPE_CHECKING:
+    import torch
 
 
 class DataError(UserError):
@@ -41,6 +44,8 @@ class ErrorCounts:
 
     @classmethod
     def create(cls, num_workers: int) -> ErrorCounts:
+        import torch  # here: ae-shards and the launcher read DataError without loading torch
+
         return cls(torch.zeros((max(1, num_workers), 3), dtype=torch.int64).share_memory_())
 
     def add(self, worker: int, column: int, n: int = 1) -> None:

@@ -23,8 +23,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Literal, TypeVar
 
-from webdataset.gopen import gopen
-
 from ae.data.compression import decompressed
 from ae.data.tar_members import TruncatedTar, iter_members
 
@@ -57,6 +55,10 @@ def open_shard(url: str, offset: int = 0) -> TarStream:
     """Open a shard's tar bytes (decompressed), positioned at byte `offset` of the tar (only
     plain local files can start later: an offset comes from an index, and a compressed shard's
     index holds none)."""
+    # Here, not at the top: `webdataset` imports torch, and ae-shards answers a bad spec without
+    # loading it.
+    from webdataset.gopen import gopen
+
     raw = gopen(url, "rb")
     try:
         if offset:
