@@ -1,5 +1,6 @@
-"""End-to-end on a real SLURM (one node; `slurm` fixture): an `sbatch` job trains (torchrun on
-the node, the batch script's layout) until `scancel` stops it, saving on every rank; then
+"""End-to-end on a real SLURM (one node; `slurm` fixture): an `sbatch` job whose script runs
+`srun ./train_ae.sh` (the README's recipe: one task per node, torchrun inside) trains until
+`scancel` stops it, saving on every rank; then
 `srun -N1 -n2` -- one task per process -- trains ONE job of world size 2 from that checkpoint,
 until `scancel` stops it as well."""
 
@@ -47,9 +48,10 @@ def test_sbatch_trains_scancel_saves_and_srun_tasks_resume(
             "--batch_size=8", "--num_workers=1", "--max_epochs=-1", "--warmup_steps=1000",
             "--checkpointing_period=1000", "--debug=true"]  # fmt: skip
     script = tmp_path / "train.sbatch"
+    # The README's recipe: a job step per node running ./train_ae.sh (torchrun inside).
     script.write_text(
-        "#!/bin/bash\n#SBATCH --job-name=ae-test --nodes=1\n"
-        f"exec {sys.executable} -m ae.cli.launch {shlex.join(args)} --max_steps=5000\n"
+        "#!/bin/bash\n#SBATCH --job-name=ae-test --nodes=1 --ntasks-per-node=1\n"
+        f"srun ./train_ae.sh {shlex.join(args)} --max_steps=5000\n"
     )
     slurm_out = tmp_path / "slurm.out"
     job = subprocess.run(
@@ -69,7 +71,9 @@ def test_sbatch_trains_scancel_saves_and_srun_tasks_resume(
         subprocess.run(["scancel", job_id], timeout=60)  # SIGTERM to every process of the job
     assert wait_for_job_end(job_id) == "CANCELLED"
     output = slurm_out.read_text()
-    assert f"Training on 2 process(es) per node, 4 train shards (SLURM job {job_id})" in output
+    assert (
+        f"Training on 2 process(es) per node, 4 train shards (SLURM job {job_id} step 0)" in output
+    )
     m = re.search(r"Preempted \(SIGTERM\) at step (\d+); checkpoint saved at ", output)
     assert m, output
     n = int(m[1])
