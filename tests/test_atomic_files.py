@@ -1,4 +1,5 @@
-"""Files that appear whole or not at all (`ae.atomic_files`): the unit's failure paths."""
+"""Files that appear whole or not at all (`ae.atomic_files`): the unit's failure paths, and every
+kind of file `ae` writes on a real full filesystem."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ae import atomic_files
+from tests.support.limits import in_namespace
 from tests.support.runs import ROOT
 
 
@@ -167,3 +169,33 @@ def test_build_dir_appears_whole_or_not_at_all(tmp_path: Path) -> None:
     # a process that finishes second keeps the first one's folder and drops its own copy
     atomic_files.build_dir(root, lambda folder: (folder / "OTHER").write_text("x"))
     assert os.listdir(root) == ["DONE"] and os.listdir(tmp_path) == ["digits"]
+
+
+KINDS = ("checkpoint", "index", "counts", "shard", "shard_closing", "heartbeat")
+
+
+def test_every_kind_of_file_on_a_full_disk_leaves_nothing_partial(tmp_path: Path) -> None:
+    """A real ENOSPC: per kind, a 1 MB tmpfs in a private mount namespace and the real writing
+    function (tests/support/full_disk.py). The previous version stays whole at its name, no
+    temporary file is left, and the error is the one each caller expects (the checkpoint's
+    named `Disk full`; the count cache's only warned about: the count itself stands)."""
+    mnt = tmp_path / "mnt"
+    mounts = "\n".join(
+        f"mkdir -p {mnt}/{k} && mount -t tmpfs -o size=1m tmpfs {mnt}/{k}" for k in KINDS
+    )
+    res = in_namespace(
+        f"{mounts}\n$PY -m tests.support.full_disk {mnt}", tmp_path / "run", timeout=120
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    enospc = "OSError ENOSPC"
+    assert got == {
+        "checkpoint": {"raised": "DiskFullError ENOSPC", "kept": True,
+                       "files": ["last.ckpt", "step-00000002.ckpt"]},
+        "index": {"raised": enospc, "kept": True, "files": ["a.tar", "a.tar.idx"]},
+        "counts": {"raised": None, "kept": True, "files": []},
+        "shard": {"raised": enospc, "kept": True,
+                  "files": ["train-000000.tar", "train-000000.tar.idx"]},
+        "shard_closing": {"raised": enospc, "kept": True, "files": []},
+        "heartbeat": {"raised": enospc, "kept": True, "files": ["heartbeat_rank0_TS.json"]},
+    }  # fmt: skip
