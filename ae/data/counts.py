@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +29,7 @@ from typing import Any
 
 from loguru import logger
 
+from ae import atomic_files
 from ae.data.errors import DataError
 from ae.data.header_walk import ShardScan, scan_shard
 from ae.data.index import read_index, write_index
@@ -152,14 +152,13 @@ def cache_path(cache_dir: Path, urls: list[str]) -> Path:
 
 
 def _save(path: Path, counts: ShardCounts) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Unique tmp name: ranks of several nodes may write the same file of a shared cache.
-    tmp = path.with_name(f"{path.name}.tmp.{socket.gethostname()}.{os.getpid()}")
+    # Ranks of several nodes may write the same file of a shared cache: each through its own
+    # temporary file; not fsynced, a lost cache costs a count.
+    data = json.dumps(asdict(counts), separators=(",", ":")).encode()
     try:
-        tmp.write_text(json.dumps(asdict(counts), separators=(",", ":")))
-        tmp.replace(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_files.write(path, data, durable=False)
     except OSError as e:  # an unwritable cache costs the next run a count, not this one
-        tmp.unlink(missing_ok=True)  # and a full disk (ENOSPC) keeps no partial file
         logger.warning(f"Could not write the shard count cache {path}: {e}")
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import shutil
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
+from ae import atomic_files
 from ae.data.writer import Sample, png_bytes, write_shards
 
 VERSION = "digits-v2"  # v2: shards carry index sidecars
@@ -62,14 +62,14 @@ def _build(root: Path) -> None:
         {"__key__": f"{i:06d}".encode(), "png": png_bytes(img), "cls": str(int(y)).encode()}
         for i, (img, y) in enumerate(zip(images, labels, strict=True))
     ]
-    # Build beside the final folder, then rename: concurrent launchers never see half a dataset.
-    tmp = root.with_name(f"{root.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     split = len(samples) - NUM_VAL
-    write_shards(tmp, "train", samples[:split], TRAIN_PER_SHARD)
-    write_shards(tmp, "val", samples[split:], NUM_VAL)
-    (tmp / "DONE").write_text("ok\n")
-    try:
-        tmp.rename(root)
-    except OSError:  # another process finished first; its copy is identical
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def build(folder: Path) -> None:
+        write_shards(folder, "train", samples[:split], TRAIN_PER_SHARD)
+        write_shards(folder, "val", samples[split:], NUM_VAL)
+        (folder / "DONE").write_text("ok\n")
+
+    # Built beside the final folder, then renamed: concurrent launchers never see half a dataset
+    # (when another one finished first, its identical copy is kept).
+    root.parent.mkdir(parents=True, exist_ok=True)
+    atomic_files.build_dir(root, build)

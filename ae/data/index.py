@@ -30,6 +30,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from ae import atomic_files
 from ae.data.spec import is_remote
 
 INDEX_SUFFIX = ".idx"
@@ -61,15 +62,14 @@ def index_url(url: str) -> str | None:
 
 
 def write_index(shard: Path, samples: int, offsets: list[int] | None) -> Path:
-    """Write `shard`'s sidecar atomically; `bytes` is the shard's current size."""
+    """Write `shard`'s sidecar atomically (not fsynced: a lost one is remade by counting);
+    `bytes` is the shard's current size."""
     path = shard.with_name(shard.name + INDEX_SUFFIX)
     head = {"format": FORMAT, "version": VERSION, "samples": samples, "bytes": shard.stat().st_size}
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(head) + "\n")
-        if offsets is not None:
-            f.write(json.dumps({"offsets": offsets}, separators=(",", ":")) + "\n")
-    tmp.replace(path)
+    lines = [json.dumps(head)]
+    if offsets is not None:
+        lines.append(json.dumps({"offsets": offsets}, separators=(",", ":")))
+    atomic_files.write(path, "".join(f"{line}\n" for line in lines).encode(), durable=False)
     return path
 
 

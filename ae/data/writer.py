@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ae.atomic_files import AtomicFile
 from ae.data.index import write_index
 
 Sample = dict[str, bytes]  # {"__key__": b"000123", "png": b"...", "cls": b"3"}
@@ -31,15 +32,17 @@ def png_bytes(image: np.ndarray) -> bytes:
 
 
 class ShardWriter:
-    """One shard written a sample at a time, into `<path>.tmp`; `close()` renames it into place
-    and writes its index, so the shard appears whole or not at all."""
+    """One shard written a sample at a time into a temporary file (`ae.atomic_files`, not
+    fsynced); `close()` puts it in place and writes its index, so the shard appears whole or not
+    at all."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._tmp = path.with_name(path.name + ".tmp")
-        # Open across add() calls: closed by close() or discard().
-        self._tar = tarfile.open(self._tmp, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
+        # Open across add() calls: committed by close(), dropped by discard().
+        self._out = AtomicFile(path, durable=False)
+        out = self._out.file
+        self._tar = tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
         self.offsets: list[int] = []
 
     def add(self, sample: Sample) -> None:
@@ -55,19 +58,23 @@ class ShardWriter:
 
     def close(self) -> int:
         """Finish the shard and its index; returns its sample count."""
-        self._tar.close()
-        self._tmp.replace(self.path)
+        try:
+            self._tar.close()  # the end-of-archive blocks: these may find the disk full too
+        except BaseException:
+            self._out.discard()
+            raise
+        self._out.commit()
         write_index(self.path, len(self.offsets), self.offsets)
         return len(self.offsets)
 
     def discard(self) -> None:
-        """Drop a shard that cannot be finished (its tmp file goes, nothing else changes)."""
-        self._tar.close()
-        self._tmp.unlink(missing_ok=True)
+        """Drop a shard that cannot be finished (its temporary file goes, nothing else changes;
+        the tar's end blocks are not written: they could fail again on a full disk)."""
+        self._out.discard()
 
 
 def write_shard(path: Path, samples: Iterable[Sample]) -> int:
-    """Write one shard atomically (tmp file + rename) and its index; return the sample count."""
+    """Write one shard atomically and its index; return the sample count."""
     writer = ShardWriter(path)
     try:
         for sample in samples:

@@ -2,9 +2,9 @@
 
 The watchdog thread rewrites it every few seconds, so a live job can be inspected (`cat`, or
 `ae-diagnose`) while every rank is blocked. Each write goes to a temporary file in the same
-folder and is renamed over the old one: a reader sees the previous or the new content, never a
-torn file. A stale `time` means the rank's watchdog thread itself stopped (process dead, frozen,
-or the interpreter lock held by native code).
+folder and is renamed over the old one (`ae.atomic_files`): a reader sees the previous or the
+new content, never a torn file. A stale `time` means the rank's watchdog thread itself stopped
+(process dead, frozen, or the interpreter lock held by native code).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ae import atomic_files
 from ae.forensics.process_stats import RssReader
 from ae.forensics.progress import Progress
 from ae.forensics.step_times import StepTimes, step_times
@@ -67,7 +68,6 @@ def heartbeat_record(
 
 
 def write_heartbeat(path: Path, record: dict[str, Any]) -> None:
-    """Atomic rewrite: temporary file in the same folder, then rename over the old file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)
+    """Atomic rewrite, not fsynced: it is rewritten every few seconds, and a heartbeat is of use
+    while the machine is up."""
+    atomic_files.write(path, (json.dumps(record, indent=1) + "\n").encode(), durable=False)

@@ -8,71 +8,45 @@ Layout of `<output_dir>/checkpoints/`:
   intact; a copy where the filesystem has no links). `--resume_from_checkpoint=last` reads it.
 - `best.ckpt`: the lowest validation loss so far (`--save_best`).
 
-Every file appears whole or not at all: bytes go to `<name>.tmp`, are fsynced, and the tmp file is
-renamed over the target (atomic on POSIX), then the folder is fsynced so the rename itself
-survives a crash. A kill mid-save leaves the previous file untouched and at most a `.tmp` file,
-which the next run removes.
+Every file appears whole or not at all, fsynced with its folder (`ae.atomic_files`): a kill
+mid-save leaves the previous file untouched and at most a temporary file, which the next run
+removes; a full disk is named as such (`DiskFullError`).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 from loguru import logger
 
+from ae import atomic_files
 from ae.errors import DiskFullError
-from ae.forensics.resources import FULL_BYTES, disk_full_error, fs_space
+from ae.forensics.resources import FULL_BYTES, Space, disk_full_error, fs_space
 
 LAST = "last.ckpt"
 BEST = "best.ckpt"
 _STEP_FILE = re.compile(r"^step-(\d+)\.ckpt$")
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: Path, write: Callable[[BinaryIO], None], what: str = "checkpoint") -> None:
-    """`write(f)` into a temporary file, then rename it over `path`. A write that fails on a full
-    filesystem raises DiskFullError (the temporary file removed, `path` as it was)."""
-    tmp = path.with_name(path.name + ".tmp")
+    """`write(f)` into a new version of `path` (`ae.atomic_files.write`, fsynced). A write that
+    fails on a full filesystem raises DiskFullError (the temporary file removed, `path` as it
+    was); any other failure is raised as it is."""
+    spaces: list[Space | None] = []
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        space = fs_space(path.parent)  # before the removal frees the partial file's bytes
-        tmp.unlink(missing_ok=True)
+        # measured before the clean-up frees the partial file's bytes: a torch.save that fails on
+        # a full disk raises a RuntimeError with no errno, and only the free space tells
+        atomic_files.write(path, write, on_failure=lambda: spaces.append(fs_space(path.parent)))
+    except Exception as e:
+        space = spaces[0] if spaces else None
         full = space is not None and space.free < FULL_BYTES
-        if isinstance(e, Exception) and (full or disk_full_error(e) is not None):
+        if full or disk_full_error(e) is not None:
             free, total = (space.free, space.total) if space else (None, None)
             raise DiskFullError(what, str(path), free, total) from e
         raise
-    fsync_dir(path.parent)
-
-
-def atomic_link(src: Path, dst: Path) -> None:
-    """Make `dst` the same file as `src` (hard link, else a copy), replacing `dst` atomically."""
-    tmp = dst.with_name(dst.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:  # no hard links here (some network/FUSE filesystems): copy the bytes
-        with open(src, "rb") as fin:
-            atomic_write(tmp, lambda fout: shutil.copyfileobj(fin, fout, 16 * 2**20))
-    os.replace(tmp, dst)
-    fsync_dir(dst.parent)
 
 
 def human_size(n: float) -> str:
@@ -104,9 +78,9 @@ class CheckpointStore:
         return self.dir / f"step-{step:08d}.ckpt"
 
     def prepare(self) -> None:
-        """Create the folder; remove `.tmp` files that a killed save left behind."""
+        """Create the folder; remove the temporary files that a killed save left behind."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        for tmp in self.dir.glob("*.tmp"):
+        for tmp in atomic_files.leftovers(self.dir):
             logger.warning(f"Removing {tmp}: left by a checkpoint save that did not finish")
             tmp.unlink(missing_ok=True)
 
@@ -124,7 +98,7 @@ class CheckpointStore:
     def commit_step(self, path: Path) -> list[Path]:
         """Point `last` at a freshly written step checkpoint and prune old ones; returns the
         removed files."""
-        atomic_link(path, self.last)
+        atomic_files.link(path, self.last)
         removed = []
         files = self.step_files()
         for old in files[: max(0, len(files) - self.keep)]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ae import atomic_files
 from ae.training.checkpoint_files import CheckpointStore, atomic_write, human_size, resolve_resume
 from ae.training.checkpointing import AtomicCheckpointIO
 from tests.support.limits import namespace_problem
@@ -51,9 +52,10 @@ def test_store_links_last_and_keeps_at_most_n(tmp_path: Path) -> None:
 
 
 def test_prepare_removes_leftovers_of_a_killed_save(tmp_path: Path) -> None:
-    (tmp_path / "step-00000004.ckpt.tmp").write_bytes(b"partial")
+    (tmp_path / ".step-00000004.ckpt.4242-0a1b2c3d.tmp").write_bytes(b"partial")
+    (tmp_path / "step-00000002.ckpt").write_bytes(b"whole")
     CheckpointStore(tmp_path, keep=3).prepare()
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000002.ckpt"]
 
 
 def test_resolve_resume(tmp_path: Path) -> None:
@@ -90,7 +92,8 @@ def test_sigkill_during_checkpoint_save_leaves_last_loadable(tmp_path: Path, mak
     killed = _train(args, out, {"AE_FAULT": "kill@checkpoint:step=4"})
     assert killed.returncode == -9, killed.stderr[-3000:]
     ckpt = out / "checkpoints"
-    assert (ckpt / "step-00000004.ckpt.tmp").exists()  # the save really was cut off
+    (partial,) = atomic_files.leftovers(ckpt)  # the save really was cut off
+    assert partial.name.startswith(".step-00000004.ckpt.")
     assert not (ckpt / "step-00000004.ckpt").exists()
     state = torch.load(ckpt / "last.ckpt", weights_only=False)
     assert state["global_step"] == 2 and state["ae_config"]["checkpointing_period"] == 2
@@ -99,10 +102,10 @@ def test_sigkill_during_checkpoint_save_leaves_last_loadable(tmp_path: Path, mak
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     (log,) = [p for p in (out / "logs").glob("train_*.log") if "Resumed" in p.read_text()]
     text = log.read_text()
-    assert re.search(r"Removing .*step-00000004\.ckpt\.tmp", text)
+    assert re.search(rf"Removing \S*/{re.escape(partial.name)}: left by a checkpoint save", text)
     assert re.search(r"Resumed from .*last\.ckpt at step 2 ", text)
     assert torch.load(ckpt / "last.ckpt", weights_only=False)["global_step"] == 6
-    assert not list(ckpt.glob("*.tmp"))
+    assert atomic_files.leftovers(ckpt) == []
 
 
 @pytest.mark.slow
