@@ -24,7 +24,7 @@ class RunDir:
 
     @property
     def lock(self) -> Path:
-        """One run per folder: the lock file of the job that runs in it (ae.cli.run_folder)."""
+        """One run per folder: the lock file of the job that runs in it (ae.job.run_folder)."""
         return self.root / "run.lock"
 
     @property

@@ -100,13 +100,18 @@ def module_file(module: str) -> Path:
     return Path(spec.origin)
 
 
+# An entry point whose arguments are declared elsewhere: ae-encode's ranks parse them too.
+PARSER_OF = {"ae.cli.encode": "ae.job.encode"}
+
+
 def command_flags() -> dict[str, set[str]]:
     """Command name as the docs write it -> its flags. The launcher's are the config's."""
     launcher = set(FIELDS) | {"help"}
     flags: dict[str, set[str]] = {"train_ae.sh": launcher | {"install-only"}}
     for name, target in console_scripts().items():
         module = target.split(":")[0]
-        own = launcher if module == "ae.cli.launch" else argparse_flags(module_file(module))
+        parser = PARSER_OF.get(module, module)
+        own = launcher if module == "ae.cli.launch" else argparse_flags(module_file(parser))
         flags[name] = own | {"help"}
         flags[module] = flags[name]  # `python -m ae.cli.shards ...`
     flags["ae.diagnose"] = flags["ae-diagnose"]  # `python -m ae.diagnose` runs its cli

@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ae.cli.launch import free_port
 from ae.config import DataConfig
 from ae.data.datamodule import DataError, ShardDataModule, probe_decoder, same_on_all_ranks
 from ae.data.writer import write_shard
+from ae.job.launch import free_port
 from tests.support.shards import vector_samples
 
 

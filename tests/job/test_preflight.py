@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ae.cli.preflight import (
+from ae.config import parse_config
+from ae.errors import ResourceLimitError
+from ae.job.preflight import (
     MB,
     TIGHT,
     Need,
@@ -19,8 +21,6 @@ from ae.cli.preflight import (
     shm_need,
     shm_size_flag,
 )
-from ae.config import parse_config
-from ae.errors import ResourceLimitError
 
 
 def need(have: int, n: int) -> Need:
