@@ -47,7 +47,6 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     )  # fmt: skip
     silence_known_warnings()  # after configure(): its catch-all filter would shadow these
     install_worker_reaper()
-    step_times.recent_s = recent_window_s(obs.straggler_window)
     start_watchdog(
         obs.stall_timeout, cfg.run.accelerator, ctx, paths, run_ts,
         straggler_factor=obs.straggler_factor, straggler_window=obs.straggler_window,
@@ -60,6 +59,8 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     L.seed_everything(cfg.run.seed, verbose=False)
 
     datamodule = ShardDataModule(cfg.data, train_urls, val_urls, seed=cfg.run.seed, debug=obs.debug)
+    # What the heartbeat's step clock reports: its recent window and the train loader's workers.
+    step_times.configure(recent_window_s(obs.straggler_window), datamodule.train_worker_rates)
     # Before the trainer and any dataloader worker: a model that cannot be built is one message.
     model, latent = build_model(datamodule.spec, cfg.model, cfg.optim, ctx.world_size)
     if ctx.rank == 0:
