@@ -170,7 +170,7 @@ PREEMPTED = LineFormat(
     {"signal": "word", "step": "int", "path": "text", "lr": "float"},
 )
 
-# --- ae-encode (ae.cli.encode_rank): the plan, each output shard, each rank, the whole job ---
+# --- ae-encode (ae.rank.encode): the plan, each output shard, each rank, the whole job ---
 ENCODE_PLAN = LineFormat(
     "Encode plan: {shards} shards, {samples} samples on {ranks} ranks (whole shards); this "
     "rank: {rank_shards} shards, {rank_samples} samples",

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from ae.job.preflight import check, launcher_needs, rank_needs
 from ae.config import PREFETCH_FACTOR, parse_config
 from ae.forensics.resources import ResourceReader
+from ae.job.preflight import check, launcher_needs, rank_needs
 from bench.common import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
