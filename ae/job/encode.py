@@ -63,7 +63,7 @@ class _Parser(argparse.ArgumentParser):
         raise EncodeArgsError(f"{message} (see ae-encode --help)")
 
 
-def parser() -> argparse.ArgumentParser:
+def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="ae-encode",
         description="`ae-encode CKPT SPEC OUT_DIR`: encode every sample of a shard set with a "
@@ -91,7 +91,7 @@ def parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str]) -> EncodeArgs:
     """Parse and check everything but the shards; every problem in one EncodeArgsError."""
-    args = EncodeArgs(**vars(parser().parse_args(argv)))
+    args = EncodeArgs(**vars(_parser().parse_args(argv)))
     problems = []
     if not Path(args.ckpt).is_file():
         problems.append(f"CKPT: no such checkpoint file: {args.ckpt}")
@@ -134,7 +134,7 @@ def check_outputs(urls: list[str], outs: list[Path]) -> None:
 
 
 def help_text() -> str:
-    return parser().format_help()
+    return _parser().format_help()
 
 
 def launch(argv: list[str]) -> int:
