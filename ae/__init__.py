@@ -8,9 +8,14 @@ The layout is the architecture; imports go one way (tests/test_architecture.py e
     ae/forensics/       what a rank is doing and what it leaves behind: progress, watchdog,
                         heartbeat, stall reports, process stats, fault injection, loop tracer
     ae/data/            shards -> batches: specs, tar reading, decoding, counting, the even
-                        split, the stream, loaders, resume, writing shards, the demo data
+                        split, the stream, loaders, resume, writing shards, the demo data;
+                        tools/: ae-shards' write, index, inspect, bench
     ae/training/        the model and its fit: LR, trainer, checkpoints, preemption,
                         sampling, metrics
-    ae/cli/             entry points: the launcher, one rank's flow, ae-shards
+    ae/job/             the job launcher (torch-free): layouts, run-folder lock, preflight,
+                        network, torchrun, supervision, outcome; ae-encode's launch too
+    ae/rank/            what one rank does: train, encode, and how a rank process ends
+    ae/cli/             thin entry points: argument parsing -> a call (ae-train, ae-encode,
+                        ae-shards; the processes torchrun starts for each rank)
     ae/diagnose/        ae-diagnose: reads a run's files (torch-free; sees only the core)
 """

@@ -170,7 +170,7 @@ PREEMPTED = LineFormat(
     {"signal": "word", "step": "int", "path": "text", "lr": "float"},
 )
 
-# --- ae-encode (ae.cli.encode_rank): the plan, each output shard, each rank, the whole job ---
+# --- ae-encode (ae.rank.encode): the plan, each output shard, each rank, the whole job ---
 ENCODE_PLAN = LineFormat(
     "Encode plan: {shards} shards, {samples} samples on {ranks} ranks (whole shards); this "
     "rank: {rank_shards} shards, {rank_samples} samples",
@@ -206,7 +206,7 @@ CLOCK_OFFSET = LineFormat(
 # Last line of a rank that left `main` on its own: 0 after training, 2 after a user mistake.
 RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})
 
-# --- resource limits (ae.cli.preflight, ae.training.checkpoint_files, ae.cli.rank) -----------
+# --- resource limits (ae.job.preflight, ae.training.checkpoint_files, ae.rank.train) -----------
 # A write that found its filesystem full (ENOSPC), the partial file already removed; the rank
 # exits with code 28 after it. `what`: checkpoint, sample grid, log, cache.
 DISK_FULL = LineFormat(

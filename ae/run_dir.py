@@ -1,15 +1,5 @@
-"""The run folder (`--output_dir`): every path of a run is named here, once.
-
-<output_dir>/
-  run.lock               held by the running job's launcher: host, pid, run TS, start time
-  config.yaml            the resolved config of the latest run (a valid --config file)
-  logs/                  train_<TS>.log, debug_rank<N>_<TS>.log, native_rank<N>_<TS>.log,
-                         heartbeat_rank<N>_<TS>.json, launcher_<TS>.log (see logging_cfg.formats)
-  checkpoints/           step-<N>.ckpt, last.ckpt, best.ckpt
-  samples/               reconstruction grids, step_<N>.png
-  metrics/<TS>/          metrics.csv of each run
-  tensorboard/<TS>/      event files (when tensorboard is installed)
-  loss_curve.png         every run's metrics in this folder, as one curve
+"""The run folder (`--output_dir`): every path of a run is named here, once. The tree, and what
+each file holds, is described once: docs/CONTRACT.md, "Runs and folders".
 """
 
 from __future__ import annotations
@@ -24,7 +14,7 @@ class RunDir:
 
     @property
     def lock(self) -> Path:
-        """One run per folder: the lock file of the job that runs in it (ae.cli.run_folder)."""
+        """One run per folder: the lock file of the job that runs in it (ae.job.run_folder)."""
         return self.root / "run.lock"
 
     @property

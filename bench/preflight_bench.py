@@ -4,7 +4,7 @@
 Baseline, measured in the same run: the launcher's own startup up to its config (`python -m
 ae.cli.launch --print_config`, a fresh interpreter, best of 3). Measured: the launcher's
 preflight (`launcher_needs` + `check`), a rank's (`rank_needs` + `check`, plus summing the state
-dict of a 25M-parameter model, as `ae.cli.rank.preflight` does), and one `ResourceReader.sample()`
+dict of a 25M-parameter model, as `ae.rank.train.preflight` does), and one `ResourceReader.sample()`
 (each the median of 200 calls). Target: the preflight adds < 1 s to startup.
 
 Usage: python -m bench.preflight_bench   (writes bench/results/preflight_bench.json)
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from ae.cli.preflight import check, launcher_needs, rank_needs
 from ae.config import PREFETCH_FACTOR, parse_config
 from ae.forensics.resources import ResourceReader
+from ae.job.preflight import check, launcher_needs, rank_needs
 from bench.common import write_record
 
 ROOT = Path(__file__).resolve().parents[1]

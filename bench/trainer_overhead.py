@@ -70,7 +70,7 @@ def run_manual(steps: int, world: int) -> float:
 
 
 def run_ae(steps: int, world: int, logs: Path) -> float:
-    """Our trainer as a rank builds it (ae/cli/rank.py): logging configured, every callback on."""
+    """Our trainer as a rank builds it (ae/rank/train.py): logging configured, every callback on."""
     import lightning as L
 
     import logging_cfg

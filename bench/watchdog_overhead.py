@@ -109,7 +109,7 @@ class Toggle(L.Callback):
 def fit(
     mode: str, urls: tuple[list[str], list[str]], out: Path, spy: Callable[[L.Trainer], Any]
 ) -> Any:
-    """Train once in this process as a rank does (ae/cli/rank.py), with `spy(trainer)` added
+    """Train once in this process as a rank does (ae/rank/train.py), with `spy(trainer)` added
     to the callbacks."""
     cfg = parse_config([
         f"--output_dir={out}", f"--batch_size={BATCH}", "--hidden_dim=8", "--latent_dim=4",

@@ -2,8 +2,10 @@
 
 Layers, lowest first (a module may import its own package and any lower layer, never a higher one):
     logging_cfg  <-  ae core (config, errors, log_lines, run_dir, atomic_files)  <-  ae.forensics
-    <-  ae.data  <-  ae.training  <-  ae.cli
+    <-  ae.data  <-  ae.training | ae.job  <-  ae.rank  <-  ae.cli
 `ae.diagnose` sits on the core alone (torch-free: it reads the logs of dead runs anywhere).
+`ae.job`, the launcher, sits beside `ae.training` and never imports it, torch or Lightning: it
+answers bad flags in a second and starts the ranks, which do the training (`ae.rank`).
 """
 
 from __future__ import annotations
@@ -22,16 +24,21 @@ LAYERS = {
     "ae.diagnose": 2,
     "ae.data": 3,
     "ae.training": 4,
-    "ae.cli": 5,
+    "ae.job": 4,  # beside training, not above it: the launcher never imports training
+    "ae.rank": 5,
+    "ae.cli": 6,
 }
 # What each package may import besides itself: its layer's lower layers, except that diagnose
-# sees only the core (and nothing imports diagnose but the command line).
+# sees only the core (and nothing imports diagnose but the command line and the launcher, which
+# reads a failed run's logs to say how it ended).
 ALLOWED = {
     pkg: {other for other, lvl in LAYERS.items() if lvl < level} for pkg, level in LAYERS.items()
 }
 ALLOWED["ae.diagnose"] = {"logging_cfg", "ae"}
-for pkg in ("ae.data", "ae.training"):
+for pkg in ("ae.data", "ae.training", "ae.rank"):
     ALLOWED[pkg].discard("ae.diagnose")
+# Whatever ae.job imports, directly or through other modules, never loads these.
+HEAVY = ("torch", "lightning")
 
 
 def package_of(module: str) -> str:
@@ -49,15 +56,17 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the project modules it imports (any import statement, lazy ones included)."""
+def import_graph(at_import: bool = False) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (any import statement, lazy ones included; with
+    `at_import`, only those that run when the module is imported)."""
     files = [*ROOT.joinpath("ae").rglob("*.py"), *ROOT.joinpath("logging_cfg").rglob("*.py")]
     names = {module_name(f) for f in files}
     graph: dict[str, set[str]] = {}
     for f in files:
         mod = module_name(f)
         deps: set[str] = set()
-        for node in ast.walk(ast.parse(f.read_text())):
+        tree = ast.parse(f.read_text())
+        for node in top_level_statements(tree) if at_import else ast.walk(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -154,24 +163,111 @@ def test_the_checks_catch_an_injected_back_edge() -> None:
 
 def test_top_level_of_ae_stays_small() -> None:
     entries = [p for p in ROOT.joinpath("ae").iterdir() if p.name != "__pycache__"]
-    # 6 packages and 6 modules: the core holds what forensics and diagnose share (config, errors,
+    # 7 packages and 7 modules: the core holds what forensics and diagnose share (config, errors,
     # log_lines, run_dir, stragglers: the straggler rules both the detector and ae-diagnose apply)
     # and atomic_files (the one write-to-temp-then-rename of every layer)
-    assert len(entries) <= 12, sorted(p.name for p in entries)
+    assert len(entries) <= 14, sorted(p.name for p in entries)
+
+
+def module_path(module: str) -> Path:
+    path = ROOT.joinpath(*module.split("."))
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
+
+
+def top_level_statements(tree: ast.Module) -> list[ast.stmt]:
+    """What runs when a module is imported: its statements, also inside top-level if/try/with
+    blocks, but not in function bodies (a lazy import runs when the function is called) nor
+    under `if TYPE_CHECKING:`."""
+    out: list[ast.stmt] = []
+    body = list(tree.body)
+    while body:
+        node = body.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            body += node.orelse
+        elif isinstance(node, ast.If | ast.Try | ast.With):
+            body += node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+            for handler in getattr(node, "handlers", []):
+                body += handler.body
+    return out
+
+
+def heavy_at_import(module: str) -> list[str]:
+    """torch / Lightning, where a module imports them at import time."""
+    found = set()
+    for node in top_level_statements(ast.parse(module_path(module).read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return sorted(found & set(HEAVY))
+
+
+def job_violations(graph: dict[str, set[str]], at_import: dict[str, set[str]]) -> list[str]:
+    """ae.job's rule: no import of ae.training anywhere in it (lazy imports included), and no
+    module that importing one of its modules loads (`at_import`, followed through the project)
+    imports torch or Lightning."""
+    out = [
+        f"{mod} -> {dep} (ae.job may not import ae.training)"
+        for mod, deps in graph.items()
+        if package_of(mod) == "ae.job"
+        for dep in deps
+        if package_of(dep) == "ae.training"
+    ]
+    for start in sorted(m for m in at_import if package_of(m) == "ae.job"):
+        seen, todo = {start}, [start]
+        while todo:
+            mod = todo.pop()
+            if heavy := heavy_at_import(mod):
+                out.append(f"{start} loads {mod}, which imports {', '.join(heavy)}")
+            todo += [d for d in at_import.get(mod, ()) if d not in seen]
+            seen.update(at_import.get(mod, ()))
+    return sorted(out)
+
+
+def test_the_job_package_imports_neither_training_nor_torch() -> None:
+    assert job_violations(import_graph(), import_graph(at_import=True)) == []
+
+
+def test_the_job_rule_catches_an_injected_import_of_training() -> None:
+    graph, at_import = import_graph(), import_graph(at_import=True)
+    edge = "ae.job.launch -> ae.training.models.user (ae.job may not import ae.training)"
+    for g in (graph, at_import):
+        g["ae.job.launch"] = g["ae.job.launch"] | {"ae.training.models.user"}
+    found = job_violations(graph, at_import)
+    assert edge in found
+    # and what importing the launcher would then load: torch, through the training package
+    assert "ae.job.launch loads ae.training.models.user, which imports lightning, torch" in found
+    assert edge in layer_violations(graph)  # training is no layer below the launcher
+    # a lazy import (inside a function) breaks the first rule only
+    graph, at_import = import_graph(), import_graph(at_import=True)
+    graph["ae.job.topology"] = graph["ae.job.topology"] | {"ae.training.model"}
+    assert job_violations(graph, at_import) == [
+        "ae.job.topology -> ae.training.model (ae.job may not import ae.training)"
+    ]
+
+
+def heavy_imports(module: str) -> list[str]:
+    """torch and Lightning modules that `import module` loads in a fresh interpreter (measured
+    the way `python -X importtime` lists them)."""
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", f"import {module}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()}
+    assert module in imported  # the measurement itself works
+    return sorted(m for m in imported if m.split(".")[0] in HEAVY)
 
 
 def test_launcher_and_diagnose_do_not_import_torch() -> None:
-    """--help and bad flags answer in well under a second: no torch, no Lightning (measured
-    the way `python -X importtime` lists them); ae-shards too, until it reads a shard."""
-    for module in ("ae.cli.launch", "ae.diagnose.cli", "ae.cli.shards"):
-        out = subprocess.run(
-            [sys.executable, "-X", "importtime", "-c", f"import {module}"],
-            cwd=ROOT, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr
-        imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()}
-        assert module in imported  # the measurement itself works
-        heavy = sorted(m for m in imported if m.split(".")[0] in ("torch", "lightning"))
+    """--help and bad flags answer in well under a second: no torch, no Lightning; ae-shards
+    too, until it reads a shard. Every module of ae.job, and the entry points over it."""
+    jobs = sorted(m for m in import_graph() if package_of(m) == "ae.job")
+    assert "ae.job.launch" in jobs
+    entries = ("ae.cli.launch", "ae.cli.encode", "ae.diagnose.cli", "ae.cli.shards")
+    for module in (*entries, *jobs):
+        heavy = heavy_imports(module)
         assert heavy == [], f"{module} imports {heavy[:5]}"
 
 

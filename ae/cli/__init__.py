@@ -1,5 +1,5 @@
-"""Entry points: `launch` (./train_ae.sh, ae-train: validate, then torchrun; with `topology`,
-`run_folder`, `supervise`, `outcome`, and `torchrun`, torchrun with its output in a file), `rank`
-(one rank of a run, top to bottom), `rank_process` (what each rank's process runs: native output
-captured from its first line, then `rank`), `shards` (ae-shards). The top layer: may import
-all."""
+"""Entry points, thin: argument parsing -> a call. `launch` (./train_ae.sh, ae-train ->
+`ae.job.launch`), `encode` (ae-encode -> `ae.job.encode`), `shards` (ae-shards ->
+`ae.data.tools`), and the processes torchrun starts for each rank: `rank_process` (native
+output captured from its first line, then `ae.rank.train`) and `encode_rank` (`ae.rank.encode`).
+The top layer: may import all."""

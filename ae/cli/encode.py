@@ -11,176 +11,27 @@ processes through torchrun like training (`--devices`, NNODES/NODE_RANK for seve
 the same per-rank logs in OUT_DIR/logs/, the stall watchdog, and `ae-diagnose OUT_DIR/logs`.
 Ranks get whole shards, balanced by sample count, so every sample is encoded exactly once.
 
-Everything checkable without the model is checked here, before any process starts; bad input
-exits 2 with one message. This module imports no torch.
+Everything checkable without the model is checked before any process starts (`ae.job.encode`);
+bad input exits 2 with one message. Each rank runs `ae.rank.encode`.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import re
 import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import NoReturn
 
 from loguru import logger
 
 import logging_cfg
-from ae.cli.launch import processes_per_node, rank_command, run_torchrun
-from ae.cli.outcome import stop_exit_code
-from ae.cli.topology import topology
-from ae.config import RunConfig
-from ae.data.spec import expand_shards, is_remote
-from ae.errors import UserError
-
-RANK_MODULE = "ae.cli.encode_rank"
-_TAR_NAME = re.compile(r"([^/\s'\"?]+\.tar)\b")
-
-
-class EncodeArgsError(UserError):
-    """Bad arguments to ae-encode: every problem, one line each."""
-
-
-@dataclass(frozen=True)
-class EncodeArgs:
-    ckpt: str
-    spec: str
-    out_dir: str
-    batch_size: int = 64
-    field: str = "latent.npy"
-    dtype: str = "float32"
-    keep_fields: str = ""
-    devices: str = "auto"
-    accelerator: str = "auto"
-    num_workers: int = 1
-    tar_reader: str = "fast"
-    debug: bool = False
-    stall_timeout: float = 300.0
-    pg_timeout: float = 600.0
-
-    @property
-    def keep(self) -> frozenset[str]:
-        return frozenset(f.strip() for f in self.keep_fields.split(",") if f.strip())
-
-    @property
-    def logs(self) -> Path:
-        return Path(self.out_dir) / "logs"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise EncodeArgsError(f"{message} (see ae-encode --help)")
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="ae-encode",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("ckpt", help="checkpoint of an ae run (e.g. runs/ae/checkpoints/last.ckpt)")
-    p.add_argument("spec", help="shards to encode: brace pattern, glob, folder, pipe:, http(s)://")
-    p.add_argument("out_dir", help="folder for the output shards (and logs/)")
-    p.add_argument("--batch_size", type=int, default=64, help="samples per batch (64)")
-    p.add_argument("--field", default="latent.npy", help="output field of the latent (latent.npy)")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
-    p.add_argument(
-        "--keep_fields", default="", help="input fields to copy, comma-separated, or all"
-    )
-    p.add_argument("--devices", default="auto", help="processes per node: N, or auto")
-    p.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
-    p.add_argument("--num_workers", type=int, default=1, help="reader processes per rank (1)")
-    p.add_argument("--tar_reader", choices=("fast", "tarfile"), default="fast")
-    p.add_argument("--debug", action="store_true", help="per-batch lines in the rank logs")
-    p.add_argument("--stall_timeout", type=float, default=300.0, help="watchdog, s (0 = off)")
-    p.add_argument("--pg_timeout", type=float, default=600.0, help="collective timeout, s")
-    return p
-
-
-def parse_args(argv: list[str]) -> EncodeArgs:
-    """Parse and check everything but the shards; every problem in one EncodeArgsError."""
-    args = EncodeArgs(**vars(_parser().parse_args(argv)))
-    problems = []
-    if not Path(args.ckpt).is_file():
-        problems.append(f"CKPT: no such checkpoint file: {args.ckpt}")
-    if args.batch_size < 1:
-        problems.append(f"batch_size: must be >= 1; got {args.batch_size}")
-    if args.num_workers < 0:
-        problems.append(f"num_workers: must be >= 0; got {args.num_workers}")
-    if not re.fullmatch(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.npy", args.field):
-        problems.append(f"field: must be a field name ending in .npy; got {args.field!r}")
-    if args.field in args.keep:
-        problems.append(f"keep_fields: names the output field {args.field}")
-    if args.devices != "auto" and not (args.devices.isdigit() and int(args.devices) >= 1):
-        problems.append(f"devices: must be a positive integer or auto; got {args.devices!r}")
-    if problems:
-        raise EncodeArgsError("\n".join(problems))
-    return args
-
-
-def output_paths(urls: list[str], out_dir: Path) -> list[Path]:
-    """Each input shard's output: its file name in `out_dir` (for `pipe:` commands, the word
-    ending in `.tar`; without one, `shard-<i>.tar`)."""
-    names = []
-    for i, url in enumerate(urls):
-        found = _TAR_NAME.findall(url) if is_remote(url) else [Path(url).name]
-        names.append(found[-1] if found else f"shard-{i:06d}.tar")
-    return [out_dir / name for name in names]
-
-
-def check_outputs(urls: list[str], outs: list[Path]) -> None:
-    problems = []
-    seen: dict[Path, str] = {}
-    for url, out in zip(urls, outs, strict=True):
-        if out in seen:
-            problems.append(f"SPEC: {seen[out]} and {url} would both be written to {out}")
-        seen[out] = url
-        if not is_remote(url) and out.resolve() == Path(url).resolve():
-            problems.append(f"OUT_DIR: would overwrite the input shard {url}")
-    if problems:
-        raise EncodeArgsError("\n".join(problems[:5]))
+from ae.job.encode import help_text, launch
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging_cfg.configure_console()
     if "--help" in argv or "-h" in argv:
-        logger.info(_parser().format_help())
+        logger.info(help_text())
         return 0
-    try:
-        args = parse_args(argv)
-        urls = expand_shards(args.spec, "SPEC")
-        check_outputs(urls, output_paths(urls, Path(args.out_dir)))
-        run = RunConfig(devices=args.devices, accelerator=args.accelerator)
-        topo = topology(run)
-        nproc, problems = processes_per_node(run, topo)
-        if problems:
-            raise EncodeArgsError("\n".join(problems))
-    except UserError as e:
-        logger.error(e.render())
-        return e.exit_code
-    env = dict(os.environ)
-    ts = env.setdefault("AE_RUN_TS", time.strftime("%Y%m%d_%H%M%S"))
-    logger.info(
-        f"Encoding {len(urls)} shards on {nproc} process(es) per node into {args.out_dir}"
-        f"\n  summary   : {args.logs}/train_{ts}.log"
-        f"\n  rank logs : {args.logs}/debug_rank*_{ts}.log"
-    )
-    rc, stopped = run_torchrun(
-        rank_command(args.debug, RANK_MODULE), [*argv, f"--devices={nproc}"], nproc=nproc,
-        topo=topo, env=env,
-    )  # fmt: skip
-    if stopped is not None:
-        logger.warning(f"Stopped by {stopped.name}: finished shards are in place; run again")
-        return stop_exit_code(stopped)
-    if rc == 0:
-        logger.info(f"Done. Shards in {args.out_dir}/, logs in {args.logs}/ (run {ts})")
-    else:
-        logger.error(f"Encoding failed (exit {rc}). Errors: grep ERROR {args.logs}/train_{ts}.log")
-    return rc
+    return launch(argv)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Its native output -- C++ code writing to file descriptors 1 and 2: c10d, gloo, NCCL -- goes to
 the rank's native log from the first line, before torch is imported: importing torch.distributed
 already writes (`[c10d] The debug level is set to INFO` under --debug), and so does the TCPStore
-client of the run-timestamp handshake. Then one rank's flow, `ae.cli.rank`, runs.
+client of the run-timestamp handshake. Then one rank's flow, `ae.rank.train`, runs.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ def main(argv: list[str]) -> int:
         try:
             logs = parse_config(argv).run.dir.logs
         except UserError:
-            logs = None  # ae.cli.rank says what is wrong, once
+            logs = None  # ae.rank.train says what is wrong, once
         if logs is not None:
             ts = os.environ.get("AE_RUN_TS")
             logging_cfg.start_native_capture(logs, RankContext.from_env(), ts)
-    from ae.cli.rank import main as rank_main  # torch and Lightning: after the capture
+    from ae.rank.train import main as rank_main  # torch and Lightning: after the capture
 
     return rank_main(argv)
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -30,7 +31,6 @@ from ae.data.resume import ResumableLoader
 from ae.data.stream import ShardStream
 from ae.data.tar_samples import iter_samples
 from ae.forensics.progress import in_phase
-from ae.forensics.step_times import step_times
 from ae.log_lines import INPUT_FIELD, SHARD_PLAN, main_log
 
 
@@ -222,10 +222,13 @@ class ShardDataModule(L.LightningDataModule):
         with in_phase("shard planning"):
             if stage == "fit" and self.train_set is None:
                 self.train_set = self._stream("train", self.train_urls, shuffle=True)
-                # the heartbeat shows how fast this rank's train workers read
-                step_times.data_workers = self.train_set.worker_rates
             if stage in ("fit", "validate") and self.val_set is None:
                 self.val_set = self._stream("val", self.val_urls, shuffle=False)
+
+    def train_worker_rates(self) -> list[dict[str, Any]]:
+        """How fast this rank's train workers read (heartbeat `data_workers`); none before
+        setup."""
+        return self.train_set.worker_rates() if self.train_set is not None else []
 
     def teardown(self, stage: str) -> None:
         """The run-end error summary of this rank, one line per split (workers have exited)."""

@@ -1,7 +1,7 @@
 """The machine's limits as one rank sees them, cheaply: free `/dev/shm`, free disk of the output
 folder, available host memory, the cgroup's memory limit and OOM-kill count, open descriptors.
 
-Read by the preflight (`ae.cli.preflight`) and every heartbeat (`resources` field); each figure is
+Read by the preflight (`ae.job.preflight`) and every heartbeat (`resources` field); each figure is
 one `statvfs`, one small `/proc` or `/sys` read, or one `listdir` (tens of microseconds in all).
 Torch-free: the launcher reads them too. A figure the kernel does not expose is None.
 """

@@ -57,8 +57,14 @@ class StepTimes:
         self._data = 0.0
         self._collectives: list[tuple[float, float]] = []
         self.last_grad_ready: float | None = None  # this backward's last gradient, if DDP
-        # Set by the data module: the train loader's workers, for the heartbeat.
+        # The train loader's workers, for the heartbeat (`configure`).
         self.data_workers: Callable[[], list[dict[str, Any]]] | None = None
+
+    def configure(self, recent_s: float, data_workers: Callable[[], list[dict[str, Any]]]) -> None:
+        """A training rank's settings, set once by the rank (`ae.rank.train`): the recent
+        window's length (`--straggler_window`) and its train loader's workers."""
+        self.recent_s = recent_s
+        self.data_workers = data_workers
 
     def restart(self) -> None:
         """The next batch's clock starts at its fetch (after validation, at an epoch start)."""

@@ -10,10 +10,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ae.cli.launch import free_port
 from ae.config import DataConfig
 from ae.data.datamodule import DataError, ShardDataModule, probe_decoder, same_on_all_ranks
 from ae.data.writer import write_shard
+from ae.forensics.step_times import StepTimes
+from ae.job.processes import free_port
 from tests.support.shards import vector_samples
 
 
@@ -42,6 +43,21 @@ def test_val_shape_must_match_train(tmp_path: Path) -> None:
     shape = r"shape \(5,\), expected \(6,\)"
     with pytest.raises(DataError, match=rf"^val_shards: no readable sample .*{shape}"):
         ShardDataModule(DataConfig(), [str(train)], [str(val)], seed=0)
+
+
+def test_the_heartbeat_reports_the_train_workers_the_rank_configured(tmp_path: Path) -> None:
+    train = tmp_path / "t.tar"
+    write_shard(train, vector_samples(16, dim=6))
+    dm = ShardDataModule(
+        DataConfig(num_workers=0, batch_size=4), [str(train)], [str(train)], seed=0
+    )
+    times = StepTimes()
+    times.configure(7.0, dm.train_worker_rates)  # as ae.rank.train does, before setup
+    assert times.recent_s == 7.0 and times.heartbeat()["data_workers"] == []
+    dm.setup("fit")
+    next(iter(dm.train_dataloader()))
+    (worker,) = times.heartbeat()["data_workers"]
+    assert worker["worker"] == 0 and worker["shard"] == str(train) and worker["batches"] == 1
 
 
 def _agree(rank: int, port: int, out: str) -> None:

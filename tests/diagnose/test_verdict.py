@@ -197,7 +197,7 @@ def test_a_crash_before_the_first_marker_is_in_setup(tmp_path: Path) -> None:
     where the rank header could not read ae's version)."""
     (w0,) = writers(tmp_path, world=1)
     w0.fatal("PackageNotFoundError", "No package metadata was found for ae",
-             [("/x/ae/cli/rank.py", "main"), ("/usr/lib/python3.12/importlib/metadata.py",
+             [("/x/ae/rank/train.py", "main"), ("/usr/lib/python3.12/importlib/metadata.py",
                "version")])  # fmt: skip
     w0.flush()
     doc = run_diagnose(tmp_path)

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from ae.config import ModelConfig, OptimConfig
+from ae.config.model_path import locate_class
 from ae.data.decode import InputSpec
 from ae.training.checkpointing import moved_modules_importable
 from ae.training.model import AutoEncoder, build_model, describe, kl_divergence
 from ae.training.models import ModelError
-from ae.training.models.user import locate_class
 from ae.training.quality import QualityMetrics, ssim_kernel
 from tests.support.runs import ROOT
 

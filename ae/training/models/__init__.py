@@ -5,8 +5,8 @@
 - `resnet`: images -> a spatial latent of `--latent_channels` x H/f x W/f (`resnet.py`);
 - `package.module:ClassName`: yours, imported by path (`user.py`).
 
-`ae.training.model` wraps any of them in the LightningModule that trains them. This package's
-`__init__` imports nothing (the launcher imports `user.py`, which must stay torch-free).
+`ae.training.model` wraps any of them in the LightningModule that trains them. The launcher's
+check of a user class, which imports nothing, is `ae.config.model_path`.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ae.cli.encode import EncodeArgsError, check_outputs, output_paths, parse_args
 from ae.config import Config, ModelConfig, OptimConfig
 from ae.data.decode import InputSpec
+from ae.job.encode import EncodeArgsError, check_outputs, output_paths, parse_args
 from ae.training.encoding import EncodeError, load_checkpoint, model_from_checkpoint
 from ae.training.model import AutoEncoder
 from tests.support.runs import ROOT

@@ -38,7 +38,7 @@ class Stops:
     forwarded: set[signal.Signals] = field(default_factory=set)
     ctrl_c: int = 0
     killed: bool = False  # a second Ctrl-C: everything SIGKILLed
-    lost: str | None = None  # another node of the job was lost (`ae.cli.peer_nodes`)
+    lost: str | None = None  # another node of the job was lost (`ae.job.peer_nodes`)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:

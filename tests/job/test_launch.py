@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ae.cli import launch
+from ae.cli.launch import main
 from ae.data import demo
 from ae.forensics import faults
+from ae.job import launch
 
 
 class _Done(Exception):
@@ -36,7 +37,7 @@ def test_demo_data_is_resolved_once_and_named_to_the_ranks(
     monkeypatch.setattr(demo, "demo_shard_specs", counted)
     monkeypatch.setattr(launch.subprocess, "Popen", popen)
     with pytest.raises(_Done):
-        launch.main([f"--output_dir={tmp_path / 'run'}", "--devices=2"])
+        main([f"--output_dir={tmp_path / 'run'}", "--devices=2"])
     assert len(calls) == 1  # built/located once per launch, not once per use
     (cmd,) = started
     train, val = real()
@@ -50,7 +51,7 @@ def test_malformed_ae_fault_is_one_message(
     monkeypatch.setenv("AE_FAULT", "nap@data")
     monkeypatch.setattr(faults, "_faults", faults._UNREAD)
     monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
-    assert launch.main([f"--output_dir={tmp_path / 'run'}"]) == 2
+    assert main([f"--output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr()
     text = err.out + err.err
     assert "AE_FAULT: 'nap@data': expected" in text and "Traceback" not in text

@@ -1,15 +1,14 @@
 """One rank of a training run, top to bottom: logging -> config -> data -> model -> fit -> clean up.
 
 torchrun starts it in every rank through `ae.cli.rank_process` (which first sends the process's
-native output to its log; `train_ae.py` calls the same); run directly it trains in a single
-process: `python -m ae.cli.rank --help`.
+native output to its log; `train_ae.py` calls the same); run directly that trains in a single
+process: `python -m ae.cli.rank_process --help`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import sys
 
 import lightning as L
 import torch
@@ -17,9 +16,6 @@ from loguru import logger
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
-from ae.cli.launch import LAUNCHER_ENV
-from ae.cli.preflight import check, rank_needs
-from ae.cli.rank_exit import run_to_exit
 from ae.config import PREFETCH_FACTOR, Config, help_text, parse_config
 from ae.data.datamodule import ShardDataModule, silence_known_warnings
 from ae.data.demo import with_demo_defaults
@@ -27,7 +23,10 @@ from ae.data.loader import install_worker_reaper
 from ae.data.spec import resolve_shards
 from ae.forensics.step_times import step_times
 from ae.forensics.watchdog import start_watchdog
+from ae.job.launch import LAUNCHER_ENV
+from ae.job.preflight import check, rank_needs
 from ae.log_lines import RESOURCE_TIGHT, main_log
+from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
 from ae.training.checkpoint_files import resolve_resume
 from ae.training.model import build_model, describe
@@ -48,7 +47,6 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     )  # fmt: skip
     silence_known_warnings()  # after configure(): its catch-all filter would shadow these
     install_worker_reaper()
-    step_times.recent_s = recent_window_s(obs.straggler_window)
     start_watchdog(
         obs.stall_timeout, cfg.run.accelerator, ctx, paths, run_ts,
         straggler_factor=obs.straggler_factor, straggler_window=obs.straggler_window,
@@ -61,6 +59,8 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     L.seed_everything(cfg.run.seed, verbose=False)
 
     datamodule = ShardDataModule(cfg.data, train_urls, val_urls, seed=cfg.run.seed, debug=obs.debug)
+    # What the heartbeat's step clock reports: its recent window and the train loader's workers.
+    step_times.configure(recent_window_s(obs.straggler_window), datamodule.train_worker_rates)
     # Before the trainer and any dataloader worker: a model that cannot be built is one message.
     model, latent = build_model(datamodule.spec, cfg.model, cfg.optim, ctx.world_size)
     if ctx.rank == 0:
@@ -79,7 +79,7 @@ def fit(cfg: Config, ctx: RankContext) -> str:
 
 
 def preflight(cfg: Config, ctx: RankContext, *, batch_bytes: int, model: torch.nn.Module) -> None:
-    """The machine's limits against this run's measured needs (`ae.cli.preflight`), on every
+    """The machine's limits against this run's measured needs (`ae.job.preflight`), on every
     rank (each stops on a limit that cannot work); local rank 0 warns about tight ones."""
     state_bytes = sum(
         t.numel() * t.element_size() for t in model.state_dict().values() if torch.is_tensor(t)
@@ -103,7 +103,3 @@ def main(argv: list[str]) -> int:
         return 0
     ctx = RankContext.from_env()
     return run_to_exit(lambda: fit(parse_config(argv), ctx))
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from loguru import logger
 
-from ae.cli.outcome import report_failure, report_stop
 from ae.diagnose.synthetic import T0, TS, RankWriter, record, write_train_log
+from ae.job.outcome import report_failure, report_stop
 from ae.log_lines import LAUNCHER_LOG_FILE, PREEMPTED, TRAIN_LOG_FILE
 
 

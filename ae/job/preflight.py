@@ -84,14 +84,28 @@ def shm_need(batch_bytes: int, workers: int, local_ranks: int, prefetch: int) ->
 def disk_need(output_dir: Path, checkpoint_bytes: int, keep: int, best: bool) -> Need:
     """The checkpoints kept at once (the newest `keep`, one more while it is written, best) and
     the logs, on the output folder's filesystem."""
-    disk = fs_space(output_dir)
     files = keep + 1 + int(best)
-    need = checkpoint_bytes * files + LOG_BYTES
     how = (
         f"checkpoint {size(checkpoint_bytes)} x {files} (--checkpoints_total_limit={keep}, one "
         f"being written{', best.ckpt' if best else ''}) + logs {size(LOG_BYTES)}"
     )
     fix = "free space there, another --output_dir, or a smaller --checkpoints_total_limit"
+    return _disk(output_dir, checkpoint_bytes * files + LOG_BYTES, how, fix)
+
+
+def logs_disk_need(output_dir: Path) -> Need:
+    """The logs alone: the launcher's reckoning, before the model (and so a checkpoint's size)
+    is known; the ranks check the checkpoints too (`disk_need`)."""
+    return _disk(
+        output_dir,
+        LOG_BYTES,
+        f"logs {size(LOG_BYTES)}",
+        "free space there, or another --output_dir",
+    )
+
+
+def _disk(output_dir: Path, need: int, how: str, fix: str) -> Need:
+    disk = fs_space(output_dir)
     return Need(f"disk of {output_dir}", disk.free if disk else None, need, how, fix)
 
 
@@ -131,7 +145,7 @@ def launcher_needs(cfg: Config, local_ranks: int, world_size: int, prefetch: int
     workers = cfg.data.num_workers
     return [
         fd_need(workers, world_size, prefetch),
-        disk_need(cfg.run.dir.root, 0, 0, best=False),
+        logs_disk_need(cfg.run.dir.root),
         memory_need(RANK_BASE_BYTES, WORKER_BASE_BYTES, workers, local_ranks),
     ]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ae.cli import run_folder
-from ae.cli.run_folder import (
+from ae.job import run_folder
+from ae.job.run_folder import (
     EarlierCheckpoints,
     LeaderMissing,
     RunFolderBusy,
@@ -33,7 +33,7 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from ae.cli.run_folder import acquire
+    from ae.job.run_folder import acquire
     from ae.run_dir import RunDir
     acquire(RunDir(Path(sys.argv[1])), sys.argv[2], "20261123_101500")
     print("locked", flush=True)

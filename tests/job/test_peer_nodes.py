@@ -1,12 +1,12 @@
-"""The launcher's watch over the other nodes' heartbeats (ae/cli/peer_nodes.py), on heartbeat
+"""The launcher's watch over the other nodes' heartbeats (ae/job/peer_nodes.py), on heartbeat
 files written as the ranks write them; time passes through `check(now=...)`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ae.cli.peer_nodes import NODE_LOST_S, PeerNodes
 from ae.diagnose.synthetic import TS, write_heartbeat
+from ae.job.peer_nodes import NODE_LOST_S, PeerNodes
 
 
 def beat(logs: Path, rank: int, t: float, host: str, state: str = "running") -> None:

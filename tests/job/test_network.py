@@ -1,4 +1,4 @@
-"""The launcher's network checks before the ranks start (ae/cli/network.py), on this machine's
+"""The launcher's network checks before the ranks start (ae/job/network.py), on this machine's
 loopback: the interface chosen, the user's own setting kept, node 0's port and address."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from ae.cli.network import NetworkError, Route, check_master, prepare_node, route_to
+from ae.job.network import NetworkError, Route, check_master, prepare_node, route_to
 
 
 def free_port() -> int:

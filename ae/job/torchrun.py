@@ -6,7 +6,7 @@ and 2. Pointing only the Python streams at the file moves torchrun's own words o
 and keeps the ranks' (rank 0's summary lines); the launcher prints the diagnosis instead of the
 report, which stays in the file for anyone who wants it.
 
-    python -m ae.cli.torchrun LOG_FILE [torchrun arguments ...]
+    python -m ae.job.torchrun LOG_FILE [torchrun arguments ...]
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ae.cli.topology import TaskRank, Topology, tasks_per_node, topology
 from ae.config import ConfigError, RunConfig
+from ae.job.topology import TaskRank, Topology, tasks_per_node, topology
 
 JOB = {"SLURM_JOB_ID": "123", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NNODES": "2"}
 

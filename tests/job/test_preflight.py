@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ae.cli.preflight import (
+from ae.config import parse_config
+from ae.errors import ResourceLimitError
+from ae.job.preflight import (
     MB,
     TIGHT,
     Need,
@@ -15,12 +17,11 @@ from ae.cli.preflight import (
     disk_need,
     fd_need,
     launcher_needs,
+    logs_disk_need,
     rank_needs,
     shm_need,
     shm_size_flag,
 )
-from ae.config import parse_config
-from ae.errors import ResourceLimitError
 
 
 def need(have: int, n: int) -> Need:
@@ -52,6 +53,19 @@ def test_disk_need_counts_kept_checkpoints_and_logs(tmp_path: Path) -> None:
     n = disk_need(tmp_path, 10 * MB, keep=3, best=True)
     assert n.need == 10 * MB * 5 + 64 * MB  # 3 kept + 1 being written + best, and the logs
     assert "--checkpoints_total_limit=3" in n.how and "--checkpoints_total_limit" in n.fix
+
+
+def test_the_launcher_reckons_the_logs_alone(tmp_path: Path) -> None:
+    """Before the model is known there is no checkpoint size to tell: no `checkpoint 0.0 MB x 1`."""
+    n = logs_disk_need(tmp_path)
+    assert (n.need, n.how) == (64 * MB, "logs 64.0 MB")
+    assert "checkpoint" not in n.fix
+    cfg = parse_config([f"--output_dir={tmp_path}"])
+    (disk,) = [d for d in launcher_needs(cfg, 2, 2, 4) if d.resource.startswith("disk")]
+    assert disk.how == "logs 64.0 MB"
+    assert disk.describe().endswith(
+        "(logs 64.0 MB); fix: free space there, or another --output_dir"
+    )
 
 
 def test_fd_need_grows_with_workers_and_peers() -> None:

@@ -1,0 +1,185 @@
+"""The `ae-shards` commands (`ae/cli/shards.py` parses their arguments): `write` (numpy arrays
+or an image folder -> shards + index sidecars), `index` (sidecars for existing shards), `inspect`
+(`inspect_shards`: what the shards hold and every bad sample), `bench` (`shards_bench`: the
+training input pipeline's samples/s on them)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+from loguru import logger
+from rich.console import Console
+from rich.progress import Progress
+
+from ae.config import DataConfig
+from ae.data.header_walk import scan_shard
+from ae.data.index import read_index, write_index
+from ae.data.spec import expand_shards, is_remote
+from ae.data.tools.inspect_shards import Inspector, print_reports
+from ae.data.writer import Sample, npy_bytes, write_shards
+from ae.errors import UserError
+
+# Photo formats taken from a folder; each sample's field is its file's extension (`jpg`, `png`),
+# and a run takes any image extension as the input field by default.
+IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff")
+
+
+class CliError(UserError):
+    """Bad input: reported as one line, exit status 2."""
+
+
+def _progress(console: Console) -> Progress:
+    """A progress bar on a terminal; nothing in a pipe or a log file."""
+    return Progress(console=console, transient=True, disable=not console.is_terminal)
+
+
+# --- write ----------------------------------------------------------------------------------
+def _load_array(src: Path, key: str | None) -> np.ndarray:
+    try:  # a .npy is memory-mapped (rows are read as they are written); a .npz is lazy
+        data = np.load(src, mmap_mode="r", allow_pickle=False)
+    except Exception as e:  # a user file can be broken in many ways: all mean "not numpy"
+        raise CliError(f"{src}: not a readable numpy file: {e}") from None
+    if isinstance(data, np.lib.npyio.NpzFile):
+        with data:
+            names = list(data.files)
+            if key is None and len(names) != 1:
+                raise CliError(f"{src}: holds arrays {names}; pick one with --key")
+            if (key or names[0]) not in names:
+                raise CliError(f"{src}: no array {key!r}; it holds {names}")
+            data = data[key or names[0]]
+    if data.ndim < 1 or len(data) == 0:
+        raise CliError(f"{src}: needs an array with at least one row; got shape {data.shape}")
+    return data
+
+
+def _source_samples(src: Path, key: str | None) -> tuple[int, Iterator[Sample]]:
+    """(count, samples) of a numpy file or an image folder; keys are 8-digit indices."""
+    if src.is_dir():
+        files = sorted(p for p in src.rglob("*") if p.suffix.lower() in IMAGE_EXTS)
+        if not files:
+            raise CliError(f"{src}: no {'/'.join(IMAGE_EXTS)} files below this folder")
+        return len(files), (
+            {
+                "__key__": f"{i:08d}".encode(),
+                p.suffix.lower()[1:]: p.read_bytes(),
+                "path": str(p.relative_to(src)).encode(),  # to trace a bad sample back
+            }
+            for i, p in enumerate(files)
+        )
+    if src.suffix in (".npy", ".npz") and src.is_file():
+        array = _load_array(src, key)
+        return len(array), (
+            {"__key__": f"{i:08d}".encode(), "npy": npy_bytes(row)} for i, row in enumerate(array)
+        )
+    raise CliError(f"{src}: expected a .npy or .npz file or a folder of images")
+
+
+def cmd_write(args: argparse.Namespace, console: Console) -> int:
+    src, out = Path(args.src), Path(args.out_dir)
+    if not src.exists():
+        raise CliError(f"{src}: no such file or folder")
+    if any(out.glob(f"{args.prefix}-*.tar")):
+        # Fewer new shards than old ones would leave stale shards that a folder spec picks up.
+        raise CliError(f"{out} already holds {args.prefix}-*.tar shards; use another folder")
+    total, samples = _source_samples(src, args.key)
+    with _progress(console) as bar:
+        task = bar.add_task(f"writing {total} samples", total=total)
+
+        def counted() -> Iterator[Sample]:
+            for sample in samples:
+                yield sample
+                bar.advance(task)
+
+        paths = write_shards(out, args.prefix, counted(), args.per_shard)
+    pattern = f"{out}/{args.prefix}-{{000000..{len(paths) - 1:06d}}}.tar"
+    console.print(f"Wrote {total} samples into {len(paths)} shards (+ .idx sidecars) in {out}")
+    console.print(f"Train on them with --train_shards='{pattern}'")
+    return 0
+
+
+# --- index ----------------------------------------------------------------------------------
+def _local_urls(spec: str) -> list[str]:
+    urls = expand_shards(spec, "shards")
+    remote = [u for u in urls if is_remote(u)]
+    if remote:
+        raise CliError(
+            f"index writes sidecars next to the shards, so they must be local; {remote[0]} is not."
+            " Index the shards where they are written, then upload the .idx files beside them"
+        )
+    return urls
+
+
+def _index_one(url: str) -> str | None:
+    """Walk one shard and write its sidecar; the damage found instead, if any."""
+    scan = scan_shard(url)
+    if scan.error is None:
+        write_index(Path(url), scan.samples, scan.offsets)
+    return scan.error
+
+
+def cmd_index(args: argparse.Namespace, console: Console) -> int:
+    urls = _local_urls(args.spec)
+    todo = [u for u in urls if args.force or read_index(u) is None]
+    written = damaged = 0
+    with contextlib.ExitStack() as stack:
+        bar = stack.enter_context(_progress(console))
+        pool = stack.enter_context(ProcessPoolExecutor(args.jobs)) if args.jobs > 1 else None
+        results = pool.map(_index_one, todo) if pool else map(_index_one, todo)
+        described = f"indexing {len(todo)} shards on {args.jobs} process(es)"
+        tracked = bar.track(results, len(todo), description=described)
+        for url, error in zip(todo, tracked, strict=True):
+            if error is not None:
+                logger.error(f"{url}: not indexed: {error}")
+                damaged += 1
+            else:
+                written += 1
+    kept = len(urls) - len(todo)
+    console.print(f"{written} indexed, {kept} already had a current index, {damaged} damaged")
+    return 1 if damaged else 0
+
+
+# --- inspect ---------------------------------------------------------------------------------
+def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
+    urls = expand_shards(args.spec, "shards")
+    inspector = Inspector(args.input_key)
+    with _progress(console) as bar:
+        reports = [inspector.shard(u) for u in bar.track(urls, description="reading shards")]
+    damaged = sum(bool(r.bad or r.error) for r in reports)
+    if args.json:
+        sys.stdout.write(json.dumps([asdict(r) for r in reports], indent=1) + "\n")
+    else:
+        print_reports(console, reports, inspector.hints(reports))
+    return 1 if damaged else 0
+
+
+# --- bench ------------------------------------------------------------------------------------
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    from ae.data.tools.shards_bench import (  # here: it imports torch and lightning
+        run_bench,
+        summary,
+    )
+
+    if args.seconds <= 0:
+        raise CliError(f"--seconds: must be > 0; got {args.seconds}")
+    cfg = DataConfig(
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        image_size=args.image_size,
+        input_key=args.input_key,
+        tar_reader=args.tar_reader,
+    )
+    result = run_bench(args.spec, cfg, args.seconds)
+    if args.json:
+        sys.stdout.write(json.dumps(asdict(result)) + "\n")
+    else:
+        for line in summary(result):
+            console.print(line)
+    return 0

@@ -1,0 +1,201 @@
+"""The launcher behind ./train_ae.sh: validate flags, claim the run folder, prepare data, then
+run torchrun -- and say how it ended.
+
+Everything a user can get wrong is checked here, in about a second and before any worker process
+exists: flags, the config file, shard specs, the job's layout (`ae.job.topology`: environment
+variables or SLURM), a run folder in use or holding an earlier run's checkpoints
+(`ae.job.run_folder`). Then one torchrun per node starts the ranks: `--nproc_per_node` from
+`--devices` (auto: all GPUs, else 2 CPU processes); under SLURM's one-task-per-process layout the
+launcher of each task runs its one rank itself. Stop signals are passed on (`ae.job.supervise`);
+the end is reported by `ae.job.outcome`: the checkpoint after a stop, the diagnosis after a
+failure.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from loguru import logger
+
+from ae.config import (
+    BUILTIN_MODELS,
+    PREFETCH_FACTOR,
+    Config,
+    ConfigError,
+    parse_config,
+)
+from ae.config.model_path import locate_class
+from ae.data.demo import with_demo_defaults
+from ae.data.spec import resolve_shards
+from ae.errors import UserError
+from ae.forensics.faults import active_faults
+from ae.job.network import prepare_node
+from ae.job.outcome import preempted, report_failure, report_stop, stop_exit_code
+from ae.job.peer_nodes import PeerNodes
+from ae.job.preflight import check, launcher_needs
+from ae.job.processes import DEBUG_ENV, free_port, processes_per_node, rank_command
+from ae.job.run_folder import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
+from ae.job.supervise import wait
+from ae.job.topology import Topology, topology
+from ae.log_lines import LAUNCHER_LOG_FILE, RESOURCE_TIGHT
+
+RANK_MODULE = "ae.cli.rank_process"  # what runs in every rank (train_ae.py runs the same)
+TORCHRUN_MODULE = "ae.job.torchrun"  # torchrun, its own output into launcher_<TS>.log
+# Set for the processes the launcher starts: it reports their failures itself, once they end.
+LAUNCHER_ENV = "AE_LAUNCHER"
+
+
+def claim_run_folder(cfg: Config, topo: Topology) -> tuple[RunLock | None, str]:
+    """The job's run folder and run TS: the first node's launcher takes the lock (and refuses a
+    fresh run over earlier checkpoints); the others wait until the lock names their job."""
+    run_dir, ckpt = cfg.run.dir, cfg.checkpoints
+    if not topo.leader:
+        if not cfg.run.overwrite:  # the leader's refusal, at once (it never takes the lock then)
+            earlier_checkpoints(run_dir, ckpt.resume_from_checkpoint, overwrite=False)
+        return None, follow(run_dir, topo.job).run_ts
+    ts = os.environ.get("AE_RUN_TS") or unused_run_ts(run_dir.logs, time.strftime("%Y%m%d_%H%M%S"))
+    lock = acquire(run_dir, topo.job, ts)
+    try:
+        if lock.taken_over is not None:
+            logger.info(f"Took over {run_dir.lock}, left by {lock.taken_over.describe()}: gone")
+        removed = earlier_checkpoints(
+            run_dir, ckpt.resume_from_checkpoint, overwrite=cfg.run.overwrite
+        )
+        if removed:
+            logger.warning(
+                f"--overwrite=true: deleted {len(removed)} checkpoint(s) of an earlier run "
+                f"from {run_dir.checkpoints}"
+            )
+    except BaseException:
+        lock.release()
+        raise
+    return lock, ts
+
+
+def child_command(
+    cfg: Config, topo: Topology, nproc: int, argv: list[str], extra: list[str], launcher_log: Path
+) -> tuple[list[str], dict[str, str]]:
+    """torchrun over this node's ranks; or, for a SLURM task that is one rank, that rank."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    if (task := topo.task) is not None:
+        # What torchrun would set, from SLURM's variables (Lightning reads them the same way).
+        env.update(
+            RANK=str(task.rank), WORLD_SIZE=str(task.world_size), LOCAL_RANK=str(task.local_rank),
+            LOCAL_WORLD_SIZE=str(task.per_node), GROUP_RANK=str(topo.node_rank),
+            MASTER_ADDR=topo.master_addr, MASTER_PORT=str(topo.master_port),
+        )  # fmt: skip
+        if cfg.obs.debug:
+            env.update({k: v for k, v in DEBUG_ENV.items() if k not in os.environ})
+        return [sys.executable, "-u", "-m", RANK_MODULE, *argv, *extra], env
+    port = topo.master_port or str(free_port())
+    cmd = [
+        sys.executable, "-m", TORCHRUN_MODULE, str(launcher_log),
+        f"--nnodes={topo.nnodes}", f"--node_rank={topo.node_rank}",
+        f"--nproc_per_node={nproc}", f"--master_addr={topo.master_addr}", f"--master_port={port}",
+        *rank_command(cfg.obs.debug, RANK_MODULE), *argv, *extra,
+    ]  # fmt: skip
+    return cmd, env
+
+
+def launch(argv: list[str]) -> int:
+    """The whole job on this node, from its flags to its exit code (logging to the console)."""
+    lock = None
+    try:
+        cfg = parse_config(argv)
+        topo = topology(cfg.run)
+        nproc, problems = processes_per_node(cfg.run, topo)
+        if problems:
+            raise ConfigError(problems)
+        if cfg.run.print_config:
+            # Data, not a log line: plain YAML on stdout, so `--print_config > run.yaml` works.
+            sys.stdout.write(cfg.to_yaml())
+            return 0
+        if cfg.model.model not in BUILTIN_MODELS and (problem := locate_class(cfg.model.model)):
+            raise ConfigError([problem])  # the import itself is tried in the ranks
+        active_faults()  # a malformed AE_FAULT: one message here, not a traceback per rank
+        for tight in check(launcher_needs(cfg, nproc, nproc * topo.nnodes, PREFETCH_FACTOR)):
+            logger.warning(RESOURCE_TIGHT.format(problem=tight))
+        if topo.nnodes > 1:  # the interface that reaches the master, and whether it does
+            port = int(topo.master_port or 29500)
+            line = prepare_node(
+                os.environ, topo.master_addr, port, topo.node_rank, hosts_store=topo.leader
+            )
+            logger.info(line)
+        lock, ts = claim_run_folder(cfg, topo)
+        # The demo data stands in for an unset spec: built (once) here, named to the ranks.
+        train_spec, val_spec = with_demo_defaults(cfg.data.train_shards, cfg.data.val_shards)
+        try:
+            train_urls, _ = resolve_shards(train_spec, val_spec)
+        except UserError as e:
+            raise ConfigError(e.render().splitlines()) from None
+    except UserError as e:
+        if lock is not None:
+            lock.release()
+        logger.error(e.render())
+        return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before any rank exists: nothing to save
+        if lock is not None:
+            lock.release()
+        logger.warning("Interrupted before training started")
+        return stop_exit_code(signal.SIGINT)
+    try:
+        return run(cfg, topo, nproc, ts, argv, len(train_urls), [train_spec, val_spec])
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def run(
+    cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], n_train: int,
+    specs: list[str],
+) -> int:  # fmt: skip
+    logs = cfg.run.dir.logs
+    logs.mkdir(parents=True, exist_ok=True)
+    launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
+    extra = [f"--devices={nproc}", f"--num_nodes={topo.nnodes}"]
+    extra += [f"--train_shards={specs[0]}", f"--val_shards={specs[1]}"]
+    cmd, env = child_command(cfg, topo, nproc, argv, extra, launcher_log)
+    env["AE_RUN_TS"] = ts
+    env[LAUNCHER_ENV] = "1"
+    if topo.leader:
+        where = f"node {topo.node_rank}/{topo.nnodes}, " if topo.nnodes > 1 else ""
+        how = "one process per SLURM task" if topo.task else f"{nproc} process(es) per node"
+        torchrun = "" if topo.task else f"\n  launcher  : {launcher_log} (torchrun's own output)"
+        logger.info(
+            f"Training on {where}{how}, {n_train} train shards ({topo.job})"
+            f"\n  train log : {logs}/train_{ts}.log"
+            f"\n  rank logs : {logs}/debug_rank*_{ts}.log"
+            f"\n  native    : {logs}/native_rank*_{ts}.log (NCCL, gloo, C extensions)"
+            f"{torchrun}"
+            f"\n  follow    : tail -f {logs}/debug_rank*_{ts}.log"
+        )
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    # Another node that dies closes no connection: its heartbeats tell (`ae.job.peer_nodes`).
+    rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
+    if stops.lost is not None:  # a failure, whatever the SIGKILLed torchrun returned
+        rc = rc if rc > 0 else 1
+    # Stopped by a signal (torchrun then fails; a SLURM task's one rank exits 0 after its save),
+    # unless the run ended well just before.
+    sig = stops.first
+    if sig is not None and rc == 0 and not stops.killed and preempted(logs, ts) is None:
+        sig = None
+    # The first node's launcher (SLURM task 0) says how the job ended; each launcher that saw
+    # another node lost says it too (that node may be the first).
+    if not topo.leader and stops.lost is None:
+        if sig is not None:
+            return stop_exit_code(sig)
+        if rc != 0 and topo.task is None:  # one line per node; tasks share srun's output
+            logger.error(f"Training failed (exit {rc}); more: ae-diagnose {logs} --run {ts}")
+        return rc
+    if sig is not None:
+        return report_stop(logs, ts, sig, stops.killed)
+    if rc == 0:
+        logger.info(f"Done. Logs: {logs}/ (run {ts})")
+        return 0
+    return report_failure(logs, ts, rc)

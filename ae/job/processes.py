@@ -1,0 +1,94 @@
+"""How many processes a node runs, and torchrun over them: what both launchers share.
+
+`ae-train` (`ae.job.launch`) and `ae-encode` (`ae.job.encode`) decide the processes per node the
+same way (`processes_per_node`: `--devices`, else every visible GPU, else 2 CPU processes; under
+SLURM's one-task-per-process layout, SLURM's count) and name what each rank runs the same way
+(`rank_command`). `run_torchrun` is ae-encode's torchrun; training's goes through
+`ae.job.torchrun`, which keeps torchrun's own words in the run's launcher log. No torch here:
+the GPU count comes from CUDA_VISIBLE_DEVICES or `nvidia-smi -L`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+from ae.config import RunConfig
+from ae.job.supervise import wait
+from ae.job.topology import Topology
+
+CPU_PROCESSES = 2
+# With --debug, the distributed libraries' own debug output, into each rank's native log; unless
+# the user set them. Not TORCH_DISTRIBUTED_DEBUG=DETAIL: it checks every collective (slow).
+DEBUG_ENV = {"NCCL_DEBUG": "INFO", "TORCH_CPP_LOG_LEVEL": "INFO", "TORCH_DISTRIBUTED_DEBUG": "INFO"}
+
+
+def rank_command(debug: bool, module: str) -> list[str]:
+    """torchrun's arguments naming what each rank runs (`python -m module`). The debug variables
+    are set for the ranks only (through `env`): in torchrun's own process they would flood the
+    console."""
+    debug_env = [f"{k}={v}" for k, v in DEBUG_ENV.items() if debug and k not in os.environ]
+    if not debug_env:
+        return ["-m", module]
+    return ["--no-python", "env", *debug_env, sys.executable, "-u", "-m", module]
+
+
+def visible_gpus() -> int:
+    """GPU count without importing torch (keeps the launcher fast)."""
+    if (cvd := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return len([d for d in cvd.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+
+
+def processes_per_node(run: RunConfig, topo: Topology) -> tuple[int, list[str]]:
+    problems = []
+    gpus = visible_gpus() if run.accelerator != "cpu" else 0
+    if run.accelerator == "gpu" and gpus == 0:
+        problems.append("accelerator: gpu requested but no GPU is visible")
+    if topo.task is not None:  # SLURM, one task per process: SLURM decided
+        n = topo.task.per_node
+        if run.devices not in ("auto", str(n)):
+            problems.append(
+                f"devices: {run.devices} requested, but SLURM starts {n} tasks per node (one "
+                f"process each); use --devices=auto or {n}"
+            )
+        return n, problems
+    if run.devices != "auto":
+        n = int(run.devices)
+        if gpus and run.accelerator != "cpu" and n > gpus:
+            problems.append(f"devices: {n} requested but only {gpus} GPU(s) visible")
+        return n, problems
+    return (gpus if gpus else CPU_PROCESSES), problems
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torchrun(
+    command: list[str], args: list[str], *, nproc: int, topo: Topology, env: dict[str, str]
+) -> tuple[int, signal.Signals | None]:
+    """torchrun for this node over `command` (`rank_command(...)`) with `args`, passing stop
+    signals on (ae-encode's launcher); returns its exit code and the stop signal, if any."""
+    port = topo.master_port or str(free_port())
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={topo.nnodes}", f"--node_rank={topo.node_rank}",
+        f"--nproc_per_node={nproc}", f"--master_addr={topo.master_addr}", f"--master_port={port}",
+        *command, *args,
+    ]  # fmt: skip
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    rc, stops = wait(subprocess.Popen(cmd, env=env, start_new_session=True))
+    return rc, stops.first

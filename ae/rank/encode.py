@@ -1,0 +1,139 @@
+"""One rank of `ae-encode`, top to bottom: logging -> shard plan -> model -> encode -> totals.
+
+torchrun starts it in every rank through `ae.cli.encode_rank` (`ae.job.encode` is the launcher);
+run directly that encodes in one process: `python -m ae.cli.encode_rank CKPT SPEC OUT_DIR ...`.
+The ranks share no model and
+make no collective call while encoding: a gloo process group is there only for the shard counts
+(each rank counts a share, one all-gather) and the totals at the end (one all-reduce).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from loguru import logger
+from torch.distributed.elastic.multiprocessing.errors import record
+
+import logging_cfg
+from ae.config import Config
+from ae.data.counts import count_cache_dir, shared_counts
+from ae.data.datamodule import probe_decoder
+from ae.data.loader import PreemptibleLoader, install_worker_reaper
+from ae.data.plan import assign_shards
+from ae.data.spec import expand_shards
+from ae.data.whole_shards import WholeShards
+from ae.forensics.progress import in_phase, progress
+from ae.forensics.watchdog import start_watchdog
+from ae.job.encode import EncodeArgs, output_paths, parse_args
+from ae.log_lines import ENCODE_DONE, ENCODE_PLAN, ENCODE_RANK_DONE, main_log
+from ae.rank.exit import run_to_exit
+from ae.training.encoding import (
+    OutputShards,
+    encode_all,
+    load_checkpoint,
+    model_from_checkpoint,
+    uses_ema,
+)
+from ae.training.model import describe
+from ae.training.run_info import log_rank_header
+from logging_cfg import RankContext
+
+
+def _device(args: EncodeArgs, ctx: RankContext) -> torch.device:
+    if args.accelerator != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", ctx.local_rank)
+    return torch.device("cpu")
+
+
+def _totals(values: list[int]) -> list[int]:
+    """The sums over ranks (one all-reduce; the values themselves on a single process)."""
+    if not dist.is_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(t)
+    return [int(v) for v in t]
+
+
+def _all_gather(mine: dict) -> list[dict]:
+    """Every rank's dict, in rank order (one all-gather; just `mine` in one process)."""
+    if not dist.is_initialized():
+        return [mine]
+    parts: list[dict] = [{}] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    return parts
+
+
+def encode(args: EncodeArgs, ctx: RankContext) -> str:
+    run_ts = logging_cfg.resolve_run_ts(ctx)
+    paths = logging_cfg.configure(args.logs, run_ts, ctx, debug=args.debug, native_output=True)
+    install_worker_reaper()
+    start_watchdog(args.stall_timeout, args.accelerator, ctx, paths, run_ts)
+    log_rank_header(ctx, args.accelerator)
+    if ctx.world_size > 1:
+        # gloo whatever the device: only two small CPU collectives, never a tensor of the model
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
+    log = main_log if ctx.rank == 0 else logger
+
+    with in_phase("shard planning"):
+        urls = expand_shards(args.spec, "SPEC")
+        counts = shared_counts(
+            "input", urls, count_cache_dir("auto"), rank=ctx.rank, world_size=ctx.world_size,
+            gather=_all_gather,
+        ).counts  # fmt: skip
+        mine = assign_shards(counts, ctx.world_size)[ctx.rank]
+        log.info(
+            ENCODE_PLAN.format(
+                shards=len(urls), samples=sum(counts), ranks=ctx.world_size,
+                rank_shards=len(mine), rank_samples=sum(counts[i] for i in mine),
+            )
+        )  # fmt: skip
+    ckpt = load_checkpoint(Path(args.ckpt))
+    with in_phase("shard planning"):
+        # Inputs decoded as the training run decoded them (its field, mode, image size).
+        data_cfg = Config.from_flat(ckpt["ae_config"]).data
+        decoder = probe_decoder("input", urls, data_cfg)
+        spec = decoder.spec
+    module, latent = model_from_checkpoint(ckpt, spec, args.ckpt)
+    weights = "EMA weights" if uses_ema(ckpt) else "weights"
+    log.info(f"Encoding with {args.ckpt} (step {ckpt.get('global_step', '?')}, {weights})")
+    log.info(describe(module, spec, latent))
+    del ckpt
+
+    dataset = WholeShards(
+        urls, mine, decoder, args.batch_size, args.num_workers, args.keep, args.tar_reader
+    )
+    loader = PreemptibleLoader(
+        dataset,
+        batch_size=None,  # the dataset yields whole batches of one shard
+        num_workers=args.num_workers,
+        prefetch_factor=4 if args.num_workers else None,
+    )
+    outputs = OutputShards(urls, output_paths(urls, Path(args.out_dir)), args.field, args.dtype)
+    progress.enter("data loading", step=0)
+    seconds = encode_all(module, loader, outputs, _device(args, ctx))
+    bad_samples, bad_shards, _ = dataset.errors.totals()
+    logger.info(
+        ENCODE_RANK_DONE.format(
+            samples=outputs.samples, shards=outputs.shards, bad=bad_samples,
+            seconds=f"{seconds:.2f}",
+        )
+    )  # fmt: skip
+    dataset.errors.log_summary("input")
+    samples, shards, bad = _totals([outputs.samples, outputs.shards, bad_samples + bad_shards])
+    if ctx.rank == 0:
+        main_log.info(
+            ENCODE_DONE.format(
+                samples=samples, planned=sum(counts), bad=bad, shards=shards, out=args.out_dir,
+                field=args.field, dtype=args.dtype, shape="x".join(map(str, latent)),
+            )
+        )  # fmt: skip
+    return "encoding finished"
+
+
+@record  # the traceback goes into torchrun's error file, so its failure report shows it
+def main(argv: list[str]) -> int:
+    ctx = RankContext.from_env()
+    return run_to_exit(lambda: encode(parse_args(argv), ctx))
