@@ -67,9 +67,13 @@ class StepBoundary(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.seen_step = trainer.global_step
         self.val_limit = trainer.limit_val_batches
-        # Closed until a batch is due: Lightning also asks at the first batch of a resumed run,
-        # and the step it resumed at was validated (or not) before its checkpoint was taken.
+        # Closed until a batch is due. Lightning also asks before the first batch of a resumed
+        # run, about the step it resumed at: the run that saved it validated it (or not) after
+        # the save.
         trainer.limit_val_batches = 0
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.limit_val_batches = self.val_limit  # a later trainer.validate() runs in full
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
@@ -84,12 +88,8 @@ class StepBoundary(L.Callback):
             self.preemption.after_step(trainer)
             if not trainer.should_stop:
                 self.sampling.after_step(trainer, pl_module)
-        due = self._validation_due(trainer, stepped, idx)
+        due = not trainer.should_stop and (
+            idx + 1 >= trainer.num_training_batches  # the epoch's last batch
+            or (stepped and self.val_interval > 0 and step % self.val_interval == 0)
+        )
         trainer.limit_val_batches = self.val_limit if due else 0
-
-    def _validation_due(self, trainer: L.Trainer, stepped: bool, idx: int) -> bool:
-        if trainer.should_stop:
-            return False
-        if idx + 1 >= trainer.num_training_batches:  # the epoch's last batch
-            return True
-        return stepped and self.val_interval > 0 and trainer.global_step % self.val_interval == 0

@@ -76,7 +76,7 @@ def test_order_after_each_optimizer_step_and_validation_steps() -> None:
     per_step = ["ema", "checkpoint", "preemption", "sampling"]
     assert calls == [(name, step) for step in range(1, 11) for name in per_step]
     assert validated == [3, 4, 6, 8, 9]
-    assert trainer.limit_val_batches == 0  # the gate is closed outside a due batch
+    assert trainer.limit_val_batches == 1.0  # the switch is back as the fit found it
 
 
 def test_epoch_ends_only_and_an_uneven_last_step() -> None:
