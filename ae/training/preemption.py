@@ -79,7 +79,7 @@ class Preemption(L.Callback):
             signal.signal(signum, _on_stop_signal)
 
     def after_step(self, trainer: L.Trainer) -> None:
-        """After optimizer step `trainer.global_step` (`StepBoundary`), the checkpoint's turn."""
+        """After optimizer step `trainer.global_step` and its checkpoint if due (`StepBoundary`)."""
         if self.stopped_at is not None:
             return
         step = trainer.global_step
