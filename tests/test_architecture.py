@@ -11,6 +11,7 @@ answers bad flags in a second and starts the ranks, which do the training (`ae.r
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -295,3 +296,103 @@ def test_no_work_at_import_time() -> None:
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+# Other libraries' private names that ae may use, each with why. Private attributes of torch,
+# Lightning or webdataset change without notice between releases (ae once had to pin
+# `lightning<2.7` for one), so there are none here.
+PRIVATE_ALLOWED = {
+    # The stall report's stacks of every thread: documented in the Python library reference,
+    # with no public equivalent (`faulthandler` writes to a file descriptor, not to a string).
+    "_current_frames",
+}
+# What issue 22 removed, named: a grep finds them in comments and strings too.
+REMOVED_PRIVATE = re.compile(
+    r"\._should_check_val_fx|_should_accumulate|_average_model|\._iterator"
+)
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _is_project(module: str | None) -> bool:
+    return module is not None and module.split(".")[0] in ("ae", "logging_cfg")
+
+
+def private_access(sources: dict[str, str]) -> list[str]:
+    """`file:line: code` for each use of a private name (`_x`, not `__x__`) that no source
+    defines: `obj._x`, `getattr(obj, "_x")` (and set/has/delattr), `from lib import _x`, `import
+    lib._x`. A name the project defines (a function, a class, a variable, an attribute set on
+    `self`/`cls`, an argument) is its own; any other one is a library's private attribute."""
+    trees = {path: ast.parse(text) for path, text in sources.items()}
+    own: set[str] = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                own.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, ast.arg):
+                own.add(node.arg)
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+            ):
+                own.add(node.attr)
+            elif isinstance(node, ast.ImportFrom) and (node.level or _is_project(node.module)):
+                own.update(a.asname or a.name for a in node.names)
+    found = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Attribute):
+                names = [node.attr]
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+                and len(node.args) > 1
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+            ):
+                names = [node.args[1].value]
+            elif isinstance(node, ast.ImportFrom) and not (node.level or _is_project(node.module)):
+                names = [*(node.module or "").split("."), *(a.name for a in node.names)]
+            elif isinstance(node, ast.Import):
+                libraries = [a.name for a in node.names if not _is_project(a.name)]
+                names = [part for name in libraries for part in name.split(".")]
+            for name in names:
+                if _is_private(name) and name not in own and name not in PRIVATE_ALLOWED:
+                    found.append(f"{path}:{node.lineno}: {ast.unparse(node)[:100]}")
+    return found
+
+
+def test_no_private_attribute_of_a_library() -> None:
+    """ae and logging_cfg use torch, Lightning and webdataset through their public API only, so
+    that ae installs next to any newer release (no upper bound in pyproject.toml)."""
+    files = [*ROOT.joinpath("ae").rglob("*.py"), *ROOT.joinpath("logging_cfg").rglob("*.py")]
+    sources = {str(f.relative_to(ROOT)): f.read_text() for f in files}
+    assert private_access(sources) == []
+    named = [
+        f"{path}:{n}: {line.strip()}"
+        for path, text in sources.items()
+        for n, line in enumerate(text.splitlines(), 1)
+        if REMOVED_PRIVATE.search(line)
+    ]
+    assert named == []
+    # The check catches each kind of use, and leaves the project's own private names alone.
+    injected = {
+        "ae/x.py": "from torch.utils.data import _utils\nimport torch._dynamo\n"
+        "def f(loader, loop, trainer):\n"
+        "    loop._should_check_val_fx = None\n"
+        "    return loader._iterator, getattr(trainer, '_logger_connector')\n",
+        "ae/y.py": "from ae.x import _helper\nclass A:\n"
+        "    def __init__(self):\n        self._own = 1\n"
+        "    def g(self, other):\n        return other._own, _helper, self.__class__\n",
+    }
+    found = private_access(injected)
+    assert [f.split(":")[1] for f in found] == ["1", "2", "4", "5", "5"], found
+    assert all(f.startswith("ae/x.py:") for f in found)

@@ -88,9 +88,12 @@ class PreemptibleLoader(DataLoader):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, worker_init_fn=init_worker, **kwargs)
+        # Persistent workers are forked by the first iterator only; later ones reuse them.
+        self._persistent_workers_started = False
 
     def __iter__(self) -> Iterator[Any]:
-        if self.num_workers > 0 and (self._iterator is None or not self.persistent_workers):
+        forks = self.num_workers > 0 and not self._persistent_workers_started
+        if forks:
             # Workers are about to be forked: let the communication library's threads finish
             # what a collective just left them (a Python thread state made or deleted on their
             # side). A fork in that instant copies CPython 3.11's runtime lock held, and the
@@ -98,4 +101,7 @@ class PreemptibleLoader(DataLoader):
             # step's all-reduce, 1-2% of launches under load).
             time.sleep(FORK_SETTLE_S)
         with sigterm_blocked():  # workers start in the iterator's constructor
-            return super().__iter__()
+            iterator = super().__iter__()
+        if forks and self.persistent_workers:
+            self._persistent_workers_started = True
+        return iterator

@@ -1,7 +1,8 @@
 """When checkpoints are saved during training, and what goes into them.
 
 - every `--checkpointing_period` optimizer steps, after the last step of training, and on
-  preemption (`ae.training.preemption`): a step checkpoint, which `last.ckpt` then points at;
+  preemption (`ae.training.preemption`): a step checkpoint, which `last.ckpt` then points at
+  (these are taken at the step boundary, `ae.training.step_boundary`);
 - after a validation that lowers the val loss: `best.ckpt` (`--save_best`).
 Files, atomicity and retention are `ae.training.checkpoint_files`. Each checkpoint also carries the
 resolved config (`ae_config`), so a checkpoint says how it was trained.
@@ -103,7 +104,6 @@ class Checkpointing(L.Callback):
         self.best_loss = math.inf
         self.best_step = -1
         self.saved_step = -1  # step of the newest step checkpoint of this run
-        self._seen_step = -1
         self._resumed_from: dict[str, Any] | None = None
 
     # --- state carried in the checkpoint ----------------------------------------------------
@@ -138,7 +138,6 @@ class Checkpointing(L.Callback):
             self.store.prepare()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._seen_step = trainer.global_step
         if self._resumed_from is not None and trainer.is_global_zero:
             main_log.info(
                 RESUMED.format(
@@ -149,13 +148,9 @@ class Checkpointing(L.Callback):
                 )
             )
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
-    ) -> None:
+    def after_step(self, trainer: L.Trainer, idx: int) -> None:
+        """After optimizer step `trainer.global_step`, ending batch `idx` (`StepBoundary`)."""
         step = trainer.global_step
-        if step == self._seen_step:  # accumulating gradients: no optimizer step on this batch
-            return
-        self._seen_step = step
         if self.cfg.checkpointing_period and step % self.cfg.checkpointing_period == 0:
             self.save_step(trainer, "periodic")
         if self.saved_step != step and _last_step_of_training(trainer, idx):

@@ -1,13 +1,18 @@
 """`--ema_decay`: an exponential moving average of the weights, with Lightning's own callback.
 
-Lightning's `EMAWeightAveraging` updates the average after every optimizer step, swaps it in for
-validation, saves it as the checkpoint's `state_dict` (the live weights go to
-`current_model_state`, so a resumed run continues both) and copies it into the model when
-training ends. `ae-encode` loads `state_dict`, hence the EMA weights when there are any.
-Reconstruction grids use the average too (`averaged`).
+Lightning's `EMAWeightAveraging` keeps the average, swaps it in for validation, saves it as the
+checkpoint's `state_dict` (the live weights go to `current_model_state`, so a resumed run
+continues both) and copies it into the model when training ends. `ae-encode` loads
+`state_dict`, hence the EMA weights when there are any. Only through its public methods: the
+update after an optimizer step runs first at the step boundary (`ae.training.step_boundary`,
+`update`), and reconstruction grids borrow the validation swap (`averaged_weights`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import EMAWeightAveraging
@@ -17,14 +22,28 @@ class EMA(EMAWeightAveraging):
     def __init__(self, decay: float) -> None:
         super().__init__(decay=decay)
 
-    def averaged(self) -> L.LightningModule | None:
-        """The averaged copy of the module (None before fit has set it up)."""
-        return None if self._average_model is None else self._average_model.module
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        """Not on Lightning's call: the step boundary calls `update`, before it saves or samples."""
+
+    def update(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Fold the weights of optimizer step `trainer.global_step` into the average (once per
+        step: Lightning's callback counts the steps it has seen)."""
+        super().on_train_batch_end(trainer, pl_module, None, None, -1)
 
 
-def averaged_module(trainer: L.Trainer, pl_module: L.LightningModule) -> L.LightningModule:
-    """The weights to show and use: the EMA's when the run keeps one, else the module itself."""
-    for callback in getattr(trainer, "callbacks", []):
-        if isinstance(callback, EMA) and (avg := callback.averaged()) is not None:
-            return avg
-    return pl_module
+@contextmanager
+def averaged_weights(trainer: L.Trainer, pl_module: L.LightningModule) -> Iterator[None]:
+    """The weights to show: while inside, `pl_module` holds the EMA's average when the run keeps
+    one (Lightning's validation swap, undone on the way out, exactly: values are swapped, not
+    recomputed), else its own weights."""
+    ema = next((cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, EMA)), None)
+    if ema is None:
+        yield
+        return
+    ema.on_validation_epoch_start(trainer, pl_module)
+    try:
+        yield
+    finally:
+        ema.on_validation_epoch_end(trainer, pl_module)

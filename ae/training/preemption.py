@@ -67,25 +67,22 @@ def stop_signal_received() -> bool:
 
 
 class Preemption(L.Callback):
-    """Checks for a stop signal at every optimizer step; saves and stops on all ranks together."""
+    """Checks for a stop signal after every optimizer step (`ae.training.step_boundary`); saves
+    and stops on all ranks together."""
 
     def __init__(self, checkpointing: Checkpointing) -> None:
         self.checkpointing = checkpointing
         self.stopped_at: int | None = None
-        self._seen_step = -1
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         for signum in STOP_SIGNALS:  # replaces Lightning's SIGTERM handler (and KeyboardInterrupt)
             signal.signal(signum, _on_stop_signal)
-        self._seen_step = trainer.global_step
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
-    ) -> None:
-        step = trainer.global_step
-        if step == self._seen_step or self.stopped_at is not None:
+    def after_step(self, trainer: L.Trainer) -> None:
+        """After optimizer step `trainer.global_step` and its checkpoint if due (`StepBoundary`)."""
+        if self.stopped_at is not None:
             return
-        self._seen_step = step
+        step = trainer.global_step
         # One tiny all-reduce per optimizer step: ranks may be signalled at different steps.
         if not trainer.strategy.reduce_boolean_decision(stop_signal_received(), all=False):
             return

@@ -9,16 +9,16 @@ reconstructions are the averaged weights' (those validation and `ae-encode` use)
 
 Sampling uses the bare LightningModule (not the DDP wrapper) and makes no collective call, so a
 rank that fails or skips it cannot desynchronize the others. It runs after a checkpoint save of
-the same step (callback order), with memory freed first; `SAMPLING START/END` bracket it with
-memory figures. An out-of-memory error is caught, logged with memory at failure and after
-freeing, the sampling batch is halved for next time (turned off below 1), and training goes on.
+the same step (`ae.training.step_boundary`), with memory freed first; `SAMPLING START/END`
+bracket it with memory figures. An out-of-memory error is caught, logged with memory at failure
+and after freeing, the sampling batch is halved for next time (turned off below 1), and training
+goes on.
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from typing import Any
 
 import lightning as L
 import numpy as np
@@ -32,7 +32,7 @@ from ae.forensics.process_stats import memory_summary
 from ae.forensics.progress import in_phase, progress
 from ae.log_lines import SAMPLING_END, SAMPLING_OOM, SAMPLING_START, main_log
 from ae.run_dir import RunDir
-from ae.training.ema import averaged_module
+from ae.training.ema import averaged_weights
 from ae.training.model import has_codec
 from ae.training.plots import reconstruction_grid
 
@@ -66,20 +66,11 @@ class Sampling(L.Callback):
         self.num_batches = obs.num_sample_batches
         self.out_dir = run_dir.samples
         self._inputs: torch.Tensor | None = None  # CPU, num_batches x the initial batch size
-        self._seen_step = -1
         self._sampled_step = -1  # an epoch end on a periodic sampling step samples once
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._seen_step = trainer.global_step
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
-    ) -> None:
-        step = trainer.global_step
-        if step == self._seen_step:
-            return
-        self._seen_step = step
-        if self.period > 0 and step % self.period == 0 and not trainer.should_stop:
+    def after_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """After optimizer step `trainer.global_step`, unless stopping (`StepBoundary`)."""
+        if self.period > 0 and trainer.global_step % self.period == 0:
             self.sample(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -153,19 +144,22 @@ class Sampling(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, inputs: torch.Tensor
     ) -> tuple[list[float], torch.Tensor]:
         losses, outputs = [], []
-        model = averaged_module(trainer, pl_module)
-        was_training = model.training
-        model.eval()
+        was_training = pl_module.training
+        pl_module.eval()
         try:
-            with torch.no_grad(), trainer.precision_plugin.forward_context():
+            with (
+                averaged_weights(trainer, pl_module),
+                torch.no_grad(),
+                trainer.precision_plugin.forward_context(),
+            ):
                 for chunk in inputs.split(self.batch_size):
                     fault_point("sampling", progress.step)
                     x = chunk.to(pl_module.device)
-                    y = reconstruct(model, x).float()
+                    y = reconstruct(pl_module, x).float()
                     losses.append(nn.functional.mse_loss(y, x).item())
                     outputs.append(y.cpu())
         finally:
-            model.train(was_training)
+            pl_module.train(was_training)
         return losses, torch.cat(outputs) if outputs else torch.empty(0)
 
     def _after_oom(self, step: int, error: str, at_failure: str) -> str:

@@ -21,7 +21,7 @@ from ae.training.ema import EMA
 from ae.training.metrics import build_loggers, metric_callbacks
 from ae.training.preemption import Preemption
 from ae.training.sampling import Sampling
-from ae.training.val_schedule import ValidationSchedule
+from ae.training.step_boundary import TRAINER_VALIDATION_ARGS, StepBoundary
 from logging_cfg import RankContext
 
 
@@ -43,10 +43,14 @@ def check_precision(run: RunConfig, accelerator: str) -> None:
 
 
 def build_callbacks(cfg: Config, ctx: RankContext) -> list[L.Callback]:
-    """Order matters on a step that is due for several things: the EMA update, checkpoint, then
-    the preemption check (which saves unless that checkpoint already covers the step), then
-    sampling."""
+    """What happens after an optimizer step (EMA, checkpoint, stop signal, sampling, whether to
+    validate) is `StepBoundary`'s, in its code order; the callbacks it drives keep only their
+    other hooks (setup, resume, epoch ends, validation, their state in the checkpoint), which
+    do not depend on their place in this list."""
+    ema = EMA(cfg.model.ema_decay) if cfg.model.ema_decay > 0 else None
     checkpointing = Checkpointing(cfg.checkpoints, cfg.run.dir, settings=cfg.to_dict())
+    preemption = Preemption(checkpointing)
+    sampling = Sampling(cfg.obs, cfg.run.dir)
     obs = cfg.obs
     callbacks: list[L.Callback] = [
         ClockOffset(),
@@ -56,16 +60,19 @@ def build_callbacks(cfg: Config, ctx: RankContext) -> list[L.Callback]:
             every_train=obs.log_every_n_train_batches,
             every_val=obs.log_every_n_val_batches,
         ),
-        ValidationSchedule(cfg.run.val_interval),
+        *([ema] if ema is not None else []),
         checkpointing,
-        Preemption(checkpointing),
-        Sampling(obs, cfg.run.dir),
+        preemption,
+        sampling,
+        StepBoundary(
+            ema=ema,
+            checkpointing=checkpointing,
+            preemption=preemption,
+            sampling=sampling,
+            val_interval=cfg.run.val_interval,
+        ),
         *metric_callbacks(cfg.run.dir),
     ]
-    if cfg.model.ema_decay > 0:
-        # First: after an optimizer step the average is updated before a checkpoint saves it
-        # and before a grid shows it.
-        callbacks.insert(0, EMA(cfg.model.ema_decay))
     if sys.stderr.isatty() and ctx.rank == 0:
         callbacks.append(RichProgressBar())
     return callbacks
@@ -103,7 +110,9 @@ def build_trainer(cfg: Config, ctx: RankContext, run_ts: str) -> L.Trainer:
         max_steps=run.max_steps,
         accumulate_grad_batches=optim.gradient_accumulation_steps,
         gradient_clip_val=optim.gradient_clip_val or None,
-        val_check_interval=1.0,  # epoch end; ValidationSchedule adds every --val_interval steps
+        # Lightning asks after every batch; StepBoundary enables validation (limit_val_batches)
+        # only on a batch due for it: an epoch's last, and every --val_interval optimizer steps.
+        **TRAINER_VALIDATION_ARGS,
         use_distributed_sampler=False,  # the shard plan already splits the data per rank
         num_sanity_val_steps=0,
         logger=build_loggers(run.dir, run_ts),

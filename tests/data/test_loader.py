@@ -1,11 +1,17 @@
-"""Dataloader workers that ignore SIGTERM must not keep their rank from exiting."""
+"""Dataloader workers that ignore SIGTERM must not keep their rank from exiting; the wait before
+workers fork comes only when they do."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
+import pytest
+import torch
+
+from ae.data import loader as loader_module
 from tests.support.runs import ROOT
 
 SCRIPT = textwrap.dedent(
@@ -42,3 +48,24 @@ def test_rank_leaving_on_an_exception_exits_despite_live_workers() -> None:
     )
     assert res.returncode == 2, res.stderr
     assert "killed by signal" not in res.stderr  # no noise from torch's worker watchdog
+
+
+def test_the_fork_settle_wait_comes_only_before_workers_are_forked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Persistent workers are forked by the first epoch's iterator alone: one wait in a run;
+    other workers at every epoch; none without workers."""
+    waits: list[float] = []
+    monkeypatch.setattr(loader_module, "time", SimpleNamespace(sleep=waits.append))
+    data = torch.arange(4.0)
+    runs = {"persistent": (1, True), "per epoch": (1, False), "no workers": (0, False)}
+    counted = {}
+    for name, (workers, persistent) in runs.items():
+        waits.clear()
+        loader = loader_module.PreemptibleLoader(
+            data, batch_size=2, num_workers=workers, persistent_workers=persistent
+        )
+        epochs = [torch.cat(list(loader)).tolist() for _ in range(3)]
+        assert epochs == [data.tolist()] * 3
+        counted[name] = len(waits)
+    assert counted == {"persistent": 1, "per epoch": 3, "no workers": 0}

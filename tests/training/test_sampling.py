@@ -19,7 +19,7 @@ from ae.data.header_walk import count_samples
 from ae.data.spec import resolve_shards
 from ae.data.stream import ShardStream
 from ae.forensics import faults as fault_injection
-from ae.training.ema import EMA, averaged_module
+from ae.training.ema import EMA, averaged_weights
 from ae.training.metrics import read_loss_history
 from ae.training.model import AutoEncoder
 from ae.training.plots import line_plot, reconstruction_grid
@@ -162,22 +162,29 @@ def test_vector_data_gets_no_epoch_end_sampling(tmp_path: Path) -> None:
 
 
 def test_sampling_shows_the_ema_weights(make_shards, tmp_path: Path) -> None:
+    """The grid is the average's, and the live weights are back, unchanged, after it."""
     trainer = _fake_trainer(make_shards([12], kind="png", name="val"), tmp_path)
     model = AutoEncoder(InputSpec("image", (1, 8, 8)), ModelConfig(hidden_dim=16, latent_dim=4))
     ema = EMA(decay=0.5)
     ema.setup(trainer, model, "fit")  # the average starts as a copy of the model
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1)  # the live weights move on
-    trainer.callbacks = [ema]
     cfg = parse_config([f"--output_dir={tmp_path}", "--sample_batch_size=4"])
     sampling = Sampling(cfg.obs, cfg.run.dir)
     x = sampling.sample_inputs(trainer)
-    _, recon = sampling._reconstruct(trainer, model, x)
     with torch.no_grad():
-        assert torch.allclose(recon, reconstruct(ema.averaged(), x))
-        assert not torch.allclose(recon, reconstruct(model, x))
-    assert averaged_module(SimpleNamespace(callbacks=[]), model) is model
+        averaged = reconstruct(model.eval(), x)
+        for p in model.parameters():
+            p.add_(0.1)  # the live weights move on
+        live = {k: v.clone() for k, v in model.state_dict().items()}
+        moved = reconstruct(model, x)
+    trainer.callbacks = [ema]
+    _, recon = sampling._reconstruct(trainer, model, x)
+    assert torch.allclose(recon, averaged) and not torch.allclose(recon, moved)
+    assert all(torch.equal(v, live[k]) for k, v in model.state_dict().items())
+    trainer.callbacks = []  # no EMA: the model's own weights
+    _, recon = sampling._reconstruct(trainer, model, x)
+    assert torch.allclose(recon, moved)
+    with averaged_weights(trainer, model):
+        assert all(torch.equal(v, live[k]) for k, v in model.state_dict().items())
 
 
 def test_a_model_without_encode_decode_is_not_sampled(make_shards, tmp_path: Path) -> None:
