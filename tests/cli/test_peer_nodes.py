@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ae.cli.peer_nodes import NODE_LOST_S, PeerNodes
-from ae.diagnose.synthetic import TS, write_heartbeat
+from bench.synthetic_logs import TS, write_heartbeat
 
 
 def beat(logs: Path, rank: int, t: float, host: str, state: str = "running") -> None:

@@ -18,8 +18,8 @@ from rich.console import Console
 from ae.diagnose.cli import main
 from ae.diagnose.logscan import LogBytes
 from ae.diagnose.run_files import find_run, list_runs
-from ae.diagnose.synthetic import TS, RankWriter, write_heartbeat, write_train_log
 from ae.diagnose.watch import watch
+from bench.synthetic_logs import TS, RankWriter, write_heartbeat, write_train_log
 from tests.support.runs import ROOT
 
 OTHER_TS = "20261120_080000"
