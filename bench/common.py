@@ -30,10 +30,19 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_record(name: str, record: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"bench": name, "machine": machine(), **record}, indent=2))
+def results_dir() -> Path:
+    """Where records go: bench/results, or $AE_BENCH_RESULTS (the quick-mode test's tmp dir)."""
+    return Path(os.environ.get("AE_BENCH_RESULTS") or RESULTS)
+
+
+def write_record(name: str, record: dict[str, Any], *, quick: bool = False) -> Path:
+    """`<name>.json`, or `<name>_quick.json` for a `--quick` smoke run, which must not replace
+    the figures of a full run."""
+    out = results_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}{'_quick' if quick else ''}.json"
+    record = {"bench": name, "quick": quick, "machine": machine(), **record}
+    path.write_text(json.dumps(record, indent=2))
     return path
 
 

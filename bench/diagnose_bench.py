@@ -1,6 +1,6 @@
 """How long `ae-diagnose --json` takes on a big run: 64 rank logs, ~200 MB in all.
 
-The logs are synthesized with the real line formats (ae/diagnose/synthetic.py: RECORD_FORMAT and the
+The logs are synthesized with the real line formats (bench/synthetic_logs.py: RECORD_FORMAT and the
 writers' LineFormats): per rank a header, the shard plans, 3 epochs of `--debug` training steps
 with memory figures, validation lines, data-loading warnings and bad-shard ERRORs; a heartbeat
 per rank; rank 37 ends in a data loading STALL with its report and worker dumps while every
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ae.diagnose.synthetic import RankWriter, write_heartbeat, write_train_log
+from bench.synthetic_logs import RankWriter, write_heartbeat, write_train_log
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

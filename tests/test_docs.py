@@ -20,10 +20,10 @@ from pathlib import Path
 
 from ae import log_lines
 from ae.config import FIELDS
-from ae.diagnose import diagnose
+from ae.diagnose.report import diagnose
 from ae.diagnose.run_files import find_run
-from ae.diagnose.synthetic import RankWriter, write_heartbeat, write_train_log
 from ae.log_lines import BAD_SAMPLE, RECORD_PATTERN, LineFormat, epoch_marker
+from bench.synthetic_logs import RankWriter, write_heartbeat, write_train_log
 from tests.support.runs import ROOT
 
 CONTRACT = ROOT / "docs" / "CONTRACT.md"
@@ -180,7 +180,7 @@ def writers() -> dict[str, list[Writer]]:
     funcs = []  # (name, formats, calls, returned formats, returned calls, levels, main)
     files = [*ROOT.joinpath("ae").rglob("*.py"), *ROOT.joinpath("logging_cfg").rglob("*.py")]
     for path in files:
-        if "diagnose" in path.relative_to(ROOT).parts:  # the reader (and its synthetic logs)
+        if "diagnose" in path.relative_to(ROOT).parts:  # the reader
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

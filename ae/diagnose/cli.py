@@ -15,9 +15,8 @@ from loguru import logger
 from rich.console import Console
 
 import logging_cfg
-from ae.diagnose import diagnose
 from ae.diagnose.bundle import write_bundle
-from ae.diagnose.report import render
+from ae.diagnose.report import diagnose, render
 from ae.diagnose.run_files import DiagnoseError, find_run, resolve_logs_dir
 from ae.diagnose.watch import watch
 from ae.errors import UserError

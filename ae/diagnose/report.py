@@ -1,5 +1,6 @@
-"""The diagnosis as one JSON-ready dict, and its rich rendering (built from that same dict, so the
-table and `--json` cannot say different things). Keys are documented in docs/CONTRACT.md."""
+"""The diagnosis of a run (`diagnose`) as one JSON-ready dict, and its rich rendering (built from
+that same dict, so the table and `--json` cannot say different things). Keys are documented in
+docs/CONTRACT.md."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from rich.text import Text
 
 from ae.diagnose.logscan import Evidence, LogBytes
 from ae.diagnose.rank_log import RankLog, shard_of
-from ae.diagnose.run_state import RunState
+from ae.diagnose.run_files import RunFiles
+from ae.diagnose.run_state import RunState, read_run
 from ae.diagnose.stragglers import StragglerFinding, find_stragglers, rank_scores
-from ae.diagnose.verdict import Finding, Verdict, current_phase
+from ae.diagnose.verdict import Finding, Verdict, current_phase, judge
 from ae.log_lines import RECORD_PATTERN
 
 TEXT_LIMIT = 400  # characters of a log line kept in the JSON (FATAL messages can be huge)
@@ -133,6 +135,12 @@ def _data_errors(run: RunState) -> dict[str, Any]:
             for shard, (n, ranks, first) in ranked
         ],
     }
+
+
+def diagnose(files: RunFiles, tail: int = 0) -> dict[str, Any]:
+    """The diagnosis of a run as the `--json` object."""
+    run = read_run(files)
+    return to_json(run, judge(run), tail)
 
 
 def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:

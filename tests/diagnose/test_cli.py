@@ -18,8 +18,8 @@ from rich.console import Console
 from ae.diagnose.cli import main
 from ae.diagnose.logscan import LogBytes
 from ae.diagnose.run_files import find_run, list_runs
-from ae.diagnose.synthetic import TS, RankWriter, write_heartbeat, write_train_log
 from ae.diagnose.watch import watch
+from bench.synthetic_logs import TS, RankWriter, write_heartbeat, write_train_log
 from tests.support.runs import ROOT
 
 OTHER_TS = "20261120_080000"
@@ -165,3 +165,17 @@ def test_logscan_records_and_continuations(tmp_path: Path) -> None:
     n = len(path.read_text().splitlines())
     assert [(e.line, e.text) for e in log.tail(2)] == [(n - 1, cont[-2]), (n, cont[-1])]
     assert [log.lineno(p) for p in log.find_records(b"shard")] == [2]
+
+
+def test_importing_one_module_loads_only_what_it_needs() -> None:
+    """The package's `__init__` holds no logic: the log scanner alone does not pull in the
+    analyzer (verdict rules, run state, report)."""
+    script = (
+        "import sys, ae.diagnose.logscan\n"
+        "print(sorted(m for m in sys.modules if m.startswith('ae.diagnose')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["['ae.diagnose',", "'ae.diagnose.logscan']"]

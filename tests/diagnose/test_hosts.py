@@ -1,4 +1,4 @@
-"""Ranks on several hosts (synthetic logs, ae/diagnose/synthetic.py): clocks that differ (each
+"""Ranks on several hosts (synthetic logs, bench/synthetic_logs.py): clocks that differ (each
 rank's CLOCK_OFFSET line puts its times on rank 0's clock), and a host that dies."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ae.diagnose import diagnose
+from ae.diagnose.report import diagnose
 from ae.diagnose.run_files import find_run
-from ae.diagnose.synthetic import RankWriter, write_heartbeat, write_train_log
 from ae.log_lines import CLOCK_OFFSET
+from bench.synthetic_logs import RankWriter, write_heartbeat, write_train_log
 
 PEER = "NCCL error: remote process exited"
 FRAMES = [("/x/train_ae.py", "main"), ("/x/torch/autograd/graph.py", "_engine_run_backward")]

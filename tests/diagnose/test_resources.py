@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ae.diagnose.synthetic import write_heartbeat
 from ae.log_lines import DISK_FULL
+from bench.synthetic_logs import write_heartbeat
 from tests.diagnose.test_verdict import (
     BACKWARD_FRAMES,
     GLOO,

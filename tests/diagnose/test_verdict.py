@@ -1,5 +1,5 @@
 """ae-diagnose verdict rules, one test per heuristic, on synthetic logs written with the real
-line formats (ae/diagnose/synthetic.py)."""
+line formats (bench/synthetic_logs.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from ae.diagnose import diagnose
+from ae.diagnose.report import diagnose
 from ae.diagnose.run_files import find_run
-from ae.diagnose.synthetic import RankWriter, write_heartbeat, write_train_log
 from ae.log_lines import MARKER, STOP_SIGNAL, STOP_SIGNAL_STUCK
+from bench.synthetic_logs import RankWriter, write_heartbeat, write_train_log
 
 GLOO = (
     "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from loguru import logger
 
-from ae.diagnose.synthetic import T0, TS, RankWriter, record, write_train_log
 from ae.job.outcome import report_failure, report_stop
 from ae.log_lines import LAUNCHER_LOG_FILE, PREEMPTED, TRAIN_LOG_FILE
+from bench.synthetic_logs import T0, TS, RankWriter, record, write_train_log
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ae.diagnose.synthetic import TS, write_heartbeat
 from ae.job.peer_nodes import NODE_LOST_S, PeerNodes
 
 

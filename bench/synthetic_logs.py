@@ -1,5 +1,8 @@
 """Synthetic run logs written with the real line formats (ae.log_lines), for ae-diagnose tests
-and bench/diagnose_bench.py: a record is RECORD_FORMAT, a message is the writers' LineFormat."""
+and bench/diagnose_bench.py: a record is RECORD_FORMAT, a message is the writers' LineFormat.
+
+Here, not in the product package, and not in tests/support: bench must not import from tests,
+tests may import bench (as with `bench.real_images`)."""
 
 from __future__ import annotations
 
