@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ae.job.peer_nodes import NODE_LOST_S, PeerNodes
+from bench.synthetic_logs import TS, write_heartbeat
 
 
 def beat(logs: Path, rank: int, t: float, host: str, state: str = "running") -> None:
