@@ -25,7 +25,7 @@ def test_ae_train_from_a_regular_install(tmp_path: Path) -> None:
     )  # fmt: skip
     assert build.returncode == 0, build.stderr[-3000:]
     assert (
-        not (site / "ae" / "__editable__").exists() and (site / "ae" / "cli" / "rank.py").is_file()
+        not (site / "ae" / "__editable__").exists() and (site / "ae" / "rank" / "train.py").is_file()
     )
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(site), "AE_CACHE_DIR": str(tmp_path / "cache")}
