@@ -4,8 +4,9 @@
 (`ae.data.counts`, kept in the per-user count cache), the shares are exchanged in one all-gather,
 and all ranks check they hold the same counts (one all-reduce) before building the same plan.
 With `--shard_split=resampled` the train split is not counted at all (`ae.data.resampled`).
-A data problem that makes training pointless raises `DataError` with a
-message naming the split's flag, on every rank alike.
+Without `--val_shards` the validation split is held out of the train shards (`ae.data.holdout`),
+from the same counts on every rank. A data problem that makes training pointless raises
+`DataError` with a message naming the split's flag, on every rank alike.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from ae.config import PREFETCH_FACTOR, DataConfig
 from ae.data.counts import count_cache_dir, shared_counts
 from ae.data.decode import InputSpec, SampleDecoder, SampleError
 from ae.data.errors import DataError
+from ae.data.holdout import Holdout, hold_out
 from ae.data.loader import PreemptibleLoader
+from ae.data.plan import ShardSlice
 from ae.data.resume import ResumableLoader
 from ae.data.stream import ShardStream
 from ae.data.tar_samples import iter_samples
 from ae.forensics.progress import in_phase
-from ae.log_lines import INPUT_FIELD, SHARD_PLAN, main_log
+from ae.log_lines import INPUT_FIELD, SHARD_PLAN, VALIDATION_HELD_OUT, VALIDATION_OFF, main_log
 
 
 def silence_known_warnings() -> None:
@@ -108,21 +111,27 @@ class ShardDataModule(L.LightningDataModule):
         self,
         cfg: DataConfig,
         train_urls: list[str],
-        val_urls: list[str],
+        val_urls: list[str] | None,
         *,
         seed: int,
         debug: bool = False,
     ) -> None:
-        """`debug`: per-shard lines. Shard counts are kept in `cfg.count_cache`."""
+        """`val_urls` None: validation held out of the train shards, or none with
+        `--val_shards=none`. `debug`: per-shard lines. Shard counts are kept in
+        `cfg.count_cache`."""
         super().__init__()
         self.cfg = cfg
         self.cache_dir: Path | None = count_cache_dir(cfg.count_cache)
         self.seed, self.debug = seed, debug
         self.train_urls = train_urls
         self.val_urls = val_urls
+        self.validates = cfg.validates
         self.decoder = probe_decoder("train", train_urls, cfg)
-        probe_decoder("val", val_urls, cfg, self.decoder)
+        if val_urls is not None:
+            probe_decoder("val", val_urls, cfg, self.decoder)
         log_input(self.decoder, cfg)
+        if not self.validates:
+            main_log.info(VALIDATION_OFF)
         self.train_set: ShardStream | None = None
         self.val_set: ShardStream | None = None
         self._collective_inputs: list[torch.Tensor] = []
@@ -168,7 +177,16 @@ class ShardDataModule(L.LightningDataModule):
             )
         return counts.counts
 
-    def _stream(self, split: str, urls: list[str], shuffle: bool) -> ShardStream:
+    def _stream(
+        self,
+        split: str,
+        urls: list[str],
+        shuffle: bool,
+        counts: list[int] | None = None,
+        parts: tuple[ShardSlice, ...] = (),
+    ) -> ShardStream:
+        """The split's stream over `urls` (counted here unless `counts` are given), or over
+        their stretches `parts` (validation held out of the train shards)."""
         cfg, trainer = self.cfg, self.trainer
         # Resampled: the train split is never counted; validation stays counted (drop mode).
         resampled = cfg.shard_split == "resampled" and split == "train"
@@ -176,13 +194,14 @@ class ShardDataModule(L.LightningDataModule):
         stream = ShardStream(
             split=split,
             urls=urls,
-            counts=[] if resampled else self._counts(split, urls),
+            counts=[] if resampled else counts or self._counts(split, urls),
             decoder=self.decoder,
             batch_size=cfg.batch_size,
             rank=trainer.global_rank if trainer else 0,
             world_size=trainer.world_size if trainer else 1,
             num_workers=cfg.num_workers,
             mode=mode,
+            parts=parts,
             epoch_samples=cfg.epoch_samples if resampled else 0,
             shuffle=shuffle,
             augment=shuffle,  # training: random crops and flips; validation: center crops
@@ -218,11 +237,51 @@ class ShardDataModule(L.LightningDataModule):
         )
         return stream
 
+    def _held_out(self) -> tuple[ShardStream, ShardStream]:
+        """Train and val streams over one split of the train shards (`ae.data.holdout`)."""
+        cfg, trainer, urls = self.cfg, self.trainer, self.train_urls
+        world = trainer.world_size if trainer else 1
+        batch = world * cfg.batch_size  # one batch per rank, the least either split needs
+        resampled = cfg.shard_split == "resampled"
+        # Resampled training draws whole shards, so whole shards are held out (each counts 1).
+        counts = [1] * len(urls) if resampled else self._counts("train", urls)
+        total = sum(counts)
+        need = 2 if resampled else 2 * batch
+        if total < need:
+            unit = f"{total} shard(s)" if resampled else f"{total} samples"
+            raise DataError(
+                f"train_shards: {unit} cannot hold out validation (one batch of "
+                f"{cfg.batch_size} per rank on {world} ranks) and still train on the rest; pass "
+                f"--val_shards=SPEC or --val_shards=none, or lower --batch_size"
+            )
+        split = hold_out(counts, cfg.val_fraction, 1 if resampled else batch)
+        main_log.info(
+            VALIDATION_HELD_OUT.format(
+                val=Holdout.size(split.val), total=total, train=Holdout.size(split.train),
+                unit="shards" if resampled else "samples", by="shard" if resampled else split.by,
+                fraction=f"{cfg.val_fraction:g}",
+            )
+        )  # fmt: skip
+        if resampled:
+            val_urls = [urls[p.shard] for p in split.val]
+            self.train_urls = [urls[p.shard] for p in split.train]
+            return (
+                self._stream("train", self.train_urls, shuffle=True),
+                self._stream("val", val_urls, shuffle=False),
+            )
+        return (
+            self._stream("train", urls, shuffle=True, counts=counts, parts=split.train),
+            self._stream("val", urls, shuffle=False, counts=counts, parts=split.val),
+        )
+
     def setup(self, stage: str) -> None:
         with in_phase("shard planning"):
+            held_out = self.validates and self.val_urls is None
+            if held_out and self.train_set is None:
+                self.train_set, self.val_set = self._held_out()
             if stage == "fit" and self.train_set is None:
                 self.train_set = self._stream("train", self.train_urls, shuffle=True)
-            if stage in ("fit", "validate") and self.val_set is None:
+            if stage in ("fit", "validate") and self.val_set is None and self.val_urls:
                 self.val_set = self._stream("val", self.val_urls, shuffle=False)
 
     def train_worker_rates(self) -> list[dict[str, Any]]:
@@ -264,8 +323,9 @@ class ShardDataModule(L.LightningDataModule):
         # On resume, Lightning then restores the loader's position (ae.data.resume).
         return self._loader(self.train_set, ResumableLoader)
 
-    def val_dataloader(self) -> DataLoader:
-        assert self.val_set is not None
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_set is None:  # --val_shards=none (the trainer validates nothing either)
+            return []
         return self._loader(self.val_set)
 
 

@@ -55,7 +55,8 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     train_urls, val_urls = resolve_shards(
         *with_demo_defaults(cfg.data.train_shards, cfg.data.val_shards)
     )
-    log_run_setup(ctx, cfg, paths, len(train_urls), len(val_urls))
+    val = f"{len(val_urls)} val" if val_urls is not None else "val held out of train"
+    log_run_setup(ctx, cfg, paths, len(train_urls), val if cfg.data.validates else "no val")
     L.seed_everything(cfg.run.seed, verbose=False)
 
     datamodule = ShardDataModule(cfg.data, train_urls, val_urls, seed=cfg.run.seed, debug=obs.debug)

@@ -74,16 +74,18 @@ class Sampling(L.Callback):
             self.sample(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        images = trainer.datamodule.val_set.spec.kind == "image"
+        images = trainer.datamodule.spec.kind == "image"
         if self.every_epoch and images and not trainer.should_stop:
             self.sample(trainer, pl_module)
 
     def sample_inputs(self, trainer: L.Trainer) -> torch.Tensor:
-        """The first samples of this rank's validation slot, read once (no worker, no log
-        lines of the data pipeline)."""
+        """The first samples of this rank's validation slot (of its train slot with
+        --val_shards=none), read once (no worker, no log lines of the data pipeline)."""
         if self._inputs is None:
             wanted = self.num_batches * self.batch_size
-            arrays = trainer.datamodule.val_set.first_samples(trainer.global_rank, wanted)
+            dm = trainer.datamodule
+            source = dm.val_set if dm.val_set is not None else dm.train_set
+            arrays = source.first_samples(trainer.global_rank, wanted)
             self._inputs = torch.from_numpy(np.stack(arrays)) if arrays else torch.empty(0)
         return self._inputs[: self.num_batches * self.batch_size]
 

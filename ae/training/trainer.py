@@ -113,6 +113,7 @@ def build_trainer(cfg: Config, ctx: RankContext, run_ts: str) -> L.Trainer:
         # Lightning asks after every batch; StepBoundary enables validation (limit_val_batches)
         # only on a batch due for it: an epoch's last, and every --val_interval optimizer steps.
         **TRAINER_VALIDATION_ARGS,
+        limit_val_batches=1.0 if cfg.data.validates else 0,  # --val_shards=none
         use_distributed_sampler=False,  # the shard plan already splits the data per rank
         num_sanity_val_steps=0,
         logger=build_loggers(run.dir, run_ts),

@@ -45,6 +45,27 @@ def test_demo_data_is_resolved_once_and_named_to_the_ranks(
     assert cmd[cmd.index("-m", 3) + 1] == launch.RANK_MODULE  # the ranks run the package module
 
 
+def test_own_train_shards_without_val_shards_hand_the_ranks_no_val_spec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validation is then held out of the train shards (ae.data.holdout), never the demo's."""
+    shard = tmp_path / "a.tar"
+    shard.write_bytes(b"")
+    started: list[list[str]] = []
+
+    def popen(cmd: list[str], **kw: object) -> subprocess.Popen:
+        started.append(cmd)
+        raise _Done
+
+    monkeypatch.setattr(demo, "demo_shard_specs", lambda: pytest.fail("built the demo data"))
+    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    with pytest.raises(_Done):
+        main([f"--output_dir={tmp_path / 'run'}", "--devices=2", f"--train_shards={shard}"])
+    (cmd,) = started
+    assert f"--train_shards={shard}" in cmd
+    assert not [a for a in cmd if a.startswith("--val_shards")]
+
+
 def test_malformed_ae_fault_is_one_message(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
