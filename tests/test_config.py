@@ -222,3 +222,15 @@ def test_resampled_split_needs_epoch_samples_and_only_it_takes_them() -> None:
             parse_config(argv)
     cfg = parse_config(["--count_cache=off", "--write_index=never"])
     assert (cfg.data.count_cache, cfg.data.write_index) == ("off", "never")
+
+
+def test_val_shards_none_is_a_value_not_the_unset_default(tmp_path: Path) -> None:
+    """`--val_shards=none` turns validation off; unset, validation is held out of the train
+    shards. (`none` stays the unset word of every other optional flag.)"""
+    assert parse_config(["--val_shards=none"]).data.val_shards == "none"
+    assert not parse_config(["--val_shards=None"]).data.validates
+    path = tmp_path / "c.yaml"
+    path.write_text("val_shards: none\n")
+    assert not parse_config([f"--config={path}"]).data.validates
+    assert parse_config([]).data.validates and parse_config([]).data.val_shards is None
+    assert parse_config(["--input_key=none"]).data.input_key is None

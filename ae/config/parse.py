@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 
 from ae.config.checks import cross_checks
-from ae.config.sections import FIELDS, SECTIONS, Config, show_value
+from ae.config.sections import FIELDS, NO_VALIDATION, SECTIONS, Config, show_value
 from ae.errors import UserError
 
 
@@ -50,6 +50,10 @@ def _coerce(key: str, raw: Any) -> Any:
     optional = isinstance(hint, types.UnionType) and type(None) in args
     if optional:
         if raw is None or (isinstance(raw, str) and raw.lower() in {"none", "null", ""}):
+            # The word, not YAML's null (a saved config's `val_shards: null` is unset).
+            word = isinstance(raw, str) and raw.lower() == NO_VALIDATION
+            if word and FIELDS[key].metadata["none_is_a_value"]:
+                return NO_VALIDATION
             return None
         hint = next(a for a in args if a is not type(None))
     if typing.get_origin(hint) is Literal:

@@ -19,8 +19,18 @@ def show_value(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
-def _opt(default: Any, help: str, *, lo: float | None = None, hi: float | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "lo": lo, "hi": hi})
+def _opt(
+    default: Any,
+    help: str,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    none_is_a_value: bool = False,
+) -> Any:
+    """`none_is_a_value`: the word `none` is a value of the flag (`--val_shards=none`), not the
+    unset default it means elsewhere."""
+    meta = {"help": help, "lo": lo, "hi": hi, "none_is_a_value": none_is_a_value}
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class DataConfig:
         None,
         "validation shard spec, or none (no validation, no best.ckpt); default: --val_fraction "
         "of --train_shards held out (the demo digits' val split with the demo train split)",
+        none_is_a_value=True,
     )
     val_fraction: float = _opt(
         0.01,
