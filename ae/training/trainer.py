@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.strategies import DDPStrategy
 
 from ae.config import Config, ConfigError, RunConfig
+from ae.config.checks import CPU_16_MIXED
 from ae.data.datamodule import EpochSync
 from ae.forensics.loop_tracer import DebugCallback
 from ae.training.checkpointing import AtomicCheckpointIO, Checkpointing
@@ -32,6 +33,10 @@ def resolve_accelerator(run: RunConfig) -> str:
 
 
 def check_precision(run: RunConfig, accelerator: str) -> None:
+    """A precision the device cannot do is refused, never replaced (the launcher refuses the
+    same earlier; this covers a rank started by hand, `train_ae.py`)."""
+    if accelerator == "cpu" and run.precision == "16-mixed":
+        raise ConfigError([f"precision: {CPU_16_MIXED}"])
     if (
         accelerator == "gpu"
         and run.precision == "bf16-mixed"

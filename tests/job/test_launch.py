@@ -76,3 +76,15 @@ def test_malformed_ae_fault_is_one_message(
     err = capsys.readouterr()
     text = err.out + err.err
     assert "AE_FAULT: 'nap@data': expected" in text and "Traceback" not in text
+
+
+def test_16_mixed_without_a_gpu_is_refused_up_front(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lightning would run bf16-mixed instead on a CPU while the console says 16-mixed."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # accelerator auto: no GPU visible
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    assert main([f"--output_dir={tmp_path / 'run'}", "--precision=16-mixed"]) == 2
+    text = "".join(capsys.readouterr())
+    assert "precision: 16-mixed needs a GPU" in text and "--precision=32" in text
+    assert "--precision=bf16-mixed" in text and "Traceback" not in text
