@@ -31,12 +31,48 @@ def test_cli_overrides_yaml(tmp_path: Path) -> None:
     assert (cfg.data.batch_size, cfg.run.seed) == (16, 3)
 
 
-def test_unknown_key_in_yaml_is_named(tmp_path: Path) -> None:
+def test_unknown_key_in_yaml_is_named_with_its_file_line_and_a_guess(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text("batch_sise: 4\n")
+    path.write_text("seed: 1\nbatch_sise: 4\n")
     with pytest.raises(ConfigError) as err:
         parse_config([f"--config={path}"])
-    assert err.value.problems == ["batch_sise: unknown key (see --help for the list)"]
+    assert err.value.problems == [
+        f"batch_sise: unknown key in {path}, line 2; did you mean batch_size? (--help lists "
+        "every key)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("flag", "meant"),
+    [("--batchsize=8", "batch_size"), ("--lr=abc", "learning_rate"),
+     ("--lerning_rate=1", "learning_rate"), ("--epochs=3", "max_epochs")],
+)  # fmt: skip
+def test_unknown_flags_suggest_the_flag_meant(flag: str, meant: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config([flag])
+    (problem,) = err.value.problems
+    assert f"did you mean --{meant}?" in problem and problem.startswith(flag[2:].split("=")[0])
+
+
+def test_unknown_flag_without_a_likely_meaning_gets_no_guess() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--xyzzy=1"])
+    assert err.value.problems == ["xyzzy: unknown flag --xyzzy (--help lists every flag)"]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "column"),
+    [("seed: 1\nbatch_size: [4\nx: 2\n", 3, 2), ("seed: 1\n  batch_size: 4\n", 2, 13)],
+)
+def test_yaml_syntax_error_names_file_line_and_column(
+    tmp_path: Path, text: str, line: int, column: int
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={path}"])
+    (problem,) = err.value.problems
+    assert problem.startswith(f"config: {path}, line {line}, column {column}: not valid YAML: ")
 
 
 def test_all_problems_reported_together() -> None:
