@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import lightning as L
 import torch
-from loguru import logger
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
@@ -99,8 +99,7 @@ def preflight(cfg: Config, ctx: RankContext, *, batch_bytes: int, model: torch.n
 @record  # the traceback goes into torchrun's error file, so its failure report shows it
 def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
-        logging_cfg.configure_console()
-        logger.info(help_text())
+        sys.stdout.write(help_text() + "\n")  # text to read, not a log line: no clock time
         return 0
     ctx = RankContext.from_env()
     return run_to_exit(lambda: fit(parse_config(argv), ctx))
