@@ -28,6 +28,7 @@ from ae.data.counts import count_cache_dir, shared_counts
 from ae.data.decode import InputSpec, SampleDecoder, SampleError
 from ae.data.errors import DataError
 from ae.data.holdout import Holdout, hold_out
+from ae.data.keys import first_sample_merged
 from ae.data.loader import PreemptibleLoader
 from ae.data.plan import ShardSlice
 from ae.data.resume import ResumableLoader
@@ -104,6 +105,12 @@ def same_on_all_ranks(values: list[int], device: torch.device, keep: list[torch.
     dist.all_reduce(both, op=dist.ReduceOp.MAX)
     keep.append(both)
     return int(both[0]) == -int(both[1])
+
+
+def _merged_hint(urls: list[str]) -> str:
+    """For a "too few samples" message: whether files were merged by WebDataset's key rule."""
+    why = first_sample_merged(urls)
+    return f". Few samples? {why}" if why else ""
 
 
 class ShardDataModule(L.LightningDataModule):
@@ -216,6 +223,7 @@ class ShardDataModule(L.LightningDataModule):
                 f"{split}_shards: {plan.total_samples} samples cannot give each of "
                 f"{plan.world_size} ranks one batch of {cfg.batch_size}; lower --batch_size,"
                 + (" raise --epoch_samples" if resampled else " or use --shard_split=pad")
+                + _merged_hint(urls)
             )
         main_log.info(
             SHARD_PLAN.format(
@@ -253,6 +261,7 @@ class ShardDataModule(L.LightningDataModule):
                 f"train_shards: {unit} cannot hold out validation (one batch of "
                 f"{cfg.batch_size} per rank on {world} ranks) and still train on the rest; pass "
                 f"--val_shards=SPEC or --val_shards=none, or lower --batch_size"
+                + ("" if resampled else _merged_hint(urls))
             )
         split = hold_out(counts, cfg.val_fraction, 1 if resampled else batch)
         main_log.info(
