@@ -11,9 +11,12 @@ from the same counts on every rank. A data problem that makes training pointless
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import json
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,33 @@ def silence_known_warnings() -> None:
 # Samples tried before a split with no usable sample is given up on: the first samples of a
 # dataset tell whether its fields can be decoded, without reading all of it.
 PROBE_SAMPLES = 1000
+# Images at native size (no --image_size) must all have one size: the headers of the first
+# samples of the first shard and of the first sample of the next shards tell, cheaply.
+SIZE_PROBE_FIRST_SHARD, SIZE_PROBE_SHARDS = 8, 16
+
+
+def check_one_image_size(split: str, urls: list[str], decoder: SampleDecoder) -> None:
+    """DataError naming --image_size and the sizes seen when the first samples of the split
+    (see SIZE_PROBE_*) have images of several sizes: the run would train only on those of the
+    first sample's size, the others replaced by repeats of them."""
+    if decoder.kind != "image" or decoder.image_size:
+        return
+    sizes: Counter[str] = Counter()
+    for i, url in enumerate(urls[:SIZE_PROBE_SHARDS]):
+        wanted = SIZE_PROBE_FIRST_SHARD if i == 0 else 1
+        with contextlib.suppress(Exception):  # a damaged shard: the readers report it
+            for sample in itertools.islice(iter_samples(url), wanted):
+                if (size := decoder.header_size(sample)) is not None:
+                    sizes[size] += 1
+    if len(sizes) > 1:
+        shown = ", ".join(f"{size} ({n})" for size, n in sizes.most_common(5))
+        shorter = min(min(int(v) for v in size.split("x")) for size in sizes)
+        raise DataError(
+            f"{split}_shards: images of several sizes in the first {sum(sizes.values())} "
+            f"samples read: {shown}{', ...' if len(sizes) > 5 else ''}; at native size only those "
+            f"of the first one's could be trained on. Pass --image_size=N (the shorter side "
+            f"resized to N, then cropped to NxN), e.g. --image_size={min(64, shorter)}"
+        )
 
 
 def probe_decoder(
@@ -134,6 +164,7 @@ class ShardDataModule(L.LightningDataModule):
         self.val_urls = val_urls
         self.validates = cfg.validates
         self.decoder = probe_decoder("train", train_urls, cfg)
+        check_one_image_size("train", train_urls, self.decoder)
         if val_urls is not None:
             probe_decoder("val", val_urls, cfg, self.decoder)
         log_input(self.decoder, cfg)
@@ -336,6 +367,50 @@ class ShardDataModule(L.LightningDataModule):
         if self.val_set is None:  # --val_shards=none (the trainer validates nothing either)
             return []
         return self._loader(self.val_set)
+
+
+def bad_share_problem(
+    per_rank: list[tuple[int, int]], bound: float, epoch: int, split: str = "train"
+) -> str | None:
+    """The message when a rank's share of bad (replaced) samples in an epoch is above `bound`:
+    `per_rank` holds (replaced, planned) for each rank; None when every rank is within it."""
+    if all(bad <= bound * planned for bad, planned in per_rank):
+        return None
+    counts = ", ".join(f"rank {r}: {b} of {p}" for r, (b, p) in enumerate(per_rank))
+    return (
+        f"{split}_shards: more than --max_bad_fraction={bound:g} of epoch {epoch}'s samples were "
+        f"bad and replaced by repeats of good ones ({counts}); the bad samples are named in "
+        f'the rank logs (grep "Bad sample" debug_rank*.log; ae-shards inspect lists them). Fix '
+        "the data, pass --image_size for images of several sizes, or raise --max_bad_fraction"
+    )
+
+
+class BadDataBound(L.Callback):
+    """Stops the run (DataError, exit 2) at the end of an epoch in which any rank replaced more
+    than `--max_bad_fraction` of its samples: it would be training on repeats. Every rank's
+    counts are gathered (one all-gather), so every rank stops alike, with all the counts."""
+
+    def __init__(self, bound: float) -> None:
+        self.bound = bound
+        self.seen = 0  # replaced samples counted up to the previous epoch's end
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dm = trainer.datamodule
+        if not isinstance(dm, ShardDataModule) or dm.train_set is None:
+            return
+        replaced = dm.train_set.errors.totals()[2]  # counted before their batch is yielded
+        planned = dm.train_set.plan().samples_per_rank
+        mine = torch.tensor([replaced - self.seen, planned], device=trainer.strategy.root_device)
+        self.seen = replaced
+        if trainer.world_size > 1:
+            parts = [torch.zeros_like(mine) for _ in range(trainer.world_size)]
+            dist.all_gather(parts, mine)
+            dm._collective_inputs += parts  # kept alive until the run ends (same_on_all_ranks)
+        else:
+            parts = [mine]
+        per_rank = [(int(p[0]), int(p[1])) for p in parts]
+        if (problem := bad_share_problem(per_rank, self.bound, trainer.current_epoch)) is not None:
+            raise DataError(problem)
 
 
 class EpochSync(L.Callback):

@@ -14,7 +14,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from ae.config import Config, ConfigError, RunConfig
 from ae.config.checks import CPU_16_MIXED
-from ae.data.datamodule import EpochSync
+from ae.data.datamodule import BadDataBound, EpochSync
 from ae.forensics.loop_tracer import DebugCallback
 from ae.training.checkpointing import AtomicCheckpointIO, Checkpointing
 from ae.training.clock import ClockOffset
@@ -60,6 +60,7 @@ def build_callbacks(cfg: Config, ctx: RankContext) -> list[L.Callback]:
     callbacks: list[L.Callback] = [
         ClockOffset(),
         EpochSync(),
+        BadDataBound(cfg.data.max_bad_fraction),
         DebugCallback(
             debug=obs.debug,
             every_train=obs.log_every_n_train_batches,
