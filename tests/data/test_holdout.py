@@ -107,3 +107,14 @@ def test_the_demo_val_split_comes_only_with_the_demo_train_split(monkeypatch) ->
     assert demo.with_demo_defaults("mine/*.tar", None) == ("mine/*.tar", None)
     assert demo.with_demo_defaults("mine/*.tar", "none") == ("mine/*.tar", "none")
     assert demo.with_demo_defaults(None, None) == ("demo-train", "demo-val")
+
+
+def test_resampled_training_holds_out_whole_shards(tmp_path: Path, main_lines: list[str]) -> None:
+    """Resampled training draws whole shards (uncounted), so whole shards are held out."""
+    urls = write_id_shards(tmp_path, [8, 8, 8, 8])
+    cfg = DataConfig(num_workers=0, batch_size=4, shard_split="resampled", epoch_samples=16)
+    dm = ShardDataModule(cfg, urls, None, seed=0)
+    dm.setup("fit")
+    assert dm.val_set.urls == urls[3:] and dm.train_set.urls == urls[:3]
+    (line,) = [m for m in main_lines if m.startswith("Validation:")]
+    assert line.startswith("Validation: 1 of the 4 shards of train_shards held out by shard")
