@@ -64,6 +64,15 @@ SHARD_PLAN = LineFormat(
     {"shards": "int", "samples": "int", "batches": "int", "batch_size": "int", "ranks": "int",
      "workers": "int", "dropped": "int", "repeated": "int", "rank_samples": "int"},
 )  # fmt: skip
+# Without --val_shards (ae.data.holdout), once, rank 0, on the console: what validates the run.
+VALIDATION_HELD_OUT = LineFormat(
+    "Validation: {val} of the {total} {unit} of train_shards held out by {by} "
+    "(--val_fraction={fraction}, at least one batch per rank), the same every epoch; training on "
+    "the other {train}. --val_shards=SPEC validates on other shards, --val_shards=none on none",
+    {"val": "int", "total": "int", "unit": "word", "by": "word", "fraction": "text",
+     "train": "int"},
+)  # fmt: skip
+VALIDATION_OFF = "Validation off (--val_shards=none): no val loss, no best.ckpt"
 # The model input (ae.data.datamodule), once per rank: which field, chosen how, and its shape.
 INPUT_FIELD = LineFormat(
     "Input field {field} ({source}): shape {shape}, {detail}",

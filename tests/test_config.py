@@ -31,12 +31,48 @@ def test_cli_overrides_yaml(tmp_path: Path) -> None:
     assert (cfg.data.batch_size, cfg.run.seed) == (16, 3)
 
 
-def test_unknown_key_in_yaml_is_named(tmp_path: Path) -> None:
+def test_unknown_key_in_yaml_is_named_with_its_file_line_and_a_guess(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text("batch_sise: 4\n")
+    path.write_text("seed: 1\nbatch_sise: 4\n")
     with pytest.raises(ConfigError) as err:
         parse_config([f"--config={path}"])
-    assert err.value.problems == ["batch_sise: unknown key (see --help for the list)"]
+    assert err.value.problems == [
+        f"batch_sise: unknown key in {path}, line 2; did you mean batch_size? (--help lists "
+        "every key)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("flag", "meant"),
+    [("--batchsize=8", "batch_size"), ("--lr=abc", "learning_rate"),
+     ("--lerning_rate=1", "learning_rate"), ("--epochs=3", "max_epochs")],
+)  # fmt: skip
+def test_unknown_flags_suggest_the_flag_meant(flag: str, meant: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config([flag])
+    (problem,) = err.value.problems
+    assert f"did you mean --{meant}?" in problem and problem.startswith(flag[2:].split("=")[0])
+
+
+def test_unknown_flag_without_a_likely_meaning_gets_no_guess() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--xyzzy=1"])
+    assert err.value.problems == ["xyzzy: unknown flag --xyzzy (--help lists every flag)"]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "column"),
+    [("seed: 1\nbatch_size: [4\nx: 2\n", 3, 2), ("seed: 1\n  batch_size: 4\n", 2, 13)],
+)
+def test_yaml_syntax_error_names_file_line_and_column(
+    tmp_path: Path, text: str, line: int, column: int
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={path}"])
+    (problem,) = err.value.problems
+    assert problem.startswith(f"config: {path}, line {line}, column {column}: not valid YAML: ")
 
 
 def test_all_problems_reported_together() -> None:
@@ -222,3 +258,15 @@ def test_resampled_split_needs_epoch_samples_and_only_it_takes_them() -> None:
             parse_config(argv)
     cfg = parse_config(["--count_cache=off", "--write_index=never"])
     assert (cfg.data.count_cache, cfg.data.write_index) == ("off", "never")
+
+
+def test_val_shards_none_is_a_value_not_the_unset_default(tmp_path: Path) -> None:
+    """`--val_shards=none` turns validation off; unset, validation is held out of the train
+    shards. (`none` stays the unset word of every other optional flag.)"""
+    assert parse_config(["--val_shards=none"]).data.val_shards == "none"
+    assert not parse_config(["--val_shards=None"]).data.validates
+    path = tmp_path / "c.yaml"
+    path.write_text("val_shards: none\n")
+    assert not parse_config([f"--config={path}"]).data.validates
+    assert parse_config([]).data.validates and parse_config([]).data.val_shards is None
+    assert parse_config(["--input_key=none"]).data.input_key is None

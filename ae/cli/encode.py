@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import sys
 
-from loguru import logger
-
 import logging_cfg
 from ae.job.encode import help_text, launch
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    logging_cfg.configure_console()
     if "--help" in argv or "-h" in argv:
-        logger.info(help_text())
+        # Text to read, not a log line: no clock time in front of it.
+        sys.stdout.write(help_text() + "\n")
         return 0
+    logging_cfg.configure_console()
     return launch(argv)
 
 

@@ -3,6 +3,7 @@ problem is collected before failing, so a user fixes a bad command in one go."""
 
 from __future__ import annotations
 
+import difflib
 import types
 import typing
 from dataclasses import fields
@@ -12,7 +13,7 @@ from typing import Any, Literal
 import yaml
 
 from ae.config.checks import cross_checks
-from ae.config.sections import FIELDS, SECTIONS, Config, show_value
+from ae.config.sections import FIELDS, NO_VALIDATION, SECTIONS, Config, show_value
 from ae.errors import UserError
 
 
@@ -30,6 +31,19 @@ class ConfigError(UserError):
 
 
 _TYPES = {k: v for cls in SECTIONS.values() for k, v in typing.get_type_hints(cls).items()}
+# Names other tools use for our flags, for "did you mean" (spelling slips are difflib's).
+ALIASES = {
+    "lr": "learning_rate", "bs": "batch_size", "epochs": "max_epochs", "steps": "max_steps",
+    "workers": "num_workers", "gpus": "devices", "nproc_per_node": "devices",
+    "nodes": "num_nodes", "nnodes": "num_nodes", "out_dir": "output_dir", "output": "output_dir",
+    "resume": "resume_from_checkpoint", "ckpt_path": "resume_from_checkpoint",
+    "wd": "weight_decay", "warmup": "warmup_steps", "scheduler": "lr_scheduler",
+    "accumulate_grad_batches": "gradient_accumulation_steps", "grad_clip": "gradient_clip_val",
+    "train_data": "train_shards", "val_data": "val_shards", "shards": "train_shards",
+    "image_key": "input_key", "key": "input_key", "resolution": "image_size",
+    "size": "image_size", "z_dim": "latent_dim", "latent_size": "latent_dim",
+    "mixed_precision": "precision", "save_every": "checkpointing_period",
+}  # fmt: skip
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -50,6 +64,10 @@ def _coerce(key: str, raw: Any) -> Any:
     optional = isinstance(hint, types.UnionType) and type(None) in args
     if optional:
         if raw is None or (isinstance(raw, str) and raw.lower() in {"none", "null", ""}):
+            # The word, not YAML's null (a saved config's `val_shards: null` is unset).
+            word = isinstance(raw, str) and raw.lower() == NO_VALIDATION
+            if word and FIELDS[key].metadata["none_is_a_value"]:
+                return NO_VALIDATION
             return None
         hint = next(a for a in args if a is not type(None))
     if typing.get_origin(hint) is Literal:
@@ -128,21 +146,56 @@ def _split_argv(argv: list[str], problems: list[str]) -> dict[str, str]:
     return out
 
 
-def _read_yaml(path: str, problems: list[str]) -> dict[str, Any]:
+def did_you_mean(key: str) -> str | None:
+    """The flag a user most likely meant by an unknown `key`: a name from another tool
+    (`lr`), the same name without its underscores (`batchsize`), or a close spelling."""
+    if key in ALIASES:
+        return ALIASES[key]
+    squashed = {name.replace("_", ""): name for name in FIELDS}
+    if key.replace("_", "") in squashed:
+        return squashed[key.replace("_", "")]
+    close = difflib.get_close_matches(key, list(FIELDS), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _unknown(key: str, where: str | None) -> str:
+    """`where`: `file, line N` for a key of a --config file; None for a flag."""
+    guess = did_you_mean(key)
+    if where is None:
+        hint = f"; did you mean --{guess}?" if guess else ""
+        return f"{key}: unknown flag --{key}{hint} (--help lists every flag)"
+    hint = f"; did you mean {guess}?" if guess else ""
+    return f"{key}: unknown key in {where}{hint} (--help lists every key)"
+
+
+def _read_yaml(path: str, problems: list[str]) -> tuple[dict[str, Any], dict[str, int]]:
+    """The file's mapping, and the line of each of its keys."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        text = Path(path).read_text()
+        data = yaml.safe_load(text)
     except FileNotFoundError:
         problems.append(f"config: file not found: {path}")
-        return {}
+        return {}, {}
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problems.append(f"config: {path}{at}: not valid YAML: {e.problem or e.context}")
+        return {}, {}
     except (OSError, yaml.YAMLError) as e:
         problems.append(f"config: cannot read {path}: {e}".splitlines()[0])
-        return {}
+        return {}, {}
     if data is None:
-        return {}
+        return {}, {}
     if not isinstance(data, dict):
         problems.append(f"config: {path} must hold a mapping of key: value")
-        return {}
-    return data
+        return {}, {}
+    root = yaml.compose(text)
+    lines = {
+        k.value: k.start_mark.line + 1
+        for k, _ in (root.value if isinstance(root, yaml.MappingNode) else [])
+        if isinstance(k, yaml.ScalarNode)
+    }
+    return data, lines
 
 
 def _check_range(key: str, value: Any) -> str | None:
@@ -162,18 +215,21 @@ def parse_config(argv: list[str]) -> Config:
     problems: list[str] = []
     cli = _split_argv(argv, problems)
     merged: dict[str, Any] = {}
+    where: dict[str, str] = {}  # a key of the config file: where it is
     if cli.get("config"):
-        for key, value in _read_yaml(cli["config"], problems).items():
+        data, lines = _read_yaml(cli["config"], problems)
+        for key, value in data.items():
             if key == "config":
                 problems.append("config: a config file cannot name another config file")
                 continue
             merged[key] = value
+            where[key] = f"{cli['config']}, line {lines.get(str(key), '?')}"
     merged.update(cli)
 
     values: dict[str, Any] = {}
     for key, raw in merged.items():
         if key not in FIELDS:
-            problems.append(f"{key}: unknown key (see --help for the list)")
+            problems.append(_unknown(key, None if key in cli else where.get(key)))
             continue
         try:
             values[key] = _coerce(key, raw)

@@ -19,8 +19,18 @@ def show_value(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
-def _opt(default: Any, help: str, *, lo: float | None = None, hi: float | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "lo": lo, "hi": hi})
+def _opt(
+    default: Any,
+    help: str,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    none_is_a_value: bool = False,
+) -> Any:
+    """`none_is_a_value`: the word `none` is a value of the flag (`--val_shards=none`), not the
+    unset default it means elsewhere."""
+    meta = {"help": help, "lo": lo, "hi": hi, "none_is_a_value": none_is_a_value}
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,10 @@ class RunConfig:
         return RunDir(Path(self.output_dir))
 
 
+# `--val_shards=none`: no validation at all (and no best.ckpt).
+NO_VALIDATION = "none"
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Shards and the input pipeline."""
@@ -56,7 +70,19 @@ class DataConfig:
     train_shards: str | None = _opt(
         None, "shard spec (brace, glob, dir, pipe:CMD, http(s)://); default: demo digits"
     )
-    val_shards: str | None = _opt(None, "validation shard spec; default: demo digits val split")
+    val_shards: str | None = _opt(
+        None,
+        "validation shard spec, or none (no validation, no best.ckpt); default: --val_fraction "
+        "of --train_shards held out (the demo digits' val split with the demo train split)",
+        none_is_a_value=True,
+    )
+    val_fraction: float = _opt(
+        0.01,
+        "without --val_shards: the share of --train_shards held out for validation, at least "
+        "one batch per rank (by whole shards from 1/val_fraction shards on, else by sample)",
+        lo=0.0001,
+        hi=0.5,
+    )
     batch_size: int = _opt(32, "samples per batch per device", lo=1)
     num_workers: int = _opt(2, "dataloader worker processes per rank", lo=0, hi=64)
     shard_split: Literal["drop", "pad", "resampled"] = _opt(
@@ -98,11 +124,21 @@ class DataConfig:
         0, "images: 1 (grayscale) or 3 (RGB), whatever each image's mode; 0 = as the first", lo=0
     )
     random_flip: bool = _opt(False, "images: flip half of the training images left-right")
+    max_bad_fraction: float = _opt(
+        0.01,
+        "stop when more than this share of an epoch's samples (on any rank) is bad and replaced",
+        lo=0,
+        hi=1,
+    )
     npy_scale: float = _opt(
         1.0,
         "arrays (npy/npz/pth): multiply the float32 values by this (e.g. 0.00392156863 = 1/255 "
         "for uint8 pixels); 1 = values as stored",
     )
+
+    @property
+    def validates(self) -> bool:
+        return self.val_shards != NO_VALIDATION
 
 
 BUILTIN_MODELS = ("auto", "mlp", "conv", "resnet")

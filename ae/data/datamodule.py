@@ -4,15 +4,19 @@
 (`ae.data.counts`, kept in the per-user count cache), the shares are exchanged in one all-gather,
 and all ranks check they hold the same counts (one all-reduce) before building the same plan.
 With `--shard_split=resampled` the train split is not counted at all (`ae.data.resampled`).
-A data problem that makes training pointless raises `DataError` with a
-message naming the split's flag, on every rank alike.
+Without `--val_shards` the validation split is held out of the train shards (`ae.data.holdout`),
+from the same counts on every rank. A data problem that makes training pointless raises
+`DataError` with a message naming the split's flag, on every rank alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import json
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +30,15 @@ from ae.config import PREFETCH_FACTOR, DataConfig
 from ae.data.counts import count_cache_dir, shared_counts
 from ae.data.decode import InputSpec, SampleDecoder, SampleError
 from ae.data.errors import DataError
+from ae.data.holdout import Holdout, hold_out
+from ae.data.keys import first_sample_merged
 from ae.data.loader import PreemptibleLoader
+from ae.data.plan import ShardSlice
 from ae.data.resume import ResumableLoader
 from ae.data.stream import ShardStream
 from ae.data.tar_samples import iter_samples
 from ae.forensics.progress import in_phase
-from ae.log_lines import INPUT_FIELD, SHARD_PLAN, main_log
+from ae.log_lines import INPUT_FIELD, SHARD_PLAN, VALIDATION_HELD_OUT, VALIDATION_OFF, main_log
 
 
 def silence_known_warnings() -> None:
@@ -44,6 +51,33 @@ def silence_known_warnings() -> None:
 # Samples tried before a split with no usable sample is given up on: the first samples of a
 # dataset tell whether its fields can be decoded, without reading all of it.
 PROBE_SAMPLES = 1000
+# Images at native size (no --image_size) must all have one size: the headers of the first
+# samples of the first shard and of the first sample of the next shards tell, cheaply.
+SIZE_PROBE_FIRST_SHARD, SIZE_PROBE_SHARDS = 8, 16
+
+
+def check_one_image_size(split: str, urls: list[str], decoder: SampleDecoder) -> None:
+    """DataError naming --image_size and the sizes seen when the first samples of the split
+    (see SIZE_PROBE_*) have images of several sizes: the run would train only on those of the
+    first sample's size, the others replaced by repeats of them."""
+    if decoder.kind != "image" or decoder.image_size:
+        return
+    sizes: Counter[str] = Counter()
+    for i, url in enumerate(urls[:SIZE_PROBE_SHARDS]):
+        wanted = SIZE_PROBE_FIRST_SHARD if i == 0 else 1
+        with contextlib.suppress(Exception):  # a damaged shard: the readers report it
+            for sample in itertools.islice(iter_samples(url), wanted):
+                if (size := decoder.header_size(sample)) is not None:
+                    sizes[size] += 1
+    if len(sizes) > 1:
+        shown = ", ".join(f"{size} ({n})" for size, n in sizes.most_common(5))
+        shorter = min(min(int(v) for v in size.split("x")) for size in sizes)
+        raise DataError(
+            f"{split}_shards: images of several sizes in the first {sum(sizes.values())} "
+            f"samples read: {shown}{', ...' if len(sizes) > 5 else ''}; at native size only those "
+            f"of the first one's could be trained on. Pass --image_size=N (the shorter side "
+            f"resized to N, then cropped to NxN), e.g. --image_size={min(64, shorter)}"
+        )
 
 
 def probe_decoder(
@@ -103,26 +137,39 @@ def same_on_all_ranks(values: list[int], device: torch.device, keep: list[torch.
     return int(both[0]) == -int(both[1])
 
 
+def _merged_hint(urls: list[str]) -> str:
+    """For a "too few samples" message: whether files were merged by WebDataset's key rule."""
+    why = first_sample_merged(urls)
+    return f". Few samples? {why}" if why else ""
+
+
 class ShardDataModule(L.LightningDataModule):
     def __init__(
         self,
         cfg: DataConfig,
         train_urls: list[str],
-        val_urls: list[str],
+        val_urls: list[str] | None,
         *,
         seed: int,
         debug: bool = False,
     ) -> None:
-        """`debug`: per-shard lines. Shard counts are kept in `cfg.count_cache`."""
+        """`val_urls` None: validation held out of the train shards, or none with
+        `--val_shards=none`. `debug`: per-shard lines. Shard counts are kept in
+        `cfg.count_cache`."""
         super().__init__()
         self.cfg = cfg
         self.cache_dir: Path | None = count_cache_dir(cfg.count_cache)
         self.seed, self.debug = seed, debug
         self.train_urls = train_urls
         self.val_urls = val_urls
+        self.validates = cfg.validates
         self.decoder = probe_decoder("train", train_urls, cfg)
-        probe_decoder("val", val_urls, cfg, self.decoder)
+        check_one_image_size("train", train_urls, self.decoder)
+        if val_urls is not None:
+            probe_decoder("val", val_urls, cfg, self.decoder)
         log_input(self.decoder, cfg)
+        if not self.validates:
+            main_log.info(VALIDATION_OFF)
         self.train_set: ShardStream | None = None
         self.val_set: ShardStream | None = None
         self._collective_inputs: list[torch.Tensor] = []
@@ -168,7 +215,16 @@ class ShardDataModule(L.LightningDataModule):
             )
         return counts.counts
 
-    def _stream(self, split: str, urls: list[str], shuffle: bool) -> ShardStream:
+    def _stream(
+        self,
+        split: str,
+        urls: list[str],
+        shuffle: bool,
+        counts: list[int] | None = None,
+        parts: tuple[ShardSlice, ...] = (),
+    ) -> ShardStream:
+        """The split's stream over `urls` (counted here unless `counts` are given), or over
+        their stretches `parts` (validation held out of the train shards)."""
         cfg, trainer = self.cfg, self.trainer
         # Resampled: the train split is never counted; validation stays counted (drop mode).
         resampled = cfg.shard_split == "resampled" and split == "train"
@@ -176,13 +232,14 @@ class ShardDataModule(L.LightningDataModule):
         stream = ShardStream(
             split=split,
             urls=urls,
-            counts=[] if resampled else self._counts(split, urls),
+            counts=[] if resampled else counts or self._counts(split, urls),
             decoder=self.decoder,
             batch_size=cfg.batch_size,
             rank=trainer.global_rank if trainer else 0,
             world_size=trainer.world_size if trainer else 1,
             num_workers=cfg.num_workers,
             mode=mode,
+            parts=parts,
             epoch_samples=cfg.epoch_samples if resampled else 0,
             shuffle=shuffle,
             augment=shuffle,  # training: random crops and flips; validation: center crops
@@ -197,6 +254,7 @@ class ShardDataModule(L.LightningDataModule):
                 f"{split}_shards: {plan.total_samples} samples cannot give each of "
                 f"{plan.world_size} ranks one batch of {cfg.batch_size}; lower --batch_size,"
                 + (" raise --epoch_samples" if resampled else " or use --shard_split=pad")
+                + _merged_hint(urls)
             )
         main_log.info(
             SHARD_PLAN.format(
@@ -218,11 +276,52 @@ class ShardDataModule(L.LightningDataModule):
         )
         return stream
 
+    def _held_out(self) -> tuple[ShardStream, ShardStream]:
+        """Train and val streams over one split of the train shards (`ae.data.holdout`)."""
+        cfg, trainer, urls = self.cfg, self.trainer, self.train_urls
+        world = trainer.world_size if trainer else 1
+        batch = world * cfg.batch_size  # one batch per rank, the least either split needs
+        resampled = cfg.shard_split == "resampled"
+        # Resampled training draws whole shards, so whole shards are held out (each counts 1).
+        counts = [1] * len(urls) if resampled else self._counts("train", urls)
+        total = sum(counts)
+        need = 2 if resampled else 2 * batch
+        if total < need:
+            unit = f"{total} shard(s)" if resampled else f"{total} samples"
+            raise DataError(
+                f"train_shards: {unit} cannot hold out validation (one batch of "
+                f"{cfg.batch_size} per rank on {world} ranks) and still train on the rest; pass "
+                f"--val_shards=SPEC or --val_shards=none, or lower --batch_size"
+                + ("" if resampled else _merged_hint(urls))
+            )
+        split = hold_out(counts, cfg.val_fraction, 1 if resampled else batch)
+        main_log.info(
+            VALIDATION_HELD_OUT.format(
+                val=Holdout.size(split.val), total=total, train=Holdout.size(split.train),
+                unit="shards" if resampled else "samples", by="shard" if resampled else split.by,
+                fraction=f"{cfg.val_fraction:g}",
+            )
+        )  # fmt: skip
+        if resampled:
+            val_urls = [urls[p.shard] for p in split.val]
+            self.train_urls = [urls[p.shard] for p in split.train]
+            return (
+                self._stream("train", self.train_urls, shuffle=True),
+                self._stream("val", val_urls, shuffle=False),
+            )
+        return (
+            self._stream("train", urls, shuffle=True, counts=counts, parts=split.train),
+            self._stream("val", urls, shuffle=False, counts=counts, parts=split.val),
+        )
+
     def setup(self, stage: str) -> None:
         with in_phase("shard planning"):
+            held_out = self.validates and self.val_urls is None
+            if held_out and self.train_set is None:
+                self.train_set, self.val_set = self._held_out()
             if stage == "fit" and self.train_set is None:
                 self.train_set = self._stream("train", self.train_urls, shuffle=True)
-            if stage in ("fit", "validate") and self.val_set is None:
+            if stage in ("fit", "validate") and self.val_set is None and self.val_urls:
                 self.val_set = self._stream("val", self.val_urls, shuffle=False)
 
     def train_worker_rates(self) -> list[dict[str, Any]]:
@@ -264,9 +363,54 @@ class ShardDataModule(L.LightningDataModule):
         # On resume, Lightning then restores the loader's position (ae.data.resume).
         return self._loader(self.train_set, ResumableLoader)
 
-    def val_dataloader(self) -> DataLoader:
-        assert self.val_set is not None
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_set is None:  # --val_shards=none (the trainer validates nothing either)
+            return []
         return self._loader(self.val_set)
+
+
+def bad_share_problem(
+    per_rank: list[tuple[int, int]], bound: float, epoch: int, split: str = "train"
+) -> str | None:
+    """The message when a rank's share of bad (replaced) samples in an epoch is above `bound`:
+    `per_rank` holds (replaced, planned) for each rank; None when every rank is within it."""
+    if all(bad <= bound * planned for bad, planned in per_rank):
+        return None
+    counts = ", ".join(f"rank {r}: {b} of {p}" for r, (b, p) in enumerate(per_rank))
+    return (
+        f"{split}_shards: more than --max_bad_fraction={bound:g} of epoch {epoch}'s samples were "
+        f"bad and replaced by repeats of good ones ({counts}); the bad samples are named in "
+        f'the rank logs (grep "Bad sample" debug_rank*.log; ae-shards inspect lists them). Fix '
+        "the data, pass --image_size for images of several sizes, or raise --max_bad_fraction"
+    )
+
+
+class BadDataBound(L.Callback):
+    """Stops the run (DataError, exit 2) at the end of an epoch in which any rank replaced more
+    than `--max_bad_fraction` of its samples: it would be training on repeats. Every rank's
+    counts are gathered (one all-gather), so every rank stops alike, with all the counts."""
+
+    def __init__(self, bound: float) -> None:
+        self.bound = bound
+        self.seen = 0  # replaced samples counted up to the previous epoch's end
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dm = trainer.datamodule
+        if not isinstance(dm, ShardDataModule) or dm.train_set is None:
+            return
+        replaced = dm.train_set.errors.totals()[2]  # counted before their batch is yielded
+        planned = dm.train_set.plan().samples_per_rank
+        mine = torch.tensor([replaced - self.seen, planned], device=trainer.strategy.root_device)
+        self.seen = replaced
+        if trainer.world_size > 1:
+            parts = [torch.zeros_like(mine) for _ in range(trainer.world_size)]
+            dist.all_gather(parts, mine)
+            dm._collective_inputs += parts  # kept alive until the run ends (same_on_all_ranks)
+        else:
+            parts = [mine]
+        per_rank = [(int(p[0]), int(p[1])) for p in parts]
+        if (problem := bad_share_problem(per_rank, self.bound, trainer.current_epoch)) is not None:
+            raise DataError(problem)
 
 
 class EpochSync(L.Callback):

@@ -201,6 +201,16 @@ class SampleDecoder:
         fields = ", ".join(k for k in sample if not k.startswith("__")) or "nothing"
         raise SampleError(f"no field {self.field_names} (it has: {fields})")
 
+    def header_size(self, sample: dict) -> str | None:
+        """`WxH` of the sample's input image, from its header (nothing decoded); None when it
+        has none or it does not open."""
+        try:
+            field, _, data = self._input(sample)
+            with open_image(ungzipped(field, data)) as img:
+                return f"{img.width}x{img.height}"
+        except Exception:  # a bad sample: training reports it
+            return None
+
     def decode(self, sample: dict, augment: Augment | None = None) -> np.ndarray:
         """The sample's input array; SampleError when it has none, it does not decode, or its
         shape differs from the run's."""

@@ -28,13 +28,15 @@ def cache_root() -> Path:
     return Path(os.environ.get("AE_CACHE_DIR", Path.home() / ".cache" / "ae"))
 
 
-def with_demo_defaults(train_spec: str | None, val_spec: str | None) -> tuple[str, str]:
-    """The shard specs, with the demo data standing in for any left unset (built on first use).
-    The launcher calls this once and hands the ranks the result."""
-    if train_spec is not None and val_spec is not None:
+def with_demo_defaults(train_spec: str | None, val_spec: str | None) -> tuple[str, str | None]:
+    """The shard specs, with the demo data standing in for an unset train spec (built on first
+    use), and the demo val split for an unset val spec only then: a user's train shards without
+    a val spec keep it None (validation held out of them, `ae.data.holdout`). The launcher calls
+    this once and hands the ranks the result."""
+    if train_spec is not None:
         return train_spec, val_spec
     demo_train, demo_val = demo_shard_specs()
-    return train_spec or demo_train, val_spec or demo_val
+    return demo_train, val_spec or demo_val
 
 
 def demo_shard_specs() -> tuple[str, str]:

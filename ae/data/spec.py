@@ -14,6 +14,7 @@ from pathlib import Path
 
 import braceexpand
 
+from ae.config import NO_VALIDATION
 from ae.errors import UserError
 
 REMOTE_PREFIXES = ("pipe:", "http://", "https://", "gs://", "s3://")
@@ -66,15 +67,21 @@ def expand_shards(spec: str, key: str = "train_shards") -> list[str]:
     return urls
 
 
-def resolve_shards(train_spec: str, val_spec: str) -> tuple[list[str], list[str]]:
-    """Train and val URLs. Problems with both keys are raised together (ShardSpecError, one
-    line each). A spec left unset (the demo data) is filled in by `ae.data.demo` first."""
-    result, problems = [], []
+def resolve_shards(train_spec: str, val_spec: str | None) -> tuple[list[str], list[str] | None]:
+    """Train and val URLs; val None where there is no val spec (held out of the train shards,
+    `ae.data.holdout`, or `none`). Problems with both keys are raised together (ShardSpecError,
+    one line each). The demo data stands in for an unset spec (`ae.data.demo`) before this."""
+    result: list[list[str] | None] = []
+    problems = []
     for key, spec in (("train_shards", train_spec), ("val_shards", val_spec)):
+        if spec is None or spec == NO_VALIDATION:
+            result.append(None)
+            continue
         try:
             result.append(expand_shards(spec, key))
         except ShardSpecError as e:
             problems.append(str(e))
     if problems:
         raise ShardSpecError("\n".join(problems))
+    assert result[0] is not None
     return result[0], result[1]

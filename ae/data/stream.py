@@ -252,6 +252,9 @@ class ShardStream(IterableDataset):
     skip_batches: int = 0  # a resumed epoch starts after this many of the rank's batches
     epoch_samples: int = 0  # mode "resampled": samples per epoch, all ranks together
     augment: bool = False  # random crops (and flips, if the decoder has them): training only
+    # The stretches of the shards this split reads (`ae.data.holdout`: validation held out of
+    # the train shards); empty: every sample of every shard. The plan deals stretches as shards.
+    parts: tuple[ShardSlice, ...] = ()
     errors: ErrorCounts = field(init=False)
     stats: WorkerStats = field(init=False)
     # (epoch, skip_batches) as the rank last set them, in shared memory: persistent workers
@@ -289,7 +292,26 @@ class ShardStream(IterableDataset):
         }
         if self.mode == "resampled":
             return resampled_plan(len(self.urls), self.epoch_samples, **common)
-        return plan_epoch(self.counts, mode=self.mode, shuffle=self.shuffle, **common)
+        counts = [p.stop - p.start for p in self.parts] if self.parts else self.counts
+        return plan_epoch(counts, mode=self.mode, shuffle=self.shuffle, **common)
+
+    def _shard_slices(self, plan: EpochPlan, rank: int, slot: int) -> list[ShardSlice]:
+        """The slot's slices as samples of the shards themselves (the plan counts in stretches)."""
+        slices = plan.slot_slices(rank, slot)
+        if not self.parts:
+            return slices
+        return [
+            ShardSlice(p.shard, p.start + s.start, p.start + s.stop)
+            for s in slices
+            for p in (self.parts[s.shard],)
+        ]
+
+    def _whole(self) -> list[ShardSlice]:
+        """Everything this split reads, in the plan's order (none for a resampled one)."""
+        order = self.plan().order
+        if self.parts:
+            return [self.parts[i] for i in order]
+        return [ShardSlice(i, 0, self.counts[i]) for i in order]
 
     def __len__(self) -> int:
         return self.plan().batches_per_rank
@@ -298,11 +320,12 @@ class ShardStream(IterableDataset):
         """Good samples from the shards outside this slot's, for a slot whose shards gave none.
         Their errors are not reported again here: they belong to the slots that own them."""
         pool: list[np.ndarray] = []
-        for shard in self.plan().order:
-            if shard in own:
+        for part in self._whole():
+            if part.shard in own:
                 continue
             with contextlib.suppress(Exception):
-                for sample in iter_samples(self.urls[shard], reader=self.tar_reader):
+                url = self.urls[part.shard]
+                for sample in read_shard(url, part.start, part.stop, self.tar_reader):
                     with contextlib.suppress(Exception):
                         pool.append(self.decoder.decode(sample, self._augment()))
                     if len(pool) == REPLACEMENT_POOL:
@@ -340,7 +363,7 @@ class ShardStream(IterableDataset):
             draws = plan.draws(rank, slot)
             raw = read_resampled(self.urls, draws, quota, errors, self.tar_reader, meter)
             return raw, quota, set()
-        slices = plan.slot_slices(rank, slot)
+        slices = self._shard_slices(plan, rank, slot)
         planned = sum(s.stop - s.start for s in slices)
         raw = read_slices(self.urls, slices, errors, debug, self.tar_reader, meter)
         return raw, planned, {s.shard for s in slices}
@@ -401,7 +424,7 @@ class ShardStream(IterableDataset):
         # (counted slices only: resampled draws take the general path).
         columns = None
         if self.columnar and self.tar_reader == "fast" and not isinstance(plan, ResampledPlan):
-            slices = plan.slot_slices(self.rank, slot)
+            slices = self._shard_slices(plan, self.rank, slot)
             columns = columnar_slot(self.urls, self.counts, slices, self.decoder, self.debug)
         if columns is not None:
             bufsize = self.shuffle_buffer if self.shuffle else 0

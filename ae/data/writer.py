@@ -13,6 +13,7 @@ from PIL import Image
 
 from ae.atomic_files import AtomicFile
 from ae.data.index import write_index
+from ae.data.keys import safe_key
 
 Sample = dict[str, bytes]  # {"__key__": b"000123", "png": b"...", "cls": b"3"}
 
@@ -44,9 +45,18 @@ class ShardWriter:
         out = self._out.file
         self._tar = tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
         self.offsets: list[int] = []
+        self._keys: set[str] = set()
 
     def add(self, sample: Sample) -> None:
-        key = sample["__key__"].decode()
+        # A dot in the key's file name would split it where WebDataset reads it back; made
+        # unique again (in this shard) if the replacement meets another key.
+        key = safe_key(sample["__key__"].decode())
+        unique, n = key, 1
+        while unique in self._keys:
+            n += 1
+            unique = f"{key}_{n}"
+        self._keys.add(unique)
+        key = unique
         self.offsets.append(self._tar.offset)  # where this sample's first header goes
         for ext, data in sample.items():
             if ext == "__key__":

@@ -75,14 +75,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir", help="folder for the output shards (and logs/)")
     p.add_argument("--batch_size", type=int, default=64, help="samples per batch (64)")
     p.add_argument("--field", default="latent.npy", help="output field of the latent (latent.npy)")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "float16"),
+        default="float32",
+        help="dtype of the stored latent (float32); float16 halves the output",
+    )
     p.add_argument(
         "--keep_fields", default="", help="input fields to copy, comma-separated, or all"
     )
     p.add_argument("--devices", default="auto", help="processes per node: N, or auto")
-    p.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument(
+        "--accelerator",
+        choices=("auto", "cpu", "gpu"),
+        default="auto",
+        help="auto picks gpu when one is visible (auto)",
+    )
     p.add_argument("--num_workers", type=int, default=1, help="reader processes per rank (1)")
-    p.add_argument("--tar_reader", choices=("fast", "tarfile"), default="fast")
+    p.add_argument(
+        "--tar_reader",
+        choices=("fast", "tarfile"),
+        default="fast",
+        help="tar parsing: fast (header cutting) or tarfile (Python's module) (fast)",
+    )
     p.add_argument("--debug", action="store_true", help="per-batch lines in the rank logs")
     p.add_argument("--stall_timeout", type=float, default=300.0, help="watchdog, s (0 = off)")
     p.add_argument("--pg_timeout", type=float, default=600.0, help="collective timeout, s")

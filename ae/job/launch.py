@@ -153,13 +153,15 @@ def launch(argv: list[str]) -> int:
 
 def run(
     cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], n_train: int,
-    specs: list[str],
+    specs: list[str | None],
 ) -> int:  # fmt: skip
     logs = cfg.run.dir.logs
     logs.mkdir(parents=True, exist_ok=True)
     launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
     extra = [f"--devices={nproc}", f"--num_nodes={topo.nnodes}"]
-    extra += [f"--train_shards={specs[0]}", f"--val_shards={specs[1]}"]
+    extra += [f"--train_shards={specs[0]}"]
+    if specs[1] is not None:  # None: held out of the train shards, by the ranks
+        extra.append(f"--val_shards={specs[1]}")
     cmd, env = child_command(cfg, topo, nproc, argv, extra, launcher_log)
     env["AE_RUN_TS"] = ts
     env[LAUNCHER_ENV] = "1"

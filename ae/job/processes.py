@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 from ae.config import RunConfig
+from ae.config.checks import CPU_16_MIXED
 from ae.job.supervise import wait
 from ae.job.topology import Topology
 
@@ -55,6 +56,8 @@ def processes_per_node(run: RunConfig, topo: Topology) -> tuple[int, list[str]]:
     gpus = visible_gpus() if run.accelerator != "cpu" else 0
     if run.accelerator == "gpu" and gpus == 0:
         problems.append("accelerator: gpu requested but no GPU is visible")
+    elif run.precision == "16-mixed" and gpus == 0:
+        problems.append(f"precision: {CPU_16_MIXED}")
     if topo.task is not None:  # SLURM, one task per process: SLURM decided
         n = topo.task.per_node
         if run.devices not in ("auto", str(n)):

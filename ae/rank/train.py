@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import lightning as L
 import torch
-from loguru import logger
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
@@ -55,7 +55,8 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     train_urls, val_urls = resolve_shards(
         *with_demo_defaults(cfg.data.train_shards, cfg.data.val_shards)
     )
-    log_run_setup(ctx, cfg, paths, len(train_urls), len(val_urls))
+    val = f"{len(val_urls)} val" if val_urls is not None else "val held out of train"
+    log_run_setup(ctx, cfg, paths, len(train_urls), val if cfg.data.validates else "no val")
     L.seed_everything(cfg.run.seed, verbose=False)
 
     datamodule = ShardDataModule(cfg.data, train_urls, val_urls, seed=cfg.run.seed, debug=obs.debug)
@@ -98,8 +99,7 @@ def preflight(cfg: Config, ctx: RankContext, *, batch_bytes: int, model: torch.n
 @record  # the traceback goes into torchrun's error file, so its failure report shows it
 def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
-        logging_cfg.configure_console()
-        logger.info(help_text())
+        sys.stdout.write(help_text() + "\n")  # text to read, not a log line: no clock time
         return 0
     ctx = RankContext.from_env()
     return run_to_exit(lambda: fit(parse_config(argv), ctx))

@@ -66,7 +66,7 @@ def log_rank_header(ctx: RankContext, accelerator: str) -> None:
         logger.info(line)
 
 
-def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, val: int) -> None:
+def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, val: str) -> None:
     """Rank 0: setup, effective LR and batch, and the resolved config (train log and
     `<output_dir>/config.yaml`)."""
     if ctx.rank != 0:
@@ -93,7 +93,7 @@ def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, va
             total=batch * ctx.world_size * accum,
         )
     )
-    main_log.info(f"Shards: {train} train, {val} val; logs in {paths.logs_dir}")
+    main_log.info(f"Shards: {train} train, {val}; logs in {paths.logs_dir}")
     config_path = run.dir.config_yaml
     # A valid --config file for the next run, written whole or not at all.
     atomic_write(config_path, lambda f: f.write(cfg.to_yaml().encode()), what="config")

@@ -27,6 +27,7 @@ from loguru import logger
 from torch import nn
 
 from ae.config import ObservabilityConfig
+from ae.data.stream import ShardStream
 from ae.forensics.faults import fault_point
 from ae.forensics.process_stats import memory_summary
 from ae.forensics.progress import in_phase, progress
@@ -58,6 +59,12 @@ def reconstruct(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model.decode(model.encode(x))
 
 
+def _source(trainer: L.Trainer) -> ShardStream:
+    """The stream the grids show: validation's, or training's with --val_shards=none."""
+    dm = trainer.datamodule
+    return dm.val_set if dm.val_set is not None else dm.train_set
+
+
 class Sampling(L.Callback):
     def __init__(self, obs: ObservabilityConfig, run_dir: RunDir) -> None:
         self.period = obs.sample_period
@@ -74,16 +81,16 @@ class Sampling(L.Callback):
             self.sample(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        images = trainer.datamodule.val_set.spec.kind == "image"
+        images = _source(trainer).spec.kind == "image"
         if self.every_epoch and images and not trainer.should_stop:
             self.sample(trainer, pl_module)
 
     def sample_inputs(self, trainer: L.Trainer) -> torch.Tensor:
-        """The first samples of this rank's validation slot, read once (no worker, no log
-        lines of the data pipeline)."""
+        """The first samples of this rank's validation slot (of its train slot with
+        --val_shards=none), read once (no worker, no log lines of the data pipeline)."""
         if self._inputs is None:
             wanted = self.num_batches * self.batch_size
-            arrays = trainer.datamodule.val_set.first_samples(trainer.global_rank, wanted)
+            arrays = _source(trainer).first_samples(trainer.global_rank, wanted)
             self._inputs = torch.from_numpy(np.stack(arrays)) if arrays else torch.empty(0)
         return self._inputs[: self.num_batches * self.batch_size]
 

@@ -13,7 +13,8 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.strategies import DDPStrategy
 
 from ae.config import Config, ConfigError, RunConfig
-from ae.data.datamodule import EpochSync
+from ae.config.checks import CPU_16_MIXED
+from ae.data.datamodule import BadDataBound, EpochSync
 from ae.forensics.loop_tracer import DebugCallback
 from ae.training.checkpointing import AtomicCheckpointIO, Checkpointing
 from ae.training.clock import ClockOffset
@@ -32,6 +33,10 @@ def resolve_accelerator(run: RunConfig) -> str:
 
 
 def check_precision(run: RunConfig, accelerator: str) -> None:
+    """A precision the device cannot do is refused, never replaced (the launcher refuses the
+    same earlier; this covers a rank started by hand, `train_ae.py`)."""
+    if accelerator == "cpu" and run.precision == "16-mixed":
+        raise ConfigError([f"precision: {CPU_16_MIXED}"])
     if (
         accelerator == "gpu"
         and run.precision == "bf16-mixed"
@@ -55,6 +60,7 @@ def build_callbacks(cfg: Config, ctx: RankContext) -> list[L.Callback]:
     callbacks: list[L.Callback] = [
         ClockOffset(),
         EpochSync(),
+        BadDataBound(cfg.data.max_bad_fraction),
         DebugCallback(
             debug=obs.debug,
             every_train=obs.log_every_n_train_batches,
@@ -113,6 +119,7 @@ def build_trainer(cfg: Config, ctx: RankContext, run_ts: str) -> L.Trainer:
         # Lightning asks after every batch; StepBoundary enables validation (limit_val_batches)
         # only on a batch due for it: an epoch's last, and every --val_interval optimizer steps.
         **TRAINER_VALIDATION_ARGS,
+        limit_val_batches=1.0 if cfg.data.validates else 0,  # --val_shards=none
         use_distributed_sampler=False,  # the shard plan already splits the data per rank
         num_sanity_val_steps=0,
         logger=build_loggers(run.dir, run_ts),

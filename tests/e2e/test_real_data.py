@@ -10,6 +10,7 @@ Each run exits 0 and logs no bad sample.
 
 from __future__ import annotations
 
+import csv
 import re
 from pathlib import Path
 
@@ -76,25 +77,34 @@ def test_folder_of_real_photos_in_two_commands(launch, tmp_path: Path, real_phot
     for p in real_photos:
         (photos / p.name).write_bytes(p.read_bytes())
     assert ae_shards(["write", str(photos), str(tmp_path / "data"), "--per_shard", "10"]) == 0
+    # No --val_shards (the README's example): validation is held out of the photos.
     res = launch(
-        [f"--train_shards={tmp_path / 'data'}", f"--val_shards={tmp_path / 'data'}",
-         "--image_size=32", "--batch_size=4", "--sample_period=2", "--sample_batch_size=8",
-         "--random_flip", *TINY],
+        [f"--train_shards={tmp_path / 'data'}", "--image_size=32", "--batch_size=4",
+         "--sample_period=2", "--sample_batch_size=4", "--random_flip", *TINY],
     )  # fmt: skip
     assert res.returncode == 0, res.output
     main = res.text("train_*.log")
     assert "Input field png or another image extension" in main
     assert "shape 3x32x32, images, 3 channels (RGB), resized and cropped to 32x32" in main
-    # 35 photos // (2 ranks x 4) = 4 batches per rank
-    assert re.search(r"Shard plan train: 4 shards, 35 samples -> 4 batches x 4 per rank", main)
+    # 1% of 35 photos is less than one batch per rank (2 x 4): 8 held out, in stretches of each
+    # shard, said on the console; the val loss comes from them, not from the demo digits.
+    held_out = "Validation: 8 of the 35 samples of train_shards held out by sample"
+    assert held_out in res.output and held_out in main
+    assert re.search(r"Shard plan val: 4 shards, 8 samples -> 1 batches x 4 per rank", main)
+    assert "digits" not in main
+    (metrics,) = (tmp_path / "run" / "metrics").glob("*/metrics.csv")
+    rows = list(csv.DictReader(metrics.open()))
+    assert [float(r["val/loss"]) for r in rows if r["val/loss"]]  # validated, on those 8
+    # the other 27 photos // (2 ranks x 4) = 3 batches per rank
+    assert re.search(r"Shard plan train: 4 shards, 27 samples -> 3 batches x 4 per rank", main)
     for rank in (0, 1):
         text = res.text(f"debug_rank{rank}_*.log")
         _no_bad_data(text)
-        assert re.findall(r"Processed (\d+) training batches \(epoch 0", text)[-1] == "4"
+        assert re.findall(r"Processed (\d+) training batches \(epoch 0", text)[-1] == "3"
     grids = sorted((tmp_path / "run" / "samples").glob("step_*.png"))
-    assert [g.name for g in grids] == ["step_00000002.png", "step_00000004.png"]
-    with Image.open(grids[-1]) as grid:  # 8 inputs over 8 reconstructions, 32 px scaled x2
-        assert grid.size == (34 + 8 * (64 + 4) + 4, 2 * 64 + 3 * 4 + 4)
+    assert [g.name for g in grids] == ["step_00000002.png", "step_00000003.png"]
+    with Image.open(grids[-1]) as grid:  # 4 inputs over 4 reconstructions, 32 px scaled x2
+        assert grid.size == (34 + 4 * (64 + 4) + 4, 2 * 64 + 3 * 4 + 4)
         pixels = np.asarray(grid.convert("RGB"))
     inputs = pixels[4:68, 38:]
     assert inputs.std() > 20  # photographs, not a blank or constant grid

@@ -105,7 +105,7 @@ def test_bad_data_is_logged_and_replaced(launch, make_shards, tmp_path: Path) ->
     val = make_shards([8], name="val")
     res = launch(
         [f"--train_shards={train}::pipe:cat {piped}", f"--val_shards={val}", "--batch_size=4",
-         "--num_workers=2", *COMMON],
+         "--num_workers=2", "--max_bad_fraction=0.5", *COMMON],  # repeats wanted here
     )  # fmt: skip
     # 10 + 10 + 6 (counted) + 10 + 10 (indexed) = 46 -> 46 // 8 = 5 batches per rank
     _assert_even(res, 5, 4)
@@ -123,6 +123,29 @@ def test_bad_data_is_logged_and_replaced(launch, make_shards, tmp_path: Path) ->
     assert "Bad shard pipe:cat" in main and "Bad sample 00000016" in main  # every ERROR there too
     summary = re.findall(r"WARNING .*Data errors train_shards: (\d+) bad samples, (\d+) bad", main)
     assert sum(int(s) + int(b) for s, b in summary) >= 4  # 2 bad samples + 1 bad read, x2 epochs
+
+
+def test_an_epoch_past_max_bad_fraction_stops_with_every_ranks_count(launch, make_shards) -> None:
+    """Half of one shard is bad (not seen by the probe): the first epoch trains on repeats, then
+    every rank stops alike, exit 2, with each rank's count on the console; no second epoch."""
+    train, folder = _spec(make_shards, [16, 16])
+    bad = vector_samples(16, 16, start=16)
+    for i in range(1, 16, 2):
+        bad[i]["npy"] = npy_bytes(np.zeros(7, "float32"))
+    write_shard(folder / "train-000001.tar", bad)
+    val = make_shards([8], name="val")
+    res = launch(
+        [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=4", "--num_workers=1",
+         *COMMON],
+    )  # fmt: skip
+    assert res.returncode == 2, res.output
+    found = re.findall(
+        r"train_shards: more than --max_bad_fraction=0.01 of epoch 0's samples were bad and "
+        r"replaced by repeats of good ones \(rank 0: (\d+) of 16, rank 1: (\d+) of 16\)",
+        res.output,
+    )
+    assert len(found) == 1 and sum(map(int, found[0])) == 8, res.output
+    assert "Traceback" not in res.output and "EPOCH 1 TRAINING" not in res.text("debug_rank0*")
 
 
 def test_a_rank_whose_data_vanishes_fails_the_job_without_hanging(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import torch
 
 from ae.config import Config, ModelConfig, OptimConfig
 from ae.data.decode import InputSpec
-from ae.job.encode import EncodeArgsError, check_outputs, output_paths, parse_args
+from ae.job.encode import EncodeArgsError, check_outputs, help_text, output_paths, parse_args
 from ae.training.encoding import EncodeError, load_checkpoint, model_from_checkpoint
 from ae.training.model import AutoEncoder
 from tests.support.runs import ROOT
@@ -86,3 +87,23 @@ def test_a_file_that_is_no_ae_checkpoint_is_named(tmp_path: Path) -> None:
     torch.save({"state_dict": {}}, junk)
     with pytest.raises(EncodeError, match="not a checkpoint written by ae"):
         load_checkpoint(junk)
+
+
+@pytest.mark.parametrize("module", ["ae.cli.encode", "ae.cli.launch", "ae.cli.rank_process"])
+def test_help_is_text_without_a_clock(module: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.splitlines()[0]
+    assert not re.match(r"\d\d:\d\d:\d\d", first), first
+    assert "--batch_size" in out.stdout
+
+
+def test_every_ae_encode_flag_is_described() -> None:
+    lines = help_text().splitlines()
+    for i, line in enumerate(lines):
+        if m := re.match(r"  (--\w+)( [A-Z_{},0-9a-z]+)?$", line):  # the description wraps below
+            assert lines[i + 1].startswith(" " * 10), f"{m[1]} has no description"
+        elif m := re.match(r"  (--\w+)", line):
+            assert re.match(r"  --\w+( \S+)?  +\S", line), f"{m[1]} has no description"

@@ -45,6 +45,27 @@ def test_demo_data_is_resolved_once_and_named_to_the_ranks(
     assert cmd[cmd.index("-m", 3) + 1] == launch.RANK_MODULE  # the ranks run the package module
 
 
+def test_own_train_shards_without_val_shards_hand_the_ranks_no_val_spec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validation is then held out of the train shards (ae.data.holdout), never the demo's."""
+    shard = tmp_path / "a.tar"
+    shard.write_bytes(b"")
+    started: list[list[str]] = []
+
+    def popen(cmd: list[str], **kw: object) -> subprocess.Popen:
+        started.append(cmd)
+        raise _Done
+
+    monkeypatch.setattr(demo, "demo_shard_specs", lambda: pytest.fail("built the demo data"))
+    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    with pytest.raises(_Done):
+        main([f"--output_dir={tmp_path / 'run'}", "--devices=2", f"--train_shards={shard}"])
+    (cmd,) = started
+    assert f"--train_shards={shard}" in cmd
+    assert not [a for a in cmd if a.startswith("--val_shards")]
+
+
 def test_malformed_ae_fault_is_one_message(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -55,3 +76,15 @@ def test_malformed_ae_fault_is_one_message(
     err = capsys.readouterr()
     text = err.out + err.err
     assert "AE_FAULT: 'nap@data': expected" in text and "Traceback" not in text
+
+
+def test_16_mixed_without_a_gpu_is_refused_up_front(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lightning would run bf16-mixed instead on a CPU while the console says 16-mixed."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # accelerator auto: no GPU visible
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    assert main([f"--output_dir={tmp_path / 'run'}", "--precision=16-mixed"]) == 2
+    text = "".join(capsys.readouterr())
+    assert "precision: 16-mixed needs a GPU" in text and "--precision=32" in text
+    assert "--precision=bf16-mixed" in text and "Traceback" not in text

@@ -1,10 +1,12 @@
 """`ae-shards inspect`: what shards hold, what is damaged, and which flags a run on them needs.
 
 Every sample is read. Each field is described by what it decodes to (`npy float32 (64,)`, `JPEG
-image`, `bytes`), images by their size and mode (from their headers), and the input field of a
-run (`--input_key`, or the first decodable field of the first sample) is decoded the way training
-decodes it: a sample whose input field is missing, does not decode, or (arrays, native-size
-images) is shaped unlike the first good one, is a bad sample.
+image`, `int class` for WebDataset's `cls`, `bytes`), images by their size and mode (from their
+headers), and the input field of a run (`--input_key`, or the first decodable field of the first
+sample) is decoded the way training decodes it: a sample whose input field is missing, does not
+decode, or (arrays, native-size images) is shaped unlike the first good one, is a bad sample. A
+sample that reads as many files merged by WebDataset's key rule (`ae.data.keys`) is named, with
+the fix.
 """
 
 from __future__ import annotations
@@ -31,12 +33,17 @@ from ae.data.decode import (
 from ae.data.errors import DataError
 from ae.data.images import GRAYSCALE_MODES, open_image
 from ae.data.index import index_url, read_index
+from ae.data.keys import merged_files
 from ae.data.spec import is_remote
 from ae.data.tar_samples import iter_samples
 
 # Images of several sizes are checked at this size when no --image_size is given: decoding is
 # what finds damage, and a JPEG drafted for 64x64 decodes in a fraction of the time.
 CHECK_SIZE = 64
+# Fields WebDataset's default decoders read as integers (`webdataset.autodecode`): `cls` is a
+# class label, the others counts and ids.
+INT_FIELDS = ("cls", "cls2", "class", "count", "index", "inx", "id")
+CLASS_FIELDS = ("cls", "cls2", "class")
 
 
 @dataclass
@@ -53,11 +60,19 @@ class ShardReport:
     sample_bytes: list[int] = field(default_factory=lambda: [0, 0, 0])  # min, mean, max
     bad: list[list[str]] = field(default_factory=list)  # [key, reason]
     error: str | None = None  # why reading stopped early
+    merged: str | None = None  # the first sample that reads as files merged (ae.data.keys)
 
 
 def describe_field(name: str, data: bytes) -> tuple[str, tuple[str, str] | None]:
     """(what the field decodes to, (size, mode) for an image)."""
     kind = field_kind(name)
+    ext = name.rpartition(".")[2]
+    if kind is None and ext in INT_FIELDS:
+        try:
+            int(data)
+        except ValueError:
+            return "bytes", None
+        return ("int class" if ext in CLASS_FIELDS else "int"), None
     if kind is None:
         return "bytes", None
     try:
@@ -111,6 +126,8 @@ class Inspector:
                 report.first_key = report.first_key or key
                 report.last_key = key
                 fields = {k: v for k, v in sample.items() if not k.startswith("__")}
+                if report.merged is None:
+                    report.merged = merged_files(key, fields)
                 lengths.append(sum(len(v) for v in fields.values()))
                 for name, data in fields.items():
                     kind, image = describe_field(name, data)
@@ -141,11 +158,14 @@ class Inspector:
         return report
 
     def hints(self, reports: list[ShardReport]) -> list[str]:
-        """What a training run on these shards needs, one line each."""
+        """What a training run on these shards needs, one line each (first: keys that WebDataset
+        splits into many fields, if any)."""
+        out = [r.merged for r in reports if r.merged][:1]
         if self.native is None:
             return [
+                *out,
                 "no sample decodes: no training run can use these shards"
-                + ("" if self.cfg.input_key else " (pick the field with --input_key?)")
+                + ("" if self.cfg.input_key else " (pick the field with --input_key?)"),
             ]
         native = self.native
         how = (
@@ -153,7 +173,7 @@ class Inspector:
             if self.cfg.input_key
             else "the default: the first decodable field of the first sample"
         )
-        out = [f"input field: {native.field_names} ({how})"]
+        out.append(f"input field: {native.field_names} ({how})")
         types: dict[str, Counter[str]] = {}
         for r in reports:
             for name, kinds in r.field_types.items():

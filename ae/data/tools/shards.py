@@ -100,9 +100,17 @@ def cmd_write(args: argparse.Namespace, console: Console) -> int:
 
         paths = write_shards(out, args.prefix, counted(), args.per_shard)
     pattern = f"{out}/{args.prefix}-{{000000..{len(paths) - 1:06d}}}.tar"
-    console.print(f"Wrote {total} samples into {len(paths)} shards (+ .idx sidecars) in {out}")
+    console.print(
+        f"Wrote {plural(total, 'sample')} into {plural(len(paths), 'shard')} (+ .idx sidecars) "
+        f"in {out}"
+    )
     console.print(f"Train on them with --train_shards='{pattern}'")
     return 0
+
+
+def plural(n: int, word: str) -> str:
+    """`1 shard`, `18 shards`."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 # --- index ----------------------------------------------------------------------------------

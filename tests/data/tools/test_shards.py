@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import webdataset as wds
 from PIL import Image
 
 from ae.cli.shards import main
@@ -169,3 +170,17 @@ def test_bench_times_the_training_pipeline_and_names_its_path(tmp_path: Path, ca
     text = capsys.readouterr().out
     assert "samples/s" in text and "columnar path" in text and "storage limit" in text
     assert out == ""  # errors went to the log, not to the JSON on stdout
+
+
+def test_write_says_one_shard_and_inspect_shows_cls_as_an_integer_class(
+    tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "out"
+    assert main(["write", str(_npy(tmp_path, rows=18)), str(out)]) == 0
+    assert "Wrote 18 samples into 1 shard (" in capsys.readouterr().out
+    with wds.TarWriter(str(tmp_path / "w.tar")) as w:
+        for i in range(3):
+            w.write({"__key__": f"{i:04d}", "cls": i, "x.npy": np.zeros(2, np.float32)})
+    assert main(["inspect", str(tmp_path / "w.tar"), "--json"]) == 0
+    (report,) = json.loads(capsys.readouterr().out)
+    assert report["field_types"]["cls"] == {"int class": 3}
