@@ -27,7 +27,7 @@ from ae.data.counts import count_cache_dir, shared_counts
 from ae.data.decode import InputSpec, SampleDecoder, SampleError
 from ae.data.errors import DataError
 from ae.data.loader import PreemptibleLoader
-from ae.data.resume import ResumableLoader
+from ae.data.resume import ResumableLoader, Resume
 from ae.data.stream import ShardStream
 from ae.data.tar_samples import iter_samples
 from ae.forensics.progress import in_phase
@@ -125,6 +125,9 @@ class ShardDataModule(L.LightningDataModule):
         log_input(self.decoder, cfg)
         self.train_set: ShardStream | None = None
         self.val_set: ShardStream | None = None
+        self._train_loader: ResumableLoader | None = None  # one for the run: persistent workers
+        self.trained_batches = 0  # of the current epoch, as Lightning counts them (`EpochSync`)
+        self.resumed: Resume | None = None  # how the train stream resumed, if it did
         self._collective_inputs: list[torch.Tensor] = []
 
     @property
@@ -239,6 +242,8 @@ class ShardDataModule(L.LightningDataModule):
     def set_epoch(self, epoch: int) -> None:
         if self.train_set is not None:
             self.train_set.epoch = epoch
+        if self._train_loader is not None:
+            self._train_loader.forget_resume_before(epoch)
 
     def _loader(
         self, dataset: ShardStream, cls: type[PreemptibleLoader] = PreemptibleLoader
@@ -258,11 +263,50 @@ class ShardDataModule(L.LightningDataModule):
             prefetch_factor=PREFETCH_FACTOR if workers else None,
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def _train(self) -> ResumableLoader:
         assert self.train_set is not None
-        self.set_epoch(self.trainer.current_epoch if self.trainer else 0)
-        # On resume, Lightning then restores the loader's position (ae.data.resume).
-        return self._loader(self.train_set, ResumableLoader)
+        if self._train_loader is None:
+            self._train_loader = self._loader(self.train_set, ResumableLoader)
+        return self._train_loader
+
+    def train_dataloader(self) -> DataLoader:
+        loader = self._train()
+        epoch = self.trainer.current_epoch if self.trainer else 0
+        # Lightning asks for the loader before it restores its loops (its epoch is then 0): until
+        # Lightning is past it, the epoch a checkpoint resumes is the loader's.
+        resumed = loader.resuming()
+        self.set_epoch(max(epoch, resumed) if resumed is not None else epoch)
+        return loader
+
+    def epoch_lengths(self) -> tuple[int, int, int]:
+        """(batches of the current epoch trained, its length, a whole epoch's length), as
+        Lightning counts them: a resumed epoch counts the batches before the resume."""
+        loader = self._train()
+        current = len(loader)
+        stream = self.train_set
+        assert stream is not None
+        saved = stream.resumed
+        stream.resumed = False
+        whole = stream.plan().batches_per_rank
+        stream.resumed = saved
+        return self.trained_batches, current, whole
+
+    # --- where the train stream is, in every checkpoint (plain data: `ae.data.resume`) ------
+    def state_dict(self) -> dict[str, Any]:
+        if self._train_loader is None:
+            return {}
+        return {"train": self._train_loader.position(self.trained_batches)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Called on resume after `setup`, before Lightning first asks for the train loader."""
+        if "train" not in state_dict:
+            return
+        self.resumed = self._train().resume(state_dict["train"])
+        self.trained_batches = self.resumed.offset + self.resumed.skip
+        if self.resumed.note and self.trainer is not None:
+            # The resumed epoch has another length than the next ones: Lightning takes the
+            # length of each epoch's loader again (the same loader, its workers kept).
+            self.trainer.reload_dataloaders_every_n_epochs = 1
 
     def val_dataloader(self) -> DataLoader:
         assert self.val_set is not None
@@ -279,4 +323,14 @@ class EpochSync(L.Callback):
         dm = trainer.datamodule
         if isinstance(dm, ShardDataModule):
             dm.set_epoch(trainer.current_epoch)
+            dm.trained_batches = 0
             logger.debug(f"Data epoch set to {trainer.current_epoch}")
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        """Counts the epoch's batches before any checkpoint of this batch is saved (the step
+        boundary comes later in the callback list): the loader itself is a batch ahead."""
+        dm = trainer.datamodule
+        if isinstance(dm, ShardDataModule):
+            dm.trained_batches = idx + 1

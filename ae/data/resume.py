@@ -166,6 +166,16 @@ class ResumableLoader(PreemptibleLoader):
         super().__init__(dataset, **kwargs)
         self._resume: Resume | None = None  # until the resumed epoch's last batch
 
+    def resuming(self) -> int | None:
+        """The epoch being resumed, until its last batch; None otherwise."""
+        return self._resume.epoch if self._resume is not None else None
+
+    def forget_resume_before(self, epoch: int) -> None:
+        """The resumed epoch is over once a later one starts (Lightning may end an epoch at its
+        length without draining the loader)."""
+        if self._resume is not None and epoch > self._resume.epoch:
+            self._resume = None
+
     def _active(self) -> Resume | None:
         resume = self._resume
         return resume if resume is not None and resume.epoch == self.dataset.epoch else None
