@@ -326,6 +326,23 @@ class EpochSync(L.Callback):
             dm.trained_batches = 0
             logger.debug(f"Data epoch set to {trainer.current_epoch}")
 
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """A checkpoint from before the data module kept the train position has it where
+        Lightning kept the loader's (its fit loop's state): resumed from there alike, with the
+        same settings (called after the data module's own restore, before the loader is built)."""
+        dm = trainer.datamodule
+        if not isinstance(dm, ShardDataModule) or type(dm).__qualname__ in checkpoint:
+            return
+        fit = checkpoint.get("loops", {}).get("fit_loop", {})
+        loaders = fit.get("state_dict", {}).get("combined_loader") or [{}]
+        progress = fit.get("epoch_loop.batch_progress", {}).get("current", {})
+        if "epoch" in loaders[0] and "processed" in progress:
+            dm.load_state_dict(
+                {"train": {"epoch": loaders[0]["epoch"], "batches": progress["processed"]}}
+            )
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
