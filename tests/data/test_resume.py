@@ -194,3 +194,23 @@ def test_resume_after_the_last_batch_with_other_settings_starts_the_next_epoch(
     fresh = _id_loaders(urls, counts, 1, 0, 6)[0]
     fresh.dataset.epoch = 2
     assert _ids(resumed) == _ids(fresh)
+
+
+def test_a_resumed_rest_resumed_again_with_other_settings(tmp_path: Path) -> None:
+    """Stopped twice in one epoch, with other settings each time: still each sample once."""
+    urls, counts = _id_shards(tmp_path, [23, 17, 30])
+    first = _id_loaders(urls, counts, 2, 0, 4)
+    trained = [i for loader in first for i in _ids(itertools.islice(iter(loader), 3))]
+    second = _id_loaders(urls, counts, 1, 0, 5)
+    second[0].resume(first[0].position(3))
+    assert len(second[0]) == 3 + 46 // 5
+    trained += _ids(itertools.islice(iter(second[0]), 4))  # Lightning's batches 3..6
+    third = _id_loaders(urls, counts, 2, 2, 3)
+    for loader in third:
+        loader.resume(second[0].position(7))
+    plan = third[0].dataset.plan()
+    assert plan.total_samples == 70 - 24 - 20
+    rest = [i for loader in third for i in _ids(loader)]
+    seen = trained + rest
+    assert len(set(seen)) == len(seen)
+    assert len(set(range(70)) - set(seen)) == plan.dropped < 2 * 3
