@@ -47,7 +47,7 @@ def split_settings(stream: ShardStream) -> dict[str, Any]:
     """How `stream` splits an epoch: what a resumed epoch must know of the run it continues."""
     return {
         "world_size": stream.world_size,
-        "num_workers": stream.num_workers,
+        "num_workers": max(1, stream.num_workers),  # 0 (in-process) reads as one slot
         "batch_size": stream.batch_size,
         "mode": stream.mode,
         "shuffle_buffer": stream.shuffle_buffer if stream.shuffle else 0,
@@ -105,6 +105,7 @@ class Resume:
     skip: int
     base: tuple[tuple[int, int], ...] | None
     note: str  # what was done, for the `Settings changed` line ("" when nothing changed)
+    order_seed: int  # the seed of the shard order that `base`'s positions refer to
 
 
 def plan_resume(stream: ShardStream, state: dict[str, Any]) -> Resume:
@@ -114,18 +115,21 @@ def plan_resume(stream: ShardStream, state: dict[str, Any]) -> Resume:
     now = split_settings(stream)
     base = tuple(tuple(b) for b in state["base"]) if state.get("base") is not None else None
     offset = int(state.get("offset", 0))
+    # The shard order of the epoch's sequence is the checkpoint's seed's, also under a new seed.
+    order_seed = int(state.get("base_seed", old["seed"] if old else stream.seed))
     stream.epoch = epoch
     length = state.get("epoch_batches")
     if length is None:  # an older checkpoint: its epochs were as long as this run's
         length = len(stream)
     if done >= length:  # saved after the epoch's last batch: the next epoch is next
-        return Resume(epoch + 1, 0, 0, None, "")
+        return Resume(epoch + 1, 0, 0, None, "", stream.seed)
     if old is None or all(old.get(k) == now[k] for k in (*SPLIT_KEYS, "epoch_samples")):
-        return Resume(epoch, offset, done - offset, base, "")
+        return Resume(epoch, offset, done - offset, base, "", order_seed)
     if state.get("counts") not in (None, counts_digest(stream.counts)):
         return Resume(
             epoch, done, 0, None,
             f"the shards changed: epoch {epoch} restarts over them after batch {done}",
+            stream.seed,
         )  # fmt: skip
     if old["mode"] == "resampled":  # no sequence: a count of samples left, drawn anew
         had = old["epoch_samples"] if base is None else sum(b - a for a, b in base)
@@ -138,7 +142,7 @@ def plan_resume(stream: ShardStream, state: dict[str, Any]) -> Resume:
             num_workers=old["num_workers"],
             batch_size=old["batch_size"],
             mode=old["mode"],
-            seed=old["seed"],
+            seed=order_seed,
             epoch=epoch,
             shuffle=stream.shuffle,
             base=base,
@@ -148,11 +152,13 @@ def plan_resume(stream: ShardStream, state: dict[str, Any]) -> Resume:
             epoch=epoch,
         )  # fmt: skip
     samples = sum(b - a for a, b in rest)
+    ranks, workers = stream.world_size, max(1, stream.num_workers)
     return Resume(
         epoch, done, 0, rest,
         f"re-split the rest of epoch {epoch} ({samples} samples not yet trained on) over "
-        f"{stream.world_size} ranks x {max(1, stream.num_workers)} workers x batch "
+        f"{ranks} rank{'s' * (ranks != 1)} x {workers} worker{'s' * (workers != 1)} x batch "
         f"{stream.batch_size}",
+        order_seed,
     )  # fmt: skip
 
 
@@ -212,6 +218,7 @@ class ResumableLoader(PreemptibleLoader):
             "epoch_batches": len(self),
             "offset": resume.offset if resume else 0,
             "base": [list(b) for b in resume.base] if resume and resume.base is not None else None,
+            "base_seed": resume.order_seed if resume else stream.seed,
             "split": split_settings(stream),
             "counts": counts_digest(stream.counts),
         }
@@ -221,6 +228,7 @@ class ResumableLoader(PreemptibleLoader):
         resume = plan_resume(self.dataset, state)
         self._resume = resume
         self.dataset.epoch, self.dataset.base = resume.epoch, resume.base
+        self.dataset.base_seed = resume.order_seed
         total = len(self)
         done = resume.offset + resume.skip
         logger.info(

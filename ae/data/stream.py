@@ -258,6 +258,7 @@ class ShardStream(IterableDataset):
     # The rest of an epoch resumed with other settings (`ae.data.resume`): the intervals of
     # the epoch's sequence not yet trained on, which the epoch `epoch` splits while `resumed`.
     base: tuple[tuple[int, int], ...] | None = None
+    base_seed: int = 0  # the seed of the shard order `base` refers to (the checkpoint's)
     resumed: bool = False
     epoch_samples: int = 0  # mode "resampled": samples per epoch, all ranks together
     augment: bool = False  # random crops (and flips, if the decoder has them): training only
@@ -302,6 +303,8 @@ class ShardStream(IterableDataset):
         if self.mode == "resampled":  # resumed: what the epoch has left, drawn anew
             samples = self.epoch_samples if base is None else sum(b - a for a, b in base)
             return resampled_plan(len(self.urls), samples, **common)
+        if base is not None:
+            common["seed"] = self.base_seed  # the plan's seed orders the shards, nothing else
         return plan_epoch(self.counts, mode=self.mode, shuffle=self.shuffle, base=base, **common)
 
     def __len__(self) -> int:

@@ -116,13 +116,19 @@ def _id_shards(tmp_path: Path, sizes: list[int]) -> tuple[list[str], list[int]]:
 
 
 def _id_loaders(
-    urls: list[str], counts: list[int], world: int, workers: int, batch: int, mode: str = "drop"
+    urls: list[str],
+    counts: list[int],
+    world: int,
+    workers: int,
+    batch: int,
+    mode: str = "drop",
+    seed: int = 5,
 ) -> list[ResumableLoader]:
-    """One train loader per rank of a run with these settings (epoch 1, seed 5)."""
+    """One train loader per rank of a run with these settings (epoch 1)."""
     common = dict(
         split="train", urls=urls, counts=counts, decoder=vector_decoder(4), batch_size=batch,
         world_size=world, num_workers=workers, mode=mode, shuffle=True, shuffle_buffer=8,
-        seed=5, epoch=1,
+        seed=seed, epoch=1,
     )  # fmt: skip
     streams = [ShardStream(rank=rank, **common) for rank in range(world)]
     return [ResumableLoader(s, batch_size=None, num_workers=workers) for s in streams]
@@ -214,3 +220,27 @@ def test_a_resumed_rest_resumed_again_with_other_settings(tmp_path: Path) -> Non
     seen = trained + rest
     assert len(set(seen)) == len(seen)
     assert len(set(range(70)) - set(seen)) == plan.dropped < 2 * 3
+
+
+def test_resume_with_another_seed_keeps_the_epochs_order_for_its_rest(tmp_path: Path) -> None:
+    """The rest of the epoch is the checkpoint's epoch (its shard order); the new seed shuffles
+    it, and orders the epochs after."""
+    urls, counts = _id_shards(tmp_path, [23, 17, 30])
+    first = _id_loaders(urls, counts, 1, 0, 4)
+    trained = _ids(itertools.islice(iter(first[0]), 5))
+    resumed = _id_loaders(urls, counts, 1, 0, 4, seed=6)[0]
+    resumed.resume(first[0].position(5))
+    rest = _ids(resumed)
+    assert not set(trained) & set(rest)
+    assert len(set(rest)) == len(rest) == 48  # 50 left: 12 batches of 4, 2 dropped
+
+
+def test_no_workers_and_one_worker_split_alike(tmp_path: Path) -> None:
+    """0 workers reads as one in-process slot: resuming with 1 worker is the same split, and
+    continues with exactly the batches the first run had next."""
+    urls, counts = _id_shards(tmp_path, [23, 17, 30])
+    first = _id_loaders(urls, counts, 1, 0, 4)[0]
+    full = _ids(first)
+    resumed = _id_loaders(urls, counts, 1, 1, 4)[0]
+    resumed.resume(first.position(6))
+    assert _ids(resumed) == full[24:]
