@@ -11,12 +11,15 @@ from torch import nn
 
 from ae.errors import UserError
 
-# Flags whose change gives the model other weights (or another input): never carried over.
+# Flags whose change gives the model other weights: named when the weights do not fit.
 SHAPE_KEYS = (
     "model", "model_args", "hidden_dim", "hidden_dims", "latent_dim", "latent_channels",
-    "base_channels", "channel_mult", "res_blocks", "downsample", "input_key", "image_size",
-    "channels",
+    "base_channels", "channel_mult", "res_blocks", "downsample", "channels",
 )  # fmt: skip
+# Flags that give the model another input: refused even where the weights fit (a fully
+# convolutional model takes any image size), when both runs named one and they differ (left
+# unset, ae picked one from the data, which the checkpoint does not say).
+INPUT_KEYS = ("input_key", "image_size")
 
 
 class ResumeRefused(UserError):
@@ -30,12 +33,18 @@ def _shape(t: torch.Tensor) -> str:
 def incompatible(
     saved: dict[str, Any], now: dict[str, Any], weights: dict[str, Any], model: nn.Module
 ) -> list[str]:
-    """`key: checkpoint value -> flag value` for each setting that cannot carry over; empty when
-    the checkpoint's weights fit the model (a VAE toggle counts only as its shapes differ)."""
+    """`key: checkpoint value -> flag value` for each setting that cannot carry over: another
+    input, or weights that do not fit the model (named by the flags that changed them, else by
+    the first weights that differ; a VAE toggle counts only where its shapes differ)."""
     changed = [
         f"{k}: {saved[k]!r} -> {now[k]!r}"
         for k in SHAPE_KEYS
         if k in saved and k in now and saved[k] != now[k]
+    ]
+    inputs = [
+        f"{k}: {saved[k]!r} -> {now[k]!r}"
+        for k in INPUT_KEYS
+        if saved.get(k) and now.get(k) and saved[k] != now[k]
     ]
     mine = model.state_dict()
     misfits = [
@@ -45,9 +54,10 @@ def incompatible(
     ]
     missing = sorted(set(mine) - set(weights)) + sorted(set(weights) - set(mine))
     if not misfits and not missing:
-        return []
+        return inputs
     if (saved.get("kl_weight", 0) > 0) != (now.get("kl_weight", 0) > 0):
         changed.append(f"kl_weight: {saved.get('kl_weight')!r} -> {now.get('kl_weight')!r}")
+    changed += inputs
     if not changed:  # the flags agree, the data does not (another image size, field, ...)
         changed = misfits[:3] or [f"weights: {', '.join(missing[:3])} differ"]
     return changed

@@ -40,3 +40,11 @@ def test_check_resume_refuses_with_one_message(tmp_path: Path) -> None:
     assert e.value.exit_code == 2
     assert "(checkpoint -> flags):\n  model: 'conv' -> 'mlp'\n" in e.value.render()
     check_resume(path, {"model": "conv"}, nn.Linear(4, 2))  # fits: no error
+
+
+def test_another_input_is_refused_even_where_the_weights_fit() -> None:
+    weights = nn.Conv2d(3, 4, 3).state_dict()  # fully convolutional: any image size fits
+    saved, now = {"image_size": 64, "input_key": "jpg"}, {"image_size": 128, "input_key": "jpg"}
+    assert incompatible(saved, now, weights, nn.Conv2d(3, 4, 3)) == ["image_size: 64 -> 128"]
+    # unset in the checkpoint's run: ae chose from the data; nothing to compare
+    assert incompatible({"image_size": 0}, now, weights, nn.Conv2d(3, 4, 3)) == []
