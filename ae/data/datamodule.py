@@ -6,6 +6,9 @@ and all ranks check they hold the same counts (one all-reduce) before building t
 With `--shard_split=resampled` the train split is not counted at all (`ae.data.resampled`).
 A data problem that makes training pointless raises `DataError` with a
 message naming the split's flag, on every rank alike.
+
+Every checkpoint holds where the train stream is (`state_dict`: plain data); a resumed run hands
+it to the train loader before Lightning first asks for it (`ae.data.resume`).
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ class ShardDataModule(L.LightningDataModule):
         self._train_loader: ResumableLoader | None = None  # one for the run: persistent workers
         self.trained_batches = 0  # of the current epoch, as Lightning counts them (`EpochSync`)
         self.resumed: Resume | None = None  # how the train stream resumed, if it did
+        self._reload_until_resumed = False  # Lightning re-reads the loader's length meanwhile
         self._collective_inputs: list[torch.Tensor] = []
 
     @property
@@ -276,6 +280,10 @@ class ShardDataModule(L.LightningDataModule):
         # Lightning is past it, the epoch a checkpoint resumes is the loader's.
         resumed = loader.resuming()
         self.set_epoch(max(epoch, resumed) if resumed is not None else epoch)
+        if self._reload_until_resumed and loader.resuming() is None:
+            # this epoch's length is the run's again: Lightning keeps it from now on
+            self.trainer.reload_dataloaders_every_n_epochs = 0
+            self._reload_until_resumed = False
         return loader
 
     def epoch_lengths(self) -> tuple[int, int, int]:
@@ -307,6 +315,7 @@ class ShardDataModule(L.LightningDataModule):
             # The resumed epoch has another length than the next ones: Lightning takes the
             # length of each epoch's loader again (the same loader, its workers kept).
             self.trainer.reload_dataloaders_every_n_epochs = 1
+            self._reload_until_resumed = True
 
     def val_dataloader(self) -> DataLoader:
         assert self.val_set is not None
