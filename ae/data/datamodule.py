@@ -7,6 +7,9 @@ With `--shard_split=resampled` the train split is not counted at all (`ae.data.r
 Without `--val_shards` the validation split is held out of the train shards (`ae.data.holdout`),
 from the same counts on every rank. A data problem that makes training pointless raises
 `DataError` with a message naming the split's flag, on every rank alike.
+
+Every checkpoint holds where the train stream is (`state_dict`: plain data); a resumed run hands
+it to the train loader before Lightning first asks for it (`ae.data.resume`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from ae.data.holdout import Holdout, hold_out
 from ae.data.keys import first_sample_merged
 from ae.data.loader import PreemptibleLoader
 from ae.data.plan import ShardSlice
-from ae.data.resume import ResumableLoader
+from ae.data.resume import ResumableLoader, Resume
 from ae.data.stream import ShardStream
 from ae.data.tar_samples import iter_samples
 from ae.forensics.progress import in_phase
@@ -172,6 +175,10 @@ class ShardDataModule(L.LightningDataModule):
             main_log.info(VALIDATION_OFF)
         self.train_set: ShardStream | None = None
         self.val_set: ShardStream | None = None
+        self._train_loader: ResumableLoader | None = None  # one for the run: persistent workers
+        self.trained_batches = 0  # of the current epoch, as Lightning counts them (`EpochSync`)
+        self.resumed: Resume | None = None  # how the train stream resumed, if it did
+        self._reload_until_resumed = False  # Lightning re-reads the loader's length meanwhile
         self._collective_inputs: list[torch.Tensor] = []
 
     @property
@@ -338,6 +345,8 @@ class ShardDataModule(L.LightningDataModule):
     def set_epoch(self, epoch: int) -> None:
         if self.train_set is not None:
             self.train_set.epoch = epoch
+        if self._train_loader is not None:
+            self._train_loader.forget_resume_before(epoch)
 
     def _loader(
         self, dataset: ShardStream, cls: type[PreemptibleLoader] = PreemptibleLoader
@@ -357,11 +366,55 @@ class ShardDataModule(L.LightningDataModule):
             prefetch_factor=PREFETCH_FACTOR if workers else None,
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def _train(self) -> ResumableLoader:
         assert self.train_set is not None
-        self.set_epoch(self.trainer.current_epoch if self.trainer else 0)
-        # On resume, Lightning then restores the loader's position (ae.data.resume).
-        return self._loader(self.train_set, ResumableLoader)
+        if self._train_loader is None:
+            self._train_loader = self._loader(self.train_set, ResumableLoader)
+        return self._train_loader
+
+    def train_dataloader(self) -> DataLoader:
+        loader = self._train()
+        epoch = self.trainer.current_epoch if self.trainer else 0
+        # Lightning asks for the loader before it restores its loops (its epoch is then 0): until
+        # Lightning is past it, the epoch a checkpoint resumes is the loader's.
+        resumed = loader.resuming()
+        self.set_epoch(max(epoch, resumed) if resumed is not None else epoch)
+        if self._reload_until_resumed and loader.resuming() is None:
+            # this epoch's length is the run's again: Lightning keeps it from now on
+            self.trainer.reload_dataloaders_every_n_epochs = 0
+            self._reload_until_resumed = False
+        return loader
+
+    def epoch_lengths(self) -> tuple[int, int, int]:
+        """(batches of the current epoch trained, its length, a whole epoch's length), as
+        Lightning counts them: a resumed epoch counts the batches before the resume."""
+        loader = self._train()
+        current = len(loader)
+        stream = self.train_set
+        assert stream is not None
+        saved = stream.resumed
+        stream.resumed = False
+        whole = stream.plan().batches_per_rank
+        stream.resumed = saved
+        return self.trained_batches, current, whole
+
+    # --- where the train stream is, in every checkpoint (plain data: `ae.data.resume`) ------
+    def state_dict(self) -> dict[str, Any]:
+        if self._train_loader is None:
+            return {}
+        return {"train": self._train_loader.position(self.trained_batches)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Called on resume after `setup`, before Lightning first asks for the train loader."""
+        if "train" not in state_dict:
+            return
+        self.resumed = self._train().resume(state_dict["train"])
+        self.trained_batches = self.resumed.offset + self.resumed.skip
+        if self.resumed.note and self.trainer is not None:
+            # The resumed epoch has another length than the next ones: Lightning takes the
+            # length of each epoch's loader again (the same loader, its workers kept).
+            self.trainer.reload_dataloaders_every_n_epochs = 1
+            self._reload_until_resumed = True
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_set is None:  # --val_shards=none (the trainer validates nothing either)
@@ -423,4 +476,31 @@ class EpochSync(L.Callback):
         dm = trainer.datamodule
         if isinstance(dm, ShardDataModule):
             dm.set_epoch(trainer.current_epoch)
+            dm.trained_batches = 0
             logger.debug(f"Data epoch set to {trainer.current_epoch}")
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """A checkpoint from before the data module kept the train position has it where
+        Lightning kept the loader's (its fit loop's state): resumed from there alike, with the
+        same settings (called after the data module's own restore, before the loader is built)."""
+        dm = trainer.datamodule
+        if not isinstance(dm, ShardDataModule) or type(dm).__qualname__ in checkpoint:
+            return
+        fit = checkpoint.get("loops", {}).get("fit_loop", {})
+        loaders = fit.get("state_dict", {}).get("combined_loader") or [{}]
+        progress = fit.get("epoch_loop.batch_progress", {}).get("current", {})
+        if "epoch" in loaders[0] and "processed" in progress:
+            dm.load_state_dict(
+                {"train": {"epoch": loaders[0]["epoch"], "batches": progress["processed"]}}
+            )
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        """Counts the epoch's batches before any checkpoint of this batch is saved (the step
+        boundary comes later in the callback list): the loader itself is a batch ahead."""
+        dm = trainer.datamodule
+        if isinstance(dm, ShardDataModule):
+            dm.trained_batches = idx + 1

@@ -13,11 +13,15 @@ that finishes first waits forever in an all-reduce. Here the split is at sample 
    one. Slots are laid out worker-major across ranks (slot = rank*K + worker).
 
 Memory is O(#shards): a slot's shard slices are computed on demand from cumulative counts.
+
+A plan may cover only part of the epoch's sequence (`base`: intervals of it, in order): the rest
+of an epoch resumed with other settings (`ae.data.resume`). Steps 2 and 3 then split that part.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,9 +47,13 @@ class EpochPlan:
     batch_size: int
     mode: SplitMode
     order: tuple[int, ...]  # shard visiting order for this epoch
+    # [start, stop) intervals of the epoch's sequence that this plan splits (None: all of it)
+    base: tuple[tuple[int, int], ...] | None = None
 
     @functools.cached_property
     def total_samples(self) -> int:
+        if self.base is not None:
+            return sum(stop - start for start, stop in self.base)
         return sum(self.counts)
 
     @property
@@ -86,20 +94,46 @@ class EpochPlan:
         ordered = np.asarray(self.counts, dtype=np.int64)[np.asarray(self.order, dtype=np.int64)]
         return np.concatenate([[0], np.cumsum(ordered)])
 
-    def slot_slices(self, rank: int, worker: int) -> list[ShardSlice]:
-        """The shard slices a slot reads, in order; positions past T wrap (pad mode)."""
-        begin, end = self.slot_range(rank, worker)
-        total = self.total_samples
-        starts = self._starts
-        slices: list[ShardSlice] = []
-        pos = begin
+    @functools.cached_property
+    def _base_starts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(where each base interval starts in the epoch's sequence, where it starts in the
+        plan's): the plan's position p is the sequence's `first[i] + p - starts[i]`."""
+        base = self.base if self.base is not None else ((0, sum(self.counts)),)
+        first = np.asarray([start for start, _ in base], dtype=np.int64)
+        lengths = np.asarray([stop - start for start, stop in base], dtype=np.int64)
+        return first, np.concatenate([[0], np.cumsum(lengths)])
+
+    def in_sequence(self, positions: np.ndarray) -> np.ndarray:
+        """The epoch-sequence positions of plan positions (< total_samples)."""
+        first, starts = self._base_starts
+        i = np.searchsorted(starts, positions, side="right") - 1
+        return first[i] + positions - starts[i]
+
+    def _runs(self, begin: int, end: int) -> Iterator[tuple[int, int]]:
+        """Plan positions [begin, end) as runs [a, b) of the epoch's sequence; past
+        total_samples they wrap (pad mode)."""
+        first, starts = self._base_starts
+        total, pos = self.total_samples, begin
         while pos < end:
             p = pos % total
-            j = int(np.searchsorted(starts, p, side="right")) - 1
-            take = min(end - pos, int(starts[j + 1]) - p)
-            local = p - int(starts[j])
-            slices.append(ShardSlice(self.order[j], local, local + take))
+            i = int(np.searchsorted(starts, p, side="right")) - 1
+            take = min(end - pos, int(starts[i + 1]) - p)
+            a = int(first[i]) + p - int(starts[i])
+            yield a, a + take
             pos += take
+
+    def slot_slices(self, rank: int, worker: int) -> list[ShardSlice]:
+        """The shard slices a slot reads, in order; positions past T wrap (pad mode)."""
+        starts = self._starts
+        slices: list[ShardSlice] = []
+        for a, b in self._runs(*self.slot_range(rank, worker)):
+            pos = a
+            while pos < b:
+                j = int(np.searchsorted(starts, pos, side="right")) - 1
+                take = min(b - pos, int(starts[j + 1]) - pos)
+                local = pos - int(starts[j])
+                slices.append(ShardSlice(self.order[j], local, local + take))
+                pos += take
         return slices
 
 
@@ -113,6 +147,7 @@ def plan_epoch(
     seed: int = 0,
     epoch: int = 0,
     shuffle: bool = True,
+    base: tuple[tuple[int, int], ...] | None = None,
 ) -> EpochPlan:
     order = list(range(len(counts)))
     if shuffle:
@@ -124,6 +159,7 @@ def plan_epoch(
         batch_size=batch_size,
         mode=mode,
         order=tuple(order),
+        base=base,
     )
 
 

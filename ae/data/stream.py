@@ -60,7 +60,7 @@ from logging_cfg import log_worker_exceptions
 REPLACEMENT_POOL = 64
 
 T = TypeVar("T")
-_POSITION = {"epoch": 0, "skip_batches": 1}  # ShardStream.position's fields
+_POSITION = {"epoch": 0, "skip_batches": 1, "resumed": 2}  # ShardStream.position's fields
 
 
 def read_shard(
@@ -220,6 +220,11 @@ def worker_skip(skip_batches: int, num_workers: int, worker: int) -> int:
     return skip_batches // k + (worker < skip_batches % k)
 
 
+def slot_rng(seed: int, epoch: int, rank: int, slot: int) -> random.Random:
+    """The shuffle buffer's random draws of one slot in one epoch (`shuffle_samples`)."""
+    return random.Random(hash((seed, epoch, rank, slot)))
+
+
 def resumed_slot(skip_batches: int, num_workers: int, worker: int) -> int:
     """The plan slot that `worker` reads when the epoch resumes after `skip_batches` batches.
 
@@ -250,6 +255,11 @@ class ShardStream(IterableDataset):
     debug: bool = False
     epoch: int = 0
     skip_batches: int = 0  # a resumed epoch starts after this many of the rank's batches
+    # The rest of an epoch resumed with other settings (`ae.data.resume`): the intervals of
+    # the epoch's sequence not yet trained on, which the epoch `epoch` splits while `resumed`.
+    base: tuple[tuple[int, int], ...] | None = None
+    base_seed: int = 0  # the seed of the shard order `base` refers to (the checkpoint's)
+    resumed: bool = False
     epoch_samples: int = 0  # mode "resampled": samples per epoch, all ranks together
     augment: bool = False  # random crops (and flips, if the decoder has them): training only
     # The stretches of the shards this split reads (`ae.data.holdout`: validation held out of
@@ -257,14 +267,16 @@ class ShardStream(IterableDataset):
     parts: tuple[ShardSlice, ...] = ()
     errors: ErrorCounts = field(init=False)
     stats: WorkerStats = field(init=False)
-    # (epoch, skip_batches) as the rank last set them, in shared memory: persistent workers
-    # hold the copy of the stream they were started with, and read these at every epoch
+    # (epoch, skip_batches, resumed) as the rank last set them, in shared memory: persistent
+    # workers hold the copy of the stream they were started with, and read these at every epoch
     position: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
         self.errors = ErrorCounts.create(self.num_workers)
         self.stats = WorkerStats.create(self.num_workers)
-        self.position = torch.tensor([self.epoch, self.skip_batches]).share_memory_()
+        self.position = torch.tensor(
+            [self.epoch, self.skip_batches, int(self.resumed)]
+        ).share_memory_()
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
@@ -290,10 +302,21 @@ class ShardStream(IterableDataset):
             "seed": self.seed,
             "epoch": self.epoch,
         }
-        if self.mode == "resampled":
-            return resampled_plan(len(self.urls), self.epoch_samples, **common)
-        counts = [p.stop - p.start for p in self.parts] if self.parts else self.counts
-        return plan_epoch(counts, mode=self.mode, shuffle=self.shuffle, **common)
+        base = self.base if self.resumed else None
+        if self.mode == "resampled":  # resumed: what the epoch has left, drawn anew
+            samples = self.epoch_samples if base is None else sum(b - a for a, b in base)
+            return resampled_plan(len(self.urls), samples, **common)
+        if base is not None:
+            common["seed"] = self.base_seed  # the plan's seed orders the shards, nothing else
+        return plan_epoch(
+            self.plan_counts, mode=self.mode, shuffle=self.shuffle, base=base, **common
+        )
+
+    @property
+    def plan_counts(self) -> list[int]:
+        """What the plan splits: the stretches' lengths when this split holds parts of shards
+        (`ae.data.holdout`), else the shards' counts. Resume reckons in the same units."""
+        return [p.stop - p.start for p in self.parts] if self.parts else list(self.counts)
 
     def _shard_slices(self, plan: EpochPlan, rank: int, slot: int) -> list[ShardSlice]:
         """The slot's slices as samples of the shards themselves (the plan counts in stretches)."""
@@ -400,7 +423,8 @@ class ShardStream(IterableDataset):
         info = get_worker_info()
         worker = 0 if info is None else info.id
         if info is not None:  # a worker, maybe a persistent one: the rank's epoch and skip
-            self.epoch, self.skip_batches = (int(v) for v in self.position.tolist())
+            epoch, skip, resumed = (int(v) for v in self.position.tolist())
+            self.epoch, self.skip_batches, self.resumed = epoch, skip, bool(resumed)
         slot = resumed_slot(self.skip_batches, self.num_workers, worker)
         plan = self.plan()
         errors = SlotErrors(self.errors, worker)  # one row per worker process
@@ -416,7 +440,7 @@ class ShardStream(IterableDataset):
             )
         )
         errors0, replaced0 = errors.snapshot()
-        rng = random.Random(hash((self.seed, self.epoch, self.rank, slot)))
+        rng = slot_rng(self.seed, self.epoch, self.rank, slot)
         skip = worker_skip(self.skip_batches, self.num_workers, slot) * self.batch_size
         if skip:
             logger.info(f"Skipping {skip} samples already trained on (epoch {self.epoch})")

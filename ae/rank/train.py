@@ -29,8 +29,10 @@ from ae.log_lines import RESOURCE_TIGHT, main_log
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
 from ae.training.checkpoint_files import resolve_resume
+from ae.training.checkpointing import moved_modules_importable
 from ae.training.model import build_model, describe
 from ae.training.preemption import preempted_at
+from ae.training.resume_check import check_resume
 from ae.training.run_info import log_model_summary, log_rank_header, log_run_setup
 from ae.training.trainer import build_trainer
 from logging_cfg import RankContext
@@ -71,6 +73,9 @@ def fit(cfg: Config, ctx: RankContext) -> str:
               model=model)  # fmt: skip
     trainer = build_trainer(cfg, ctx, run_ts)
     ckpt = resolve_resume(cfg.checkpoints.resume_from_checkpoint, run_dir.checkpoints)
+    if ckpt is not None:  # before Lightning loads it: another model is one message, exit 2
+        with moved_modules_importable():
+            check_resume(ckpt, cfg.to_dict(), model)
     # Our own checkpoints: they hold the config and loop state, not only tensors.
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
     if (step := preempted_at(trainer)) is not None:

@@ -36,6 +36,7 @@ from ae.forensics.progress import in_phase, progress
 from ae.log_lines import CHECKPOINT_END, CHECKPOINT_START, RESUMED, main_log
 from ae.run_dir import RunDir
 from ae.training.checkpoint_files import CheckpointStore, atomic_write, human_size
+from ae.training.model import AutoEncoder
 
 # Keys whose change between a checkpoint and the resumed run is expected, not news.
 _UNREMARKABLE = {"config", "print_config", "resume_from_checkpoint", "overwrite"}
@@ -82,6 +83,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().load_checkpoint(path, *args, **kwargs)
 
 
+def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`key old -> new` for each setting that differs from the checkpoint's."""
+    return [
+        f"{k} {old[k]!r} -> {new[k]!r}"
+        for k in new
+        if k in old and old[k] != new[k] and k not in _UNREMARKABLE
+    ]
+
+
 def _last_step_of_training(trainer: L.Trainer, batch_idx: int) -> bool:
     if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
         return True
@@ -105,6 +115,7 @@ class Checkpointing(L.Callback):
         self.best_step = -1
         self.saved_step = -1  # step of the newest step checkpoint of this run
         self._resumed_from: dict[str, Any] | None = None
+        self._changed: list[str] = []
 
     # --- state carried in the checkpoint ----------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -123,14 +134,7 @@ class Checkpointing(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         self._resumed_from = {"step": checkpoint["global_step"], "epoch": checkpoint["epoch"]}
-        old, new = checkpoint.get("ae_config", {}), self.settings
-        changed = [
-            f"{k} {old[k]!r} -> {new[k]!r}"
-            for k in new
-            if k in old and old[k] != new[k] and k not in _UNREMARKABLE
-        ]
-        if changed and trainer.is_global_zero:
-            main_log.info("Settings changed since the checkpoint: " + ", ".join(changed))
+        self._changed = changed_settings(checkpoint.get("ae_config", {}), self.settings)
 
     # --- when to save -----------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -138,7 +142,23 @@ class Checkpointing(L.Callback):
             self.store.prepare()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._resumed_from is not None and trainer.is_global_zero:
+        if self._resumed_from is None:
+            return
+        # What ae did about the changes (the data module re-split the epoch's rest on restore;
+        # the LR schedule is re-planned now, the loops being restored).
+        resumed = getattr(trainer.datamodule, "resumed", None)
+        actions = [
+            resumed.note if resumed is not None else "",
+            pl_module.replan_schedule() if isinstance(pl_module, AutoEncoder) else "",
+        ]
+        actions = [a for a in actions if a]
+        if (self._changed or actions) and trainer.is_global_zero:
+            main_log.info(
+                "Settings changed since the checkpoint: "
+                + (", ".join(self._changed) or "none")
+                + ("; " + "; ".join(actions) if actions else "")
+            )
+        if trainer.is_global_zero:
             main_log.info(
                 RESUMED.format(
                     path=trainer.ckpt_path,

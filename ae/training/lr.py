@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 from ae.log_lines import EFFECTIVE_LR
@@ -33,6 +34,38 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, kind: str) -> floa
         return 1.0
     progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
     return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass
+class Schedule:
+    """`lr_factor` as the scheduler's function. Its fields are plain data, which `LambdaLR`
+    saves in every checkpoint and restores into the resumed run's schedule: a run resumed with
+    other settings knows the length its schedule was planned for, and is re-planned to its own
+    (`total_steps` set anew: from the step reached on, the LR is what a run planned for the new
+    length has there, and it reaches the schedule's end at the run's last step)."""
+
+    warmup_steps: int
+    total_steps: int
+    kind: str
+
+    def __call__(self, step: int) -> float:
+        return lr_factor(step, self.warmup_steps, self.total_steps, self.kind)
+
+
+def steps_to_end(
+    *, done: int, epoch_len: int, full_len: int, epoch: int, max_epochs: int, accumulation: int
+) -> int:
+    """Optimizer steps from batch `done` of epoch `epoch` (of `epoch_len` batches) to the end of
+    epoch `max_epochs - 1`, whose epochs have `full_len` batches. An optimizer step ends every
+    `accumulation`-th batch of an epoch and its last one (Lightning's rule)."""
+
+    def steps(first: int, end: int) -> int:
+        if first >= end:
+            return 0
+        return end // accumulation - first // accumulation + (end % accumulation != 0)
+
+    rest = steps(done, epoch_len)
+    return rest + max(0, max_epochs - epoch - 1) * steps(0, full_len)
 
 
 def effective_lr_line(base_lr: float, world_size: int, mode: ScaleMode) -> str:

@@ -9,7 +9,6 @@ returns the `AutoEncoder`, or the user's own LightningModule as it is.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import asdict
 
@@ -19,10 +18,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from ae.config import BUILTIN_MODELS, ModelConfig, OptimConfig
+from ae.data.datamodule import ShardDataModule
 from ae.data.decode import InputSpec
 from ae.forensics.faults import fault_point
 from ae.log_lines import main_log
-from ae.training.lr import lr_factor, scale_lr, schedule_line
+from ae.training.lr import Schedule, scale_lr, schedule_line, steps_to_end
 from ae.training.models import ModelError, user
 from ae.training.models.conv import conv_autoencoder
 from ae.training.models.mlp import mlp_autoencoder
@@ -224,13 +224,41 @@ class AutoEncoder(L.LightningModule):
         ]
         opt = torch.optim.AdamW(groups, lr=hp.learning_rate, weight_decay=hp.weight_decay)
         total = int(self.trainer.estimated_stepping_batches)
-        if self.trainer.is_global_zero:
+        if self.trainer.is_global_zero and self.trainer.ckpt_path is None:
+            # On resume this is an estimate before the loops are restored: `replan_schedule`.
             main_log.info(schedule_line(hp.warmup_steps, total, hp.lr_scheduler))
-        schedule = functools.partial(
-            lr_factor, warmup_steps=hp.warmup_steps, total_steps=total, kind=hp.lr_scheduler
-        )
+        schedule = Schedule(hp.warmup_steps, total, hp.lr_scheduler)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def replan_schedule(self) -> str:
+        """On resume: the schedule runs from the step reached to the end of this run, which other
+        settings (batch size, world size, max_epochs, ...) move. Returns what was done, or ""."""
+        trainer = self.trainer
+        dm = trainer.datamodule
+        schedule = getattr(self.lr_schedulers(), "lr_lambdas", [None])[0]
+        if not isinstance(schedule, Schedule):
+            return ""
+        step = trainer.global_step
+        end = math.inf
+        if trainer.max_epochs not in (None, -1) and isinstance(dm, ShardDataModule):
+            done, epoch_len, full_len = dm.epoch_lengths()
+            end = step + steps_to_end(
+                done=done, epoch_len=epoch_len, full_len=full_len,
+                epoch=trainer.current_epoch, max_epochs=trainer.max_epochs,
+                accumulation=trainer.accumulate_grad_batches,
+            )  # fmt: skip
+        if trainer.max_steps != -1:
+            end = min(end, trainer.max_steps)
+        if end == math.inf or end == schedule.total_steps:
+            return ""
+        old, schedule.total_steps = schedule.total_steps, int(end)
+        if trainer.is_global_zero:
+            main_log.info(
+                f"LR schedule re-planned at step {step}: {old} -> {int(end)} optimizer steps in "
+                "all (the LR reaches the schedule's end at the last step)"
+            )
+        return f"re-planned the LR schedule from {old} to {int(end)} steps"
 
 
 def has_codec(module: nn.Module) -> bool:

@@ -132,7 +132,7 @@ def test_same_batches_as_the_general_path_across_epochs_and_a_resume(
     # epoch 1 differs from epoch 0, and a resume mid-epoch 1 continues it exactly
     for k in (1, 6):
         resumed = _loader(urls, "fast", workers)
-        resumed.load_state_dict({"epoch": 1, "batches": k})
+        resumed.resume({"epoch": 1, "batches": k})
         rest = _batches(resumed)
         assert all(torch.equal(a, b) for a, b in zip(rest, fast[k:], strict=True))
         assert len(rest) == 13 - k

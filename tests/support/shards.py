@@ -35,3 +35,12 @@ def vector_decoder(dim: int = 16) -> SampleDecoder:
 def image_decoder(size: int = 8) -> SampleDecoder:
     """The decoder a run probes on `image_samples`: grayscale `png`, native size."""
     return SampleDecoder((("png", None),), "image", (1, size, size), any_image=True, mode="L")
+
+
+def id_samples(n: int, dim: int = 4, start: int = 0) -> list[Sample]:
+    """Samples whose vector is their key's number in every element: a batch says which samples
+    it holds (`tests/support/key_recorder.py`, the resume coverage tests)."""
+    return [
+        {"__key__": f"{start + i:08d}".encode(), "npy": npy_bytes(np.full(dim, start + i, "f4"))}
+        for i in range(n)
+    ]

@@ -123,6 +123,9 @@ def test_checkpoint_written_before_the_layout_change_resumes(tmp_path: Path) -> 
     (log,) = (out / "logs").glob("train_*.log")
     text = log.read_text()
     assert re.search(r"Resumed from .*pre_layout_step3\.ckpt at step 3 ", text)
+    # its data position, where Lightning kept it then, is resumed too
+    (debug,) = (out / "logs").glob("debug_rank0_*.log")
+    assert "Resuming the train data at epoch 0, batch 3 of" in debug.read_text()
     assert "Training finished at step 6" in text
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
 

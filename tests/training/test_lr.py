@@ -10,7 +10,15 @@ import torch
 
 from ae.config import ModelConfig, OptimConfig
 from ae.data.decode import InputSpec
-from ae.training.lr import effective_lr_line, lr_factor, lr_scale_factor, scale_lr, schedule_line
+from ae.training.lr import (
+    Schedule,
+    effective_lr_line,
+    lr_factor,
+    lr_scale_factor,
+    scale_lr,
+    schedule_line,
+    steps_to_end,
+)
 from ae.training.model import AutoEncoder
 
 
@@ -77,3 +85,34 @@ def test_optimizer_groups_and_scheduler_follow_the_formula() -> None:
         opt.step()
         sched.step()
     assert isinstance(opt, torch.optim.AdamW)
+
+
+def test_steps_to_end_follows_lightnings_accumulation() -> None:
+    # the rest of a resumed epoch (batches 3..16 of 17), then one whole epoch of 15
+    common = {"done": 3, "epoch_len": 17, "full_len": 15, "epoch": 0, "max_epochs": 2}
+    assert steps_to_end(**common, accumulation=1) == 14 + 15
+    # steps end at batches 4, 8, 12, 16 and the epoch's last (17); then 4, 8, 12 and 15
+    assert steps_to_end(**common, accumulation=4) == 5 + 4
+    assert steps_to_end(**{**common, "epoch": 1}, accumulation=1) == 14  # the last epoch
+
+
+def test_schedule_is_saved_with_the_scheduler_and_replanned_to_its_end() -> None:
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    opt = torch.optim.SGD(params, lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, Schedule(2, 10, "cosine"))
+    for _ in range(6):
+        opt.step()
+        sched.step()
+    state = sched.state_dict()
+    # a resumed run builds its schedule for its own estimate; the checkpoint's length comes back
+    opt2 = torch.optim.SGD(params, lr=1.0)
+    sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, Schedule(2, 99, "cosine"))
+    sched2.load_state_dict(state)
+    schedule = sched2.lr_lambdas[0]
+    assert schedule.total_steps == 10 and sched2.last_epoch == 6
+    schedule.total_steps = 20  # re-planned: 14 more steps
+    for _ in range(14):
+        opt2.step()
+        sched2.step()
+    assert sched2.get_last_lr()[0] == pytest.approx(0.0)  # the cosine's end at the last step
+    assert schedule(19) > 0

@@ -1,0 +1,77 @@
+"""Whether a checkpoint can be resumed with this run's flags: settings that shape the model or its
+input cannot carry over, and are refused before training with one message comparing them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ae.errors import UserError
+
+# Flags whose change gives the model other weights: named when the weights do not fit.
+SHAPE_KEYS = (
+    "model", "model_args", "hidden_dim", "hidden_dims", "latent_dim", "latent_channels",
+    "base_channels", "channel_mult", "res_blocks", "downsample", "channels",
+)  # fmt: skip
+# Flags that give the model another input: refused even where the weights fit (a fully
+# convolutional model takes any image size), when both runs named one and they differ (left
+# unset, ae picked one from the data, which the checkpoint does not say).
+INPUT_KEYS = ("input_key", "image_size")
+
+
+class ResumeRefused(UserError):
+    """The checkpoint's model cannot be trained on with these flags."""
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "x".join(map(str, t.shape)) or "scalar"
+
+
+def incompatible(
+    saved: dict[str, Any], now: dict[str, Any], weights: dict[str, Any], model: nn.Module
+) -> list[str]:
+    """`key: checkpoint value -> flag value` for each setting that cannot carry over: another
+    input, or weights that do not fit the model (named by the flags that changed them, else by
+    the first weights that differ; a VAE toggle counts only where its shapes differ)."""
+    changed = [
+        f"{k}: {saved[k]!r} -> {now[k]!r}"
+        for k in SHAPE_KEYS
+        if k in saved and k in now and saved[k] != now[k]
+    ]
+    inputs = [
+        f"{k}: {saved[k]!r} -> {now[k]!r}"
+        for k in INPUT_KEYS
+        if saved.get(k) and now.get(k) and saved[k] != now[k]
+    ]
+    mine = model.state_dict()
+    misfits = [
+        f"{k}: {_shape(v)} -> {_shape(mine[k])}"
+        for k, v in weights.items()
+        if torch.is_tensor(v) and k in mine and v.shape != mine[k].shape
+    ]
+    missing = sorted(set(mine) - set(weights)) + sorted(set(weights) - set(mine))
+    if not misfits and not missing:
+        return inputs
+    if (saved.get("kl_weight", 0) > 0) != (now.get("kl_weight", 0) > 0):
+        changed.append(f"kl_weight: {saved.get('kl_weight')!r} -> {now.get('kl_weight')!r}")
+    changed += inputs
+    if not changed:  # the flags agree, the data does not (another image size, field, ...)
+        changed = misfits[:3] or [f"weights: {', '.join(missing[:3])} differ"]
+    return changed
+
+
+def check_resume(path: Path, now: dict[str, Any], model: nn.Module) -> None:
+    """Raise `ResumeRefused` (exit 2, one message) if `path` cannot be resumed with `now`."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    problems = incompatible(ckpt.get("ae_config", {}), now, ckpt.get("state_dict", {}), model)
+    if problems:
+        raise ResumeRefused(
+            f"resume_from_checkpoint: {path} holds another model than these flags build "
+            "(checkpoint -> flags):\n"
+            + "\n".join(f"  {p}" for p in problems)
+            + "\nResume with the checkpoint's settings, or start a new run in another"
+            " --output_dir."
+        )

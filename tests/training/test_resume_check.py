@@ -1,0 +1,50 @@
+"""Settings that cannot carry over from a checkpoint: compared, key by key, before training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ae.training.resume_check import ResumeRefused, check_resume, incompatible
+
+
+def test_changed_shape_flags_are_listed_checkpoint_to_flag() -> None:
+    saved = {"latent_dim": 2, "learning_rate": 1e-3, "image_size": 0}
+    now = {"latent_dim": 3, "learning_rate": 5e-4, "image_size": 0}
+    weights = nn.Linear(4, 2).state_dict()
+    assert incompatible(saved, now, weights, nn.Linear(4, 3)) == ["latent_dim: 2 -> 3"]
+    # the same weights fit: nothing to refuse, whatever else changed
+    assert incompatible(saved, now, weights, nn.Linear(4, 2)) == []
+
+
+def test_flags_alike_but_data_of_another_shape_names_the_weights() -> None:
+    # e.g. the same --image_size=0 on images of another native size
+    problems = incompatible({}, {}, nn.Linear(4, 2).state_dict(), nn.Linear(6, 2))
+    assert problems == ["weight: 2x4 -> 2x6"]
+
+
+def test_a_vae_toggle_is_named() -> None:
+    saved, now = {"kl_weight": 0.0}, {"kl_weight": 1e-4}
+    problems = incompatible(saved, now, nn.Linear(4, 2).state_dict(), nn.Linear(4, 4))
+    assert problems == ["kl_weight: 0.0 -> 0.0001"]
+
+
+def test_check_resume_refuses_with_one_message(tmp_path: Path) -> None:
+    path = tmp_path / "a.ckpt"
+    torch.save({"ae_config": {"model": "conv"}, "state_dict": nn.Linear(4, 2).state_dict()}, path)
+    with pytest.raises(ResumeRefused) as e:
+        check_resume(path, {"model": "mlp"}, nn.Linear(4, 3))
+    assert e.value.exit_code == 2
+    assert "(checkpoint -> flags):\n  model: 'conv' -> 'mlp'\n" in e.value.render()
+    check_resume(path, {"model": "conv"}, nn.Linear(4, 2))  # fits: no error
+
+
+def test_another_input_is_refused_even_where_the_weights_fit() -> None:
+    weights = nn.Conv2d(3, 4, 3).state_dict()  # fully convolutional: any image size fits
+    saved, now = {"image_size": 64, "input_key": "jpg"}, {"image_size": 128, "input_key": "jpg"}
+    assert incompatible(saved, now, weights, nn.Conv2d(3, 4, 3)) == ["image_size: 64 -> 128"]
+    # unset in the checkpoint's run: ae chose from the data; nothing to compare
+    assert incompatible({"image_size": 0}, now, weights, nn.Conv2d(3, 4, 3)) == []
