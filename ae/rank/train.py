@@ -70,8 +70,9 @@ def fit(cfg: Config, ctx: RankContext) -> str:
               model=model)  # fmt: skip
     trainer = build_trainer(cfg, ctx, run_ts)
     ckpt = resolve_resume(cfg.checkpoints.resume_from_checkpoint, run_dir.checkpoints)
-    # Our own checkpoints: they hold the config and loop state, not only tensors.
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
+    # weights_only: the safe loader (ae.training.checkpoint_load), unless the file is trusted.
+    trust = cfg.checkpoints.trust_checkpoint
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=not trust)
     if (step := preempted_at(trainer)) is not None:
         return f"preempted at step {step}; resume with --resume_from_checkpoint=last"
     main_log.info(f"Training finished at step {trainer.global_step}")

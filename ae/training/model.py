@@ -22,6 +22,7 @@ from ae.config import BUILTIN_MODELS, ModelConfig, OptimConfig
 from ae.data.decode import InputSpec
 from ae.forensics.faults import fault_point
 from ae.log_lines import main_log
+from ae.training.checkpoint_load import spec_record
 from ae.training.lr import lr_factor, scale_lr, schedule_line
 from ae.training.models import ModelError, user
 from ae.training.models.conv import conv_autoencoder
@@ -96,7 +97,7 @@ class AutoEncoder(L.LightningModule):
         optim = optim or OptimConfig()
         self.save_hyperparameters(
             {
-                "spec": spec,
+                "spec": spec_record(spec),  # a plain dict: the safe loader reads it
                 **asdict(model),
                 "model": resolve_name(model.model, spec),
                 "learning_rate": scale_lr(optim.learning_rate, world_size, optim.lr_scale),
