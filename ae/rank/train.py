@@ -61,8 +61,11 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     datamodule = ShardDataModule(cfg.data, train_urls, val_urls, seed=cfg.run.seed, debug=obs.debug)
     # What the heartbeat's step clock reports: its recent window and the train loader's workers.
     step_times.configure(recent_window_s(obs.straggler_window), datamodule.train_worker_rates)
-    # Before the trainer and any dataloader worker: a model that cannot be built is one message.
-    model, latent = build_model(datamodule.spec, cfg.model, cfg.optim, ctx.world_size)
+    # Before the trainer and any dataloader worker: a model that cannot be built, or that fails
+    # on real samples as validation computes on them, is one message.
+    model, latent = build_model(
+        datamodule.spec, cfg.model, cfg.optim, ctx.world_size, batch=datamodule.first_samples()
+    )
     if ctx.rank == 0:
         main_log.info(describe(model, datamodule.spec, latent))
         log_model_summary(model)
