@@ -252,7 +252,7 @@ def _first_line(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-def not_a_tensor(method: str, value: object) -> str:
+def _not_a_tensor(method: str, value: object) -> str:
     """`decode returned DecoderOutput; return its .sample`: what a model returned instead of a
     tensor, and where the tensor in it is (a dataclass field, a mapping key, a tuple item)."""
     where = None
@@ -291,9 +291,9 @@ def latent_shape(
                     f"{_first_line(e)}"
                 ) from e
             if not torch.is_tensor(z):
-                raise ModelError(not_a_tensor("encode", z))
+                raise ModelError(_not_a_tensor("encode", z))
             if not torch.is_tensor(out):
-                raise ModelError(not_a_tensor("decode", out))
+                raise ModelError(_not_a_tensor("decode", out))
             if out.shape != x.shape:
                 got = tuple(out.shape)
                 raise ModelError(f"model: decode(encode(x)) gives {got} for x of {tuple(x.shape)}")
