@@ -176,6 +176,7 @@ def comparison_grid(val_spec: str, work: Path) -> Path:
     from ae.data.decode import SampleDecoder
     from ae.data.spec import expand_shards
     from ae.data.tar_samples import iter_samples
+    from ae.training.checkpoint_load import spec_from_record
     from ae.training.encoding import load_checkpoint, model_from_checkpoint
     from ae.training.plots import to_image
 
@@ -186,7 +187,8 @@ def comparison_grid(val_spec: str, work: Path) -> Path:
     rows = [("input", x)]
     for i, name in enumerate(MODELS):
         ckpt = load_checkpoint(work / f"quality-{i}" / "checkpoints" / "last.ckpt")
-        model, _ = model_from_checkpoint(ckpt, ckpt["hyper_parameters"]["spec"], name)
+        spec = spec_from_record(ckpt["hyper_parameters"]["spec"])
+        model, _ = model_from_checkpoint(ckpt, spec, name)
         with torch.no_grad():
             rows.append((name, model.decode(model.encode(x))))
     tile, gap, label_w = 2 * SIZE, 4, 190

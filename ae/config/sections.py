@@ -222,6 +222,11 @@ class CheckpointConfig:
     resume_from_checkpoint: str | None = _opt(
         None, "checkpoint path, or last (<output_dir>/checkpoints/last.ckpt, if any)"
     )
+    trust_checkpoint: bool = _opt(
+        False,
+        "load a checkpoint the safe loader refuses; runs code from the file: only for "
+        "files you made",
+    )
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import torch.distributed as dist
 from loguru import logger
@@ -184,6 +185,26 @@ class ShardDataModule(L.LightningDataModule):
     @property
     def spec(self) -> InputSpec:
         return self.decoder.spec
+
+    def first_samples(self, n: int = 2) -> torch.Tensor:
+        """The first `n` (or fewer) decodable validation samples, as a batch, read again from
+        the start of the first shards: the real batch the model check before training runs
+        through the model (`ae.training.model.latent_shape`)."""
+        found: list[np.ndarray] = []
+        for url in self.val_urls:
+            try:
+                for sample in iter_samples(url):
+                    try:
+                        found.append(self.decoder.decode(sample))
+                    except SampleError:
+                        continue
+                    if len(found) == n:
+                        return torch.from_numpy(np.stack(found))
+            except DataError:
+                raise
+            except Exception:  # an unreadable shard: the planner and readers report it
+                continue
+        return torch.from_numpy(np.stack(found))  # the probe found at least one
 
     def _counts(self, split: str, urls: list[str]) -> list[int]:
         """Counted by all ranks (a share each, one all-gather), then checked to be the same on

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ from ae.job.processes import processes_per_node, rank_command, run_torchrun
 from ae.job.topology import topology
 
 RANK_MODULE = "ae.cli.encode_rank"  # what runs in every rank
+CHECK_MODULE = "ae.cli.check_checkpoint"  # the safe loader's verdict on a checkpoint
 _TAR_NAME = re.compile(r"([^/\s'\"?]+\.tar)\b")
 
 
@@ -48,6 +51,7 @@ class EncodeArgs:
     debug: bool = False
     stall_timeout: float = 300.0
     pg_timeout: float = 600.0
+    trust_checkpoint: bool = False
 
     @property
     def keep(self) -> frozenset[str]:
@@ -101,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="per-batch lines in the rank logs")
     p.add_argument("--stall_timeout", type=float, default=300.0, help="watchdog, s (0 = off)")
     p.add_argument("--pg_timeout", type=float, default=600.0, help="collective timeout, s")
+    p.add_argument(
+        "--trust_checkpoint",
+        action="store_true",
+        help="load a checkpoint the safe loader refuses; runs code from the file: only for "
+        "files you made",
+    )
     return p
 
 
@@ -148,6 +158,18 @@ def check_outputs(urls: list[str], outs: list[Path]) -> None:
         raise EncodeArgsError("\n".join(problems[:5]))
 
 
+def check_checkpoint(args: EncodeArgs) -> None:
+    """A checkpoint the safe loader refuses stops the job before any rank starts (the ranks
+    check again). torch is needed to tell: a short process of its own, not this one."""
+    if args.trust_checkpoint:
+        return
+    check = subprocess.run(
+        [sys.executable, "-m", CHECK_MODULE, args.ckpt], capture_output=True, text=True
+    )
+    if check.returncode == UserError.exit_code:
+        raise EncodeArgsError(check.stderr.strip())
+
+
 def help_text() -> str:
     return _parser().format_help()
 
@@ -158,6 +180,7 @@ def launch(argv: list[str]) -> int:
         args = parse_args(argv)
         urls = expand_shards(args.spec, "SPEC")
         check_outputs(urls, output_paths(urls, Path(args.out_dir)))
+        check_checkpoint(args)
         run = RunConfig(devices=args.devices, accelerator=args.accelerator)
         topo = topology(run)
         nproc, problems = processes_per_node(run, topo)

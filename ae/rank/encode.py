@@ -72,6 +72,8 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
     install_worker_reaper()
     start_watchdog(args.stall_timeout, args.accelerator, ctx, paths, run_ts)
     log_rank_header(ctx, args.accelerator)
+    # First: a checkpoint the safe loader refuses ends the rank before anything else starts.
+    ckpt = load_checkpoint(Path(args.ckpt), trust=args.trust_checkpoint)
     if ctx.world_size > 1:
         # gloo whatever the device: only two small CPU collectives, never a tensor of the model
         dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
@@ -90,7 +92,6 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
                 rank_shards=len(mine), rank_samples=sum(counts[i] for i in mine),
             )
         )  # fmt: skip
-    ckpt = load_checkpoint(Path(args.ckpt))
     with in_phase("shard planning"):
         # Inputs decoded as the training run decoded them (its field, mode, image size).
         data_cfg = Config.from_flat(ckpt["ae_config"]).data

@@ -29,7 +29,6 @@ from ae.log_lines import RESOURCE_TIGHT, main_log
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
 from ae.training.checkpoint_files import resolve_resume
-from ae.training.checkpointing import moved_modules_importable
 from ae.training.model import build_model, describe
 from ae.training.preemption import preempted_at
 from ae.training.resume_check import check_resume
@@ -64,8 +63,11 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     datamodule = ShardDataModule(cfg.data, train_urls, val_urls, seed=cfg.run.seed, debug=obs.debug)
     # What the heartbeat's step clock reports: its recent window and the train loader's workers.
     step_times.configure(recent_window_s(obs.straggler_window), datamodule.train_worker_rates)
-    # Before the trainer and any dataloader worker: a model that cannot be built is one message.
-    model, latent = build_model(datamodule.spec, cfg.model, cfg.optim, ctx.world_size)
+    # Before the trainer and any dataloader worker: a model that cannot be built, or that fails
+    # on real samples as validation computes on them, is one message.
+    model, latent = build_model(
+        datamodule.spec, cfg.model, cfg.optim, ctx.world_size, batch=datamodule.first_samples()
+    )
     if ctx.rank == 0:
         main_log.info(describe(model, datamodule.spec, latent))
         log_model_summary(model)
@@ -73,11 +75,11 @@ def fit(cfg: Config, ctx: RankContext) -> str:
               model=model)  # fmt: skip
     trainer = build_trainer(cfg, ctx, run_ts)
     ckpt = resolve_resume(cfg.checkpoints.resume_from_checkpoint, run_dir.checkpoints)
+    # weights_only: the safe loader (ae.training.checkpoint_load), unless the file is trusted.
+    trust = cfg.checkpoints.trust_checkpoint
     if ckpt is not None:  # before Lightning loads it: another model is one message, exit 2
-        with moved_modules_importable():
-            check_resume(ckpt, cfg.to_dict(), model)
-    # Our own checkpoints: they hold the config and loop state, not only tensors.
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
+        check_resume(ckpt, cfg.to_dict(), model, trust=trust)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=not trust)
     if (step := preempted_at(trainer)) is not None:
         return f"preempted at step {step}; resume with --resume_from_checkpoint=last"
     main_log.info(f"Training finished at step {trainer.global_step}")

@@ -16,12 +16,8 @@ counts are equal on every rank, and the best-loss decision is rank 0's, broadcas
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +31,7 @@ from ae.forensics.faults import fault_point
 from ae.forensics.progress import in_phase, progress
 from ae.log_lines import CHECKPOINT_END, CHECKPOINT_START, RESUMED, main_log
 from ae.run_dir import RunDir
+from ae.training import checkpoint_load
 from ae.training.checkpoint_files import CheckpointStore, atomic_write, human_size
 from ae.training.model import AutoEncoder
 
@@ -42,27 +39,10 @@ from ae.training.model import AutoEncoder
 _UNREMARKABLE = {"config", "print_config", "resume_from_checkpoint", "overwrite"}
 
 
-# Modules that pickled classes lived in before they moved, and where they live now: checkpoints
-# written by older versions of `ae` still load (they pickle `InputSpec` under its old path).
-MOVED_MODULES = {"ae.decode": "ae.data.decode"}
-
-
-@contextmanager
-def moved_modules_importable() -> Iterator[None]:
-    """While loading a checkpoint, let the old module paths resolve to the new modules."""
-    added = [old for old in MOVED_MODULES if old not in sys.modules]
-    for old in added:
-        sys.modules[old] = importlib.import_module(MOVED_MODULES[old])
-    try:
-        yield
-    finally:
-        for old in added:
-            sys.modules.pop(old, None)
-
-
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's torch.save writer, but through a tmp file + fsync + rename; and a reader
-    that also loads checkpoints written before a module moved."""
+    """Lightning's torch.save writer, but through a tmp file + fsync + rename; and ae's safe
+    reader (`ae.training.checkpoint_load`): `weights_only=False` (`--trust_checkpoint`) is the
+    only way to run code from the file."""
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -78,9 +58,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
         atomic_write(path, write)
 
-    def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        with moved_modules_importable():
-            return super().load_checkpoint(path, *args, **kwargs)
+    def load_checkpoint(
+        self, path: Any, map_location: Any = "cpu", weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        return checkpoint_load.load(path, trust=weights_only is False, map_location=map_location)
 
 
 def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

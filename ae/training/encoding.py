@@ -26,7 +26,8 @@ from ae.errors import UserError
 from ae.forensics.faults import fault_point
 from ae.forensics.progress import progress
 from ae.log_lines import ENCODED_SHARD
-from ae.training.checkpointing import moved_modules_importable
+from ae.training import checkpoint_load
+from ae.training.checkpoint_load import UntrustedCheckpoint
 from ae.training.model import build_model
 
 
@@ -34,10 +35,13 @@ class EncodeError(UserError):
     """A checkpoint or shard set that cannot be encoded: one message naming it."""
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, trust: bool = False) -> dict[str, Any]:
+    """The checkpoint, read by the safe loader (`ae.training.checkpoint_load`; `trust`: the old
+    way, `--trust_checkpoint`)."""
     try:
-        with moved_modules_importable():
-            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = checkpoint_load.load(path, trust=trust)
+    except UntrustedCheckpoint:
+        raise
     except Exception as e:  # a user file can be broken in many ways
         raise EncodeError(f"{path}: not a readable checkpoint: {type(e).__name__}: {e}") from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "ae_config" not in ckpt:
@@ -50,8 +54,8 @@ def model_from_checkpoint(
 ) -> tuple[L.LightningModule, tuple[int, ...]]:
     """The checkpoint's model in eval mode, and one sample's latent shape. `spec`: that of the
     shards to encode, which must be what the model was trained on."""
-    trained_on = ckpt.get("hyper_parameters", {}).get("spec")
-    if isinstance(trained_on, InputSpec) and trained_on != spec:
+    trained_on = checkpoint_load.spec_from_record(ckpt.get("hyper_parameters", {}).get("spec"))
+    if trained_on is not None and trained_on != spec:
         raise EncodeError(
             f"SPEC: samples have shape {spec.shape}, but {name} was trained on {trained_on.shape}"
         )

@@ -2,14 +2,17 @@
 an optional VAE bottleneck (`--kl_weight`), validation quality metrics, AdamW with per-module LR.
 
 `build_model` is the one entry point: it resolves `--model` (`auto` picks `mlp` for vectors and
-`conv` for images), builds the network, checks that `decode(encode(x))` has the shape of `x` on a
-dummy batch (a mistake is a `ModelError` before training starts, not a traceback mid-step), and
-returns the `AutoEncoder`, or the user's own LightningModule as it is.
+`conv` for images), builds the network, checks on a real batch that `encode` and `decode` return
+tensors, that `decode(encode(x))` has the shape of `x` and that the loss and validation metrics
+compute on it (a mistake is a `ModelError` before training starts, not a traceback mid-step or
+in the first validation), and returns the `AutoEncoder`, or the user's own LightningModule.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import asdict
 
 import lightning as L
@@ -22,6 +25,7 @@ from ae.data.datamodule import ShardDataModule
 from ae.data.decode import InputSpec
 from ae.forensics.faults import fault_point
 from ae.log_lines import main_log
+from ae.training.checkpoint_load import spec_record
 from ae.training.lr import Schedule, scale_lr, schedule_line, steps_to_end
 from ae.training.models import ModelError, user
 from ae.training.models.conv import conv_autoencoder
@@ -96,7 +100,7 @@ class AutoEncoder(L.LightningModule):
         optim = optim or OptimConfig()
         self.save_hyperparameters(
             {
-                "spec": spec,
+                "spec": spec_record(spec),  # a plain dict: the safe loader reads it
                 **asdict(model),
                 "model": resolve_name(model.model, spec),
                 "learning_rate": scale_lr(optim.learning_rate, world_size, optim.lr_scale),
@@ -184,12 +188,18 @@ class AutoEncoder(L.LightningModule):
             self.log("train/loss_epoch", mean, on_step=False, on_epoch=True, sync_dist=True)
         return loss
 
-    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+    def evaluate(self, batch: torch.Tensor, quality: QualityMetrics) -> tuple[torch.Tensor, dict]:
+        """What validation computes on a batch: (loss, {name: extra loss term}), the quality
+        metrics updated. Also the model check before training (`latent_shape`), on a real batch."""
         loss, recon, logs = self._step(batch)
+        quality.update(self(batch) if recon is None else recon, batch)
+        return loss, logs
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss, logs = self.evaluate(batch, self.quality)
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         for name, value in logs.items():
             self.log(f"val/{name}", value, sync_dist=True)
-        self.quality.update(self(batch) if recon is None else recon, batch)
         self.quality.log_to(self)
         return loss
 
@@ -266,37 +276,79 @@ def has_codec(module: nn.Module) -> bool:
     return all(callable(getattr(module, m, None)) for m in ("encode", "decode"))
 
 
-def latent_shape(module: nn.Module, spec: InputSpec) -> tuple[int, ...] | None:
-    """The shape of one sample's latent, from `encode` on a dummy batch of 2 (None when the
-    module has no encode/decode). A `decode(encode(x))` of the wrong shape is a ModelError."""
+def _first_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def _not_a_tensor(method: str, value: object) -> str:
+    """`decode returned DecoderOutput; return its .sample`: what a model returned instead of a
+    tensor, and where the tensor in it is (a dataclass field, a mapping key, a tuple item)."""
+    where = None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = [f.name for f in dataclasses.fields(value)]
+        where = next((f".{n}" for n in fields if torch.is_tensor(getattr(value, n))), None)
+    elif isinstance(value, Mapping):
+        where = next((f"[{k!r}]" for k, v in value.items() if torch.is_tensor(v)), None)
+    elif isinstance(value, tuple | list):
+        where = next((f"[{i}]" for i, v in enumerate(value) if torch.is_tensor(v)), None)
+    fix = f"return its {where}" if where else "return a torch.Tensor"
+    return f"model: {method} returned {type(value).__name__}; {fix}"
+
+
+def latent_shape(
+    module: nn.Module, spec: InputSpec, batch: torch.Tensor | None = None
+) -> tuple[int, ...] | None:
+    """The shape of one sample's latent, from `encode` on `batch` (real samples; without it a
+    dummy batch of 2), or None when the module has no encode/decode. Every mistake is one
+    ModelError: `encode` or `decode` returning no tensor, a `decode(encode(x))` of the wrong
+    shape, and (with a real batch) anything that would fail in validation: an AutoEncoder
+    computes its loss and validation metrics on the batch, as validation will."""
     if not has_codec(module):
         return None
-    x = torch.zeros(2, *spec.shape)
+    x = torch.zeros(2, *spec.shape) if batch is None else batch
     was_training = module.training
     module.eval()
     try:
         with torch.no_grad():
-            z = module.encode(x)
-            out = module.decode(z)
-    except Exception as e:  # a user network may fail in any way on our batch
-        raise ModelError(
-            f"model: decode(encode(x)) fails on a batch of shape {tuple(x.shape)}: "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        ) from e
+            try:
+                z = module.encode(x)
+                out = module.decode(z) if torch.is_tensor(z) else None
+            except Exception as e:  # a user network may fail in any way on our batch
+                raise ModelError(
+                    f"model: decode(encode(x)) fails on a batch of shape {tuple(x.shape)}: "
+                    f"{_first_line(e)}"
+                ) from e
+            if not torch.is_tensor(z):
+                raise ModelError(_not_a_tensor("encode", z))
+            if not torch.is_tensor(out):
+                raise ModelError(_not_a_tensor("decode", out))
+            if out.shape != x.shape:
+                got = tuple(out.shape)
+                raise ModelError(f"model: decode(encode(x)) gives {got} for x of {tuple(x.shape)}")
+            if batch is not None and isinstance(module, AutoEncoder):
+                try:
+                    module.evaluate(x, QualityMetrics(spec).to(x.device))
+                except Exception as e:
+                    raise ModelError(
+                        f"model: its loss or validation metrics fail on a batch of "
+                        f"{tuple(x.shape)}: {_first_line(e)}"
+                    ) from e
     finally:
         module.train(was_training)
-    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ModelError(f"model: decode(encode(x)) gives {got} for x of {tuple(x.shape)}")
-    return tuple(z.shape[1:]) if isinstance(z, torch.Tensor) else None
+    return tuple(z.shape[1:])
 
 
 def build_model(
-    spec: InputSpec, model: ModelConfig, optim: OptimConfig, world_size: int
+    spec: InputSpec,
+    model: ModelConfig,
+    optim: OptimConfig,
+    world_size: int,
+    batch: torch.Tensor | None = None,
 ) -> tuple[L.LightningModule, tuple[int, ...] | None]:
     """The module to train: an AutoEncoder around a built-in or user network, or the user's own
     LightningModule; and the shape of one sample's latent (None without encode/decode). Every
-    problem is a ModelError naming the flag."""
+    problem is a ModelError naming the flag; `batch` (real samples) is checked as validation
+    will compute on it (`latent_shape`)."""
     if model.model in BUILTIN_MODELS:
         module: L.LightningModule = AutoEncoder(spec, model, optim, world_size)
     else:
@@ -307,7 +359,7 @@ def build_model(
             module = obj
         else:
             module = AutoEncoder(spec, model, optim, world_size, net=obj)
-    return module, latent_shape(module, spec)  # checked before any worker starts
+    return module, latent_shape(module, spec, batch)  # checked before any worker starts
 
 
 def describe(module: L.LightningModule, spec: InputSpec, latent: tuple[int, ...] | None) -> str:

@@ -46,7 +46,9 @@ class QualityMetrics(nn.Module):
 
     @torch.no_grad()
     def update(self, recon: torch.Tensor, x: torch.Tensor) -> None:
-        recon, x = recon.float(), x.float()
+        # A user model may return any float dtype, channels-last or strided (non-contiguous)
+        # tensors; torchmetrics `.view`s its inputs, which needs a contiguous layout.
+        recon, x = recon.float().contiguous(), x.float().contiguous()
         self.mse.update(recon, x)
         if self.images:
             clamped = recon.clamp(0.0, 1.0)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -43,6 +45,21 @@ def test_val_shape_must_match_train(tmp_path: Path) -> None:
     shape = r"shape \(5,\), expected \(6,\)"
     with pytest.raises(DataError, match=rf"^val_shards: no readable sample .*{shape}"):
         ShardDataModule(DataConfig(), [str(train)], [str(val)], seed=0)
+
+
+def test_first_samples_are_the_first_decodable_validation_samples(tmp_path: Path) -> None:
+    """The real batch of the model check before training: bad samples skipped, as decoded."""
+    train, val = tmp_path / "t.tar", tmp_path / "v.tar"
+    write_shard(train, vector_samples(4, dim=6))
+    good = vector_samples(3, dim=6, start=10)
+    write_shard(val, [{"__key__": b"bad", "npy": b"not an array"}, *good])
+    dm = ShardDataModule(DataConfig(), [str(train)], [str(val)], seed=0)
+    batch = dm.first_samples(2)
+    assert batch.shape == (2, 6) and batch.dtype == torch.float32
+    assert torch.equal(
+        batch, torch.from_numpy(np.stack([np.load(io.BytesIO(s["npy"])) for s in good[:2]]))
+    )
+    assert dm.first_samples(5).shape == (3, 6)  # all there are
 
 
 def test_the_heartbeat_reports_the_train_workers_the_rank_configured(tmp_path: Path) -> None:

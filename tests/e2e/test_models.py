@@ -138,10 +138,12 @@ def test_mlp_then_encode_on_two_ranks_then_a_user_class_on_the_latents(tmp_path:
     assert enc.returncode == 0, enc.stdout + enc.stderr
     inputs = sorted(data.glob("train-*.tar"))
     assert sorted(p.name for p in out.glob("*.tar")) == [p.name for p in inputs]
-    state = torch.load(ckpt, weights_only=False)
+    state = torch.load(ckpt, weights_only=True)  # plain data: no allow-list needed
+    from ae.training.checkpoint_load import spec_from_record
     from ae.training.encoding import model_from_checkpoint  # torch-heavy: here, not at the top
 
-    model, latent = model_from_checkpoint(state, state["hyper_parameters"]["spec"], "ckpt")
+    spec = spec_from_record(state["hyper_parameters"]["spec"])
+    model, latent = model_from_checkpoint(state, spec, "ckpt")
     assert latent == (4,)
     for src in inputs:
         expected = list(iter_samples(str(src)))
@@ -188,6 +190,47 @@ def test_mlp_then_encode_on_two_ranks_then_a_user_class_on_the_latents(tmp_path:
     assert state["hyper_parameters"]["latent"] == 3 and state["global_step"] == 12
 
 
+STRIDED_CLASS = "tests.support.strided_autoencoder:StridedAutoEncoder"
+
+
+def test_third_party_output_layouts_train_sample_and_encode(make_shards, tmp_path: Path) -> None:
+    """A user model whose decode returns a permuted (non-contiguous) tensor and whose encode a
+    channels-last float16 latent (what diffusers' AutoencoderKL hands back) on 2 ranks:
+    validation with its metrics, sampling, EMA, checkpoints, then ae-encode on 2 ranks."""
+    train = make_shards([16, 16], kind="png", name="train")  # 8x8 gray, as RGB: 4 steps
+    val = make_shards([12], kind="png", name="val")
+    out = tmp_path / "run"
+    res = run_launcher(
+        [f"--model={STRIDED_CLASS}", "--channels=3", f"--train_shards={train}",
+         f"--val_shards={val}", "--batch_size=4", "--num_workers=0", "--max_epochs=1",
+         "--sample_period=2", "--val_interval=2", "--ema_decay=0.9"],
+        out,
+    )  # fmt: skip
+    assert res.returncode == 0, res.output
+    text = res.text("train_*.log")
+    assert f"Model: {STRIDED_CLASS}, " in text and "latent 4x4x4 " in text
+    (summary,) = re.findall(r"Epoch 0 done: .*", text)
+    assert all(re.search(rf"val/{m}=-?[\d.]+", summary) for m in ("mse", "psnr", "ssim"))
+    assert re.search(r"Sampling at step 2: reconstruction loss [\d.]+", text)
+    assert sorted(p.name for p in (out / "samples").glob("*.png")) == [
+        "step_00000002.png",
+        "step_00000004.png",
+    ]
+    latents = tmp_path / "latents"
+    enc = subprocess.run(
+        [sys.executable, "-m", "ae.cli.encode", str(out / "checkpoints" / "last.ckpt"), train,
+         str(latents), "--devices=2", "--batch_size=5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert enc.returncode == 0, enc.stdout + enc.stderr
+    summary = "".join(p.read_text() for p in (latents / "logs").glob("train_*.log"))
+    assert "Encoding done: 32 of 32 samples written (0 bad samples skipped) to 2 shards" in summary
+    assert "latent.npy float32 4x4x4 per sample" in summary and "EMA weights" in summary
+    (sample, *_) = iter_samples(str(latents / "train-000000.tar"))
+    z = np.load(io.BytesIO(sample["latent.npy"]))
+    assert z.shape == (4, 4, 4) and z.dtype == np.float32 and np.isfinite(z).all()
+
+
 def test_user_class_mistakes_are_one_message(tmp_path: Path) -> None:
     # the launcher: module not found, before any process starts
     res = run_launcher(["--model=tests.support.nope:Net"], tmp_path / "a")
@@ -208,4 +251,17 @@ def test_user_class_mistakes_are_one_message(tmp_path: Path) -> None:
     assert "Traceback" not in output
     (log,) = (tmp_path / "c" / "logs").glob("debug_rank0_*.log")
     assert "Rank exiting with code 2: ModelError" in log.read_text()
+    assert "EPOCH 0 TRAINING START" not in log.read_text()
+    # the rank: decode returns a dataclass holding the tensor (diffusers' DecoderOutput)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train_ae.py"), f"--output_dir={tmp_path / 'd'}",
+         "--model=tests.support.strided_autoencoder:ReturnsDecoderOutput", "--num_workers=0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "AE_CACHE_DIR": str(tmp_path / "cache")},
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert "model: decode returned DecoderOutput; return its .sample" in output
+    assert "Traceback" not in output
+    (log,) = (tmp_path / "d" / "logs").glob("debug_rank0_*.log")
     assert "EPOCH 0 TRAINING START" not in log.read_text()

@@ -14,8 +14,9 @@ import torch
 from ae import atomic_files
 from ae.training.checkpoint_files import CheckpointStore, atomic_write, human_size, resolve_resume
 from ae.training.checkpointing import AtomicCheckpointIO
+from tests.support.crafted import crafted_checkpoint
 from tests.support.limits import namespace_problem
-from tests.support.runs import ROOT
+from tests.support.runs import ROOT, run_launcher
 
 
 def test_atomic_write_failure_leaves_the_previous_file(tmp_path: Path) -> None:
@@ -108,26 +109,70 @@ def test_sigkill_during_checkpoint_save_leaves_last_loadable(tmp_path: Path, mak
     assert atomic_files.leftovers(ckpt) == []
 
 
+# Both made by the code that wrote them (tests/fixtures/README.md): demo data, 1 process,
+# hidden_dim=8, latent_dim=4, max_steps=6, checkpointing_period=3; their step-3 checkpoints.
+# pre_layout_step3: before `ae/` moved into sub-packages (it pickles `ae.decode.InputSpec`);
+# spec_object_ema_step3: before the safe loader, with --ema_decay=0.9 (`ae.data.decode.InputSpec`).
+OLD_CHECKPOINTS = {"pre_layout_step3": [], "spec_object_ema_step3": ["--ema_decay=0.9"]}
+FIXTURE_ARGS = ["--devices=1", "--num_workers=0", "--hidden_dim=8", "--latent_dim=4",
+                "--max_steps=6", "--max_epochs=1", "--checkpointing_period=3"]  # fmt: skip
+
+
 @pytest.mark.slow
-def test_checkpoint_written_before_the_layout_change_resumes(tmp_path: Path) -> None:
-    """tests/fixtures/pre_layout_step3.ckpt was written by the code before `ae/` moved into
-    sub-packages (it pickles `ae.decode.InputSpec`): demo data, 1 process, hidden_dim=8,
-    latent_dim=4, max_steps=6, checkpointing_period=3; this is its step-3 checkpoint."""
-    fixture = ROOT / "tests" / "fixtures" / "pre_layout_step3.ckpt"
-    args = ["--devices=1", "--num_workers=0", "--hidden_dim=8", "--latent_dim=4",
-            "--max_steps=6", "--max_epochs=1", "--checkpointing_period=3",
-            f"--resume_from_checkpoint={fixture}"]  # fmt: skip
+@pytest.mark.parametrize("name", list(OLD_CHECKPOINTS))
+def test_checkpoints_of_older_code_resume_under_the_safe_loader(name: str, tmp_path: Path) -> None:
+    fixture = ROOT / "tests" / "fixtures" / f"{name}.ckpt"
+    args = [*FIXTURE_ARGS, *OLD_CHECKPOINTS[name], f"--resume_from_checkpoint={fixture}"]
     out = tmp_path / "run"
     res = _train(args, out, {"AE_CACHE_DIR": str(tmp_path / "cache")})
     assert res.returncode == 0, res.stderr[-3000:]
     (log,) = (out / "logs").glob("train_*.log")
     text = log.read_text()
-    assert re.search(r"Resumed from .*pre_layout_step3\.ckpt at step 3 ", text)
+    assert re.search(rf"Resumed from .*{name}\.ckpt at step 3 ", text)
     # its data position, where Lightning kept it then, is resumed too
     (debug,) = (out / "logs").glob("debug_rank0_*.log")
     assert "Resuming the train data at epoch 0, batch 3 of" in debug.read_text()
     assert "Training finished at step 6" in text
-    assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+    assert "not created with WeightAveraging" not in text  # the EMA state came back too
+    # what this code writes needs no allow-list: torch's own safe loader reads it
+    last = out / "checkpoints" / "last.ckpt"
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(last) == []
+    assert torch.load(last, weights_only=True)["global_step"] == 6
+
+
+@pytest.mark.slow
+def test_a_checkpoint_that_runs_code_is_refused_by_resume_and_ae_encode(
+    tmp_path: Path, make_shards
+) -> None:
+    """A real checkpoint plus an object whose unpickling creates a file: resume and ae-encode
+    refuse it (exit 2, one message naming the global and the file), the file never appears;
+    --trust_checkpoint resumes from it, and then the file's code has run."""
+    marker = tmp_path / "created_by_unpickling"
+    fixture = ROOT / "tests" / "fixtures" / "spec_object_ema_step3.ckpt"
+    evil = crafted_checkpoint(fixture, tmp_path / "evil.ckpt", marker)
+    refusal = f"{evil}: refused: loading this checkpoint would run code named in it (io.open)"
+    args = [*FIXTURE_ARGS[1:], "--ema_decay=0.9", f"--resume_from_checkpoint={evil}"]
+    res = run_launcher(args, tmp_path / "run")  # 2 ranks, through the launcher
+    assert res.returncode == 2 and refusal in res.output, res.output
+    assert "--trust_checkpoint loads it anyway" in res.output and "Traceback" not in res.output
+    assert "TRAINING START" not in res.text("debug_rank*.log") and not marker.exists()
+
+    shards = make_shards([8], kind="png")  # 8x8 gray, as the demo digits
+    enc = subprocess.run(
+        [sys.executable, "-m", "ae.cli.encode", str(evil), shards, str(tmp_path / "latents")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert enc.returncode == 2 and refusal in enc.stdout + enc.stderr, enc.stdout + enc.stderr
+    assert not (tmp_path / "latents").exists()  # refused in the launcher: no rank started
+    assert not marker.exists()
+
+    trusted = _train([*FIXTURE_ARGS, "--ema_decay=0.9", f"--resume_from_checkpoint={evil}",
+                      "--trust_checkpoint"], tmp_path / "trusted",
+                     {"AE_CACHE_DIR": str(tmp_path / "cache")})  # fmt: skip
+    assert trusted.returncode == 0, trusted.stderr[-3000:]
+    assert marker.exists()
+    text = "".join(p.read_text() for p in (tmp_path / "trusted" / "logs").glob("train_*.log"))
+    assert re.search(r"Resumed from .*evil\.ckpt at step 3 ", text)
 
 
 FULL_DISK_SCRIPT = """

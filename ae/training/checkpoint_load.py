@@ -1,0 +1,121 @@
+"""Reading a checkpoint never runs code from it: every load of an ae checkpoint (resume through
+Lightning's checkpoint IO, `ae-encode`, the EMA weights in it) goes through `load`.
+
+A checkpoint is a pickle, and unpickling runs whatever the file names. `load` unpickles with
+`torch.load(weights_only=True)`: tensors, plain containers and scalars only. ae's own checkpoints
+hold nothing else (the input spec is stored as a plain dict); those written before this rule
+pickled the input spec, which is rebuilt from its fields by its class name alone (`_SAFE_NAMES`),
+as torch's safe loader does with its own allow-list: no other code of the file runs. A file that
+names any other global is refused with one message naming it and the file (`UntrustedCheckpoint`,
+exit 2), before any of it runs. `trust=True` (`--trust_checkpoint`) loads it the old way, which
+runs code from the file: only for files you made.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ae.data.decode import InputSpec
+from ae.errors import UserError
+
+TRUST_FLAG = "--trust_checkpoint"
+
+# Modules that pickled classes lived in before they moved, and where they live now.
+MOVED_MODULES = {"ae.decode": "ae.data.decode"}
+
+# The ae classes older checkpoints pickled (the input spec, in hyper_parameters). Today's
+# checkpoints store a plain dict instead (`spec_record`).
+_PICKLED_CLASSES = (InputSpec,)
+
+# "... Unsupported global: GLOBAL io.open was not an allowed global ..." (torch's message)
+_TORCH_REFUSAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+
+
+def _safe_names() -> list[tuple[type, str]]:
+    """Each pickled class under every name it was pickled as: its module now, and the modules
+    it moved from."""
+    names = []
+    for cls in _PICKLED_CLASSES:
+        moved_from = [old for old, new in MOVED_MODULES.items() if new == cls.__module__]
+        for module in (cls.__module__, *moved_from):
+            names.append((cls, f"{module}.{cls.__qualname__}"))
+    return names
+
+
+class UntrustedCheckpoint(UserError):
+    """A checkpoint whose unpickling would run code (a global that is no tensor, container or
+    scalar): refused, nothing of it run."""
+
+    def __init__(self, path: Path | str, names: list[str]) -> None:
+        self.path, self.names = str(path), names
+        super().__init__(
+            f"{path}: refused: loading this checkpoint would run code named in it "
+            f"({', '.join(names)}); ae loads checkpoints with torch.load(weights_only=True), which "
+            f"accepts tensors, plain containers and numbers. If you made this file yourself, "
+            f"{TRUST_FLAG} loads it anyway (it runs code from the file: only for files you made)"
+        )
+
+
+def spec_record(spec: InputSpec) -> dict[str, Any]:
+    """The input spec as a checkpoint keeps it: a plain dict (`spec_from_record` reads it)."""
+    return {"kind": spec.kind, "shape": tuple(spec.shape)}
+
+
+def spec_from_record(record: Any) -> InputSpec | None:
+    """The input spec a checkpoint's hyper_parameters recorded (a dict today, an InputSpec in
+    older checkpoints), or None when it has none."""
+    if isinstance(record, InputSpec):
+        return record
+    if isinstance(record, dict) and {"kind", "shape"} <= record.keys():
+        return InputSpec(record["kind"], tuple(record["shape"]))
+    return None
+
+
+@contextmanager
+def moved_modules_importable() -> Iterator[None]:
+    """While a trusted checkpoint loads the old way, let the old module paths resolve to the new
+    modules (the safe loader needs no import: it knows the classes by name)."""
+    added = [old for old in MOVED_MODULES if old not in sys.modules]
+    for old in added:
+        sys.modules[old] = importlib.import_module(MOVED_MODULES[old])
+    try:
+        yield
+    finally:
+        for old in added:
+            sys.modules.pop(old, None)
+
+
+def unsafe_globals(path: Path | str) -> list[str]:
+    """The globals the checkpoint names that the safe loader would refuse, read from its pickle
+    without running it (empty for a safe file, or one that is no torch.save zip)."""
+    try:
+        with torch.serialization.safe_globals(_safe_names()):
+            return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except (ValueError, RuntimeError, OSError, pickle.UnpicklingError):
+        return []
+
+
+def load(path: Path | str, *, trust: bool = False, map_location: Any = "cpu") -> Any:
+    """The checkpoint at `path`, unpickled safely (`trust=False`) or the old way (`trust`).
+    Raises UntrustedCheckpoint for a file that needs more than the safe loader accepts; any
+    other problem (a missing or broken file) as torch raises it."""
+    if trust:
+        with moved_modules_importable():
+            return torch.load(path, map_location=map_location, weights_only=False)
+    try:
+        with torch.serialization.safe_globals(_safe_names()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        names = unsafe_globals(path) or _TORCH_REFUSAL.findall(str(e))
+        if not names:  # not a refusal: a file that is no pickle at all
+            raise
+        raise UntrustedCheckpoint(path, names) from None
