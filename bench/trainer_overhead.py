@@ -197,9 +197,11 @@ def _worker(args: argparse.Namespace) -> None:
 def _measure(side: str, world: int, steps: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
-               "--standalone", "-m", "bench.trainer_overhead", "--worker", f"--side={side}",
-               f"--steps={steps}", f"--out={out}"]  # fmt: skip
+        worker = ["-m", "bench.trainer_overhead", "--worker", f"--side={side}", f"--steps={steps}",
+                  f"--out={out}"]  # fmt: skip
+        # One process needs no torchrun (its agent alone is a second interpreter with torch).
+        launch = ["-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone"]
+        cmd = [sys.executable, *(launch if world > 1 else []), *worker]
         # One thread per process: the math of a 256 x 64 batch gains nothing from a second one on
         # a shared machine, and the CPU time then counts the step's work, not idle spinning.
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
