@@ -197,6 +197,9 @@ def _worker(args: argparse.Namespace) -> None:
     if int(os.environ.get("RANK", 0)) == 0:
         Path(args.out).write_text(json.dumps(rate))
     if dist.is_initialized():
+        # Both ranks done with every collective before either tears its group down (a rank that
+        # destroyed gloo under a peer still in it once aborted the peer: SIGABRT).
+        dist.barrier()
         dist.destroy_process_group()
 
 
@@ -211,10 +214,13 @@ def _measure(side: str, world: int, steps: int) -> dict[str, float]:
         # One thread per process: the math of a 256 x 64 batch gains nothing from a second one on
         # a shared machine, and the CPU time then counts the step's work, not idle spinning.
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            sys.exit(f"{side} side, {world} process(es) failed:\n{done.stderr[-4000:]}")
-        return json.loads(out.read_text())
+        for attempt in (1, 2):  # one more try: a crash on a loaded machine costs the whole run
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+            if done.returncode == 0:
+                return json.loads(out.read_text())
+            print(f"{side} side, {world} process(es) failed (try {attempt} of 2):\n"
+                  f"{done.stderr[-4000:]}", flush=True)  # fmt: skip
+        sys.exit(f"{side} side, {world} process(es) failed twice")
 
 
 def _row(world: int, rates: dict[str, list[dict[str, float]]]) -> dict:
