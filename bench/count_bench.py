@@ -12,7 +12,7 @@
    count at all). Each run's `Shard counts` line says where its counts came from.
 
 Usage: python -m bench.count_bench [--quick] [--part count|startup]
-       (writes bench/results/count_bench_<part>.json)
+       (writes bench/results/count_bench_<part>.json; --quick: count_bench_<part>_quick.json)
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def main() -> None:
         rows = startup(tarwriter_shards(DATA, big, big_per, 16), big_per)
     load = os.getloadavg()
     print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
-    path = write_record(f"count_bench_{args.part}", {"count": rates, "startup": rows, "load": load})
+    record = {"count": rates, "startup": rows, "load": load}
+    path = write_record(f"count_bench_{args.part}", record, quick=args.quick)
     print(f"wrote {path}")
 
 

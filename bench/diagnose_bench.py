@@ -8,15 +8,14 @@ other rank waits in the gradient all-reduce, and rank 12 has a long loguru trace
 failure. Then `python -m ae.diagnose <logs> --json` runs as a subprocess (interpreter start and
 imports included, what a user waits for), REPEAT times; the median is the figure.
 
-    .venv/bin/python -m bench.diagnose_bench     # writes bench/results/diagnose_bench.json
+    .venv/bin/python -m bench.diagnose_bench           # writes bench/results/diagnose_bench.json
+    .venv/bin/python -m bench.diagnose_bench --quick   # 64 logs of ~2 MB in all, run once
 """
 
 from __future__ import annotations
 
-import importlib.metadata
+import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -24,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import results_dir, write_record
 from bench.synthetic_logs import RankWriter, write_heartbeat, write_train_log
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 RANKS = 64
 TARGET_MB = 200
 TARGET_S = 10.0
@@ -35,17 +34,6 @@ REPEAT = 3
 STUCK_RANK = 37
 EPOCHS = 3
 WAIT = "yes (DDP gradient all-reduce in backward)"
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": importlib.metadata.version("torch"),
-        "gpu": None,
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-    }
 
 
 def write_rank(logs: Path, rank: int, steps_per_epoch: int) -> None:
@@ -83,7 +71,7 @@ def write_rank(logs: Path, rank: int, steps_per_epoch: int) -> None:
                     step=step, stalled=True, host="node-bench")  # fmt: skip
 
 
-def synthesize(logs: Path) -> dict[str, Any]:
+def synthesize(logs: Path, target_mb: float) -> dict[str, Any]:
     """Build the logs once; reused when the folder already holds them."""
     marker = logs / "synthesized.json"
     if marker.exists():
@@ -91,7 +79,7 @@ def synthesize(logs: Path) -> dict[str, Any]:
     logs.mkdir(parents=True, exist_ok=True)
     write_train_log(logs, RANKS, stall_timeout=300.0)
     # ~132 bytes per debug step line; 3 epochs; sized so the 64 logs total ~TARGET_MB.
-    steps = int(TARGET_MB * 2**20 / RANKS / 132 / EPOCHS)
+    steps = int(target_mb * 2**20 / RANKS / 132 / EPOCHS)
     for rank in range(RANKS):
         write_rank(logs, rank, steps)
     files = sorted(logs.glob("debug_rank*.log"))
@@ -106,9 +94,9 @@ def synthesize(logs: Path) -> dict[str, Any]:
     return info
 
 
-def time_diagnose(logs: Path) -> tuple[list[float], dict[str, Any]]:
+def time_diagnose(logs: Path, repeat: int) -> tuple[list[float], dict[str, Any]]:
     times, doc = [], {}
-    for _ in range(REPEAT):
+    for _ in range(repeat):
         t0 = time.perf_counter()
         out = subprocess.run(
             [sys.executable, "-m", "ae.diagnose", str(logs), "--json"],
@@ -120,15 +108,17 @@ def time_diagnose(logs: Path) -> tuple[list[float], dict[str, Any]]:
 
 
 def main() -> None:
-    logs = ROOT / "bench" / "results" / "diagnose_logs"
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="~2 MB of logs, one run: a smoke run")
+    args = ap.parse_args()
+    # The logs are a cache, kept beside the full run's records (the quick set apart).
+    logs = results_dir() / ("diagnose_logs_quick" if args.quick else "diagnose_logs")
     t0 = time.perf_counter()
-    info = synthesize(logs)
+    info = synthesize(logs, 2 if args.quick else TARGET_MB)
     print(f"logs: {info} ({time.perf_counter() - t0:.0f} s to build or find)")
-    times, doc = time_diagnose(logs)
+    times, doc = time_diagnose(logs, 1 if args.quick else REPEAT)
     culprits = [(c["rank"], c["cause"]) for c in doc["culprits"]]
     record = {
-        "bench": "diagnose_bench",
-        "machine": machine(),
         **info,
         "seconds": [round(t, 2) for t in times],
         "median_s": round(statistics.median(times), 2),
@@ -136,9 +126,7 @@ def main() -> None:
         "culprits": culprits,
         "victims": len(doc["victims"]),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "diagnose_bench.json"
-    path.write_text(json.dumps(record, indent=2))
+    path = write_record("diagnose_bench", record, quick=args.quick)
     print(f"ae-diagnose --json: median {record['median_s']} s over {times}; culprits {culprits}")
     print(f"wrote {path}")
 

@@ -15,9 +15,12 @@ WebDataset's `TarWriter`, indexed (`bench.common.tarwriter_shards`).
 
     python -m bench.gpu_throughput            # 8 x 250k samples (4 GB of shards, written once:
                                               # a few minutes), then 20 s per way
-    python -m bench.gpu_throughput --quick    # a smoke run: 4 x 50k samples, 5 s per way
+    python -m bench.gpu_throughput --quick    # a smoke run: 2 x 16k samples, 2 s per way
+    python -m bench.gpu_throughput --accelerator=cpu   # the same on the CPU (no figure of note)
 
-Needs CUDA: without it, it stops with one line saying so. Writes bench/results/gpu_throughput.json.
+Needs CUDA: without it, it stops with one line saying so, except `--quick`, which then runs on
+the CPU (so that the code keeps running where no GPU is). Writes
+bench/results/gpu_throughput.json (`--quick`: gpu_throughput_quick.json).
 """
 
 from __future__ import annotations
@@ -45,13 +48,14 @@ from bench.common import tarwriter_shards, write_record
 
 
 class Utilisation:
-    """`nvidia-smi` sampling GPU 0's utilisation every 0.1 s in the background."""
+    """`nvidia-smi` sampling GPU 0's utilisation every 0.1 s in the background (not `enabled`:
+    on the CPU, no figure)."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self.samples: list[tuple[float, float]] = []
         self.proc: subprocess.Popen[str] | None = None
         exe = shutil.which("nvidia-smi")
-        if exe is None:
+        if exe is None or not enabled:
             return
         self.proc = subprocess.Popen(
             [exe, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", "0",
@@ -83,11 +87,19 @@ def _model(dim: int, device: torch.device) -> tuple[nn.Module, torch.optim.Optim
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _train(
-    batches: Iterator[torch.Tensor], dim: int, seconds: float, meter: Utilisation
+    batches: Iterator[torch.Tensor],
+    dim: int,
+    seconds: float,
+    meter: Utilisation,
+    device: torch.device,
 ) -> dict[str, float | None]:
-    """Steps on `batches` (already on the GPU or not) for `seconds` after 20 warm-up steps."""
-    device = torch.device("cuda")
+    """Steps on `batches` (already on the device or not) for `seconds` after 20 warm-up steps."""
     model, opt = _model(dim, device)
     steps = samples = 0
     start = None
@@ -98,13 +110,13 @@ def _train(
         loss.backward()
         opt.step()
         if i == 20:
-            torch.cuda.synchronize()
+            _sync(device)
             start = time.perf_counter()
         elif start is not None:
             steps, samples = steps + 1, samples + len(x)
             if time.perf_counter() - start >= seconds:
                 break
-    torch.cuda.synchronize()
+    _sync(device)
     assert start is not None, "fewer than 21 batches: use more data or a smaller batch"
     end = time.perf_counter()
     return {
@@ -114,14 +126,16 @@ def _train(
     }
 
 
-def _on_gpu(urls: list[str], dim: int, batch: int) -> Iterator[torch.Tensor]:
-    """Every sample on the GPU (read once through ae's own stream), then random batches."""
+def _on_device(
+    urls: list[str], dim: int, batch: int, device: torch.device
+) -> Iterator[torch.Tensor]:
+    """Every sample on the device (read once through ae's own stream), then random batches."""
     stream = ShardStream(
         split="bench", urls=urls, counts=count_shards(urls).counts,
         decoder=SampleDecoder((("npy", None),), "vector", (dim,)), batch_size=batch, rank=0,
         world_size=1, num_workers=0, shuffle=False,
     )  # fmt: skip
-    data = torch.cat(list(stream)).cuda()
+    data = torch.cat(list(stream)).to(device)
     while True:
         yield data[torch.randint(len(data), (batch,), device=data.device)]
 
@@ -134,7 +148,7 @@ def _ae_batches(urls: list[str], dim: int, batch: int, workers: int) -> Iterator
         world_size=1, num_workers=workers,
     )  # fmt: skip
     loader = ResumableLoader(
-        stream, batch_size=None, num_workers=workers, pin_memory=True,
+        stream, batch_size=None, num_workers=workers, pin_memory=torch.cuda.is_available(),
         persistent_workers=workers > 0, prefetch_factor=PREFETCH_FACTOR if workers else None,
     )  # fmt: skip
     epoch = 0
@@ -146,26 +160,32 @@ def _ae_batches(urls: list[str], dim: int, batch: int, workers: int) -> Iterator
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small data, 5 s per way")
+    ap.add_argument("--quick", action="store_true", help="small data, 2 s per way")
+    ap.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
     ap.add_argument("--data", default="/tmp/ae-bench-data")
     ap.add_argument("--batch_size", type=int, default=4096)
-    ap.add_argument("--workers", default="0,2,4", help="worker counts for ae, comma-separated")
+    ap.add_argument("--workers", help="worker counts for ae, comma-separated (0,2,4; --quick: 0,2)")
     ap.add_argument("--seconds", type=float, default=20.0)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
+    args.workers = args.workers or ("0,2" if args.quick else "0,2,4")
+    cuda = torch.cuda.is_available()
+    wants_gpu = args.accelerator == "gpu" or (args.accelerator == "auto" and not args.quick)
+    if wants_gpu and not cuda:
         sys.exit("bench.gpu_throughput needs a CUDA GPU, and torch sees none here.")
-    shards, per_shard = (4, 50_000) if args.quick else (8, 250_000)
-    seconds = 5.0 if args.quick else args.seconds
+    device = torch.device("cuda" if cuda and args.accelerator != "cpu" else "cpu")
+    print(f"device: {device}", flush=True)
+    shards, per_shard = (2, 16_384) if args.quick else (8, 250_000)
+    seconds = 2.0 if args.quick else args.seconds
     dim = 64
     urls = tarwriter_shards(Path(args.data), shards, per_shard, dim)
-    meter = Utilisation()
+    meter = Utilisation(enabled=device.type == "cuda")
     rows = {}
     try:
-        ways = {"ceiling": lambda: _on_gpu(urls, dim, args.batch_size)}
+        ways = {"ceiling": lambda: _on_device(urls, dim, args.batch_size, device)}
         for k in (int(w) for w in args.workers.split(",")):
             ways[f"ae, {k} workers"] = lambda k=k: _ae_batches(urls, dim, args.batch_size, k)
         for name, make in ways.items():
-            rows[name] = _train(make(), dim, seconds, meter)
+            rows[name] = _train(make(), dim, seconds, meter, device)
             ratio = rows[name]["samples_per_s"] / rows["ceiling"]["samples_per_s"]
             rows[name]["vs_ceiling"] = ratio
             util = rows[name]["gpu_util_percent"]
@@ -180,12 +200,14 @@ def main() -> None:
     path = write_record(
         "gpu_throughput",
         {
+            "device": str(device),
             "batch_size": args.batch_size,
             "samples": shards * per_shard,
             "cpus": os.cpu_count(),
             "load_average": os.getloadavg()[0],
             "rows": rows,
         },
+        quick=args.quick,
     )
     print(f"wrote {path}")
 

@@ -17,7 +17,7 @@ what other shards take), both over several epochs through the trainer's loader s
   grouping, batching or shuffling. With workers, each worker parses its share of the shards and
   returns only a count.
 
-Usage: python -m bench.input_pipeline [--quick]   (writes bench/results/input_pipeline.json)
+Usage: python -m bench.input_pipeline [--quick]   (writes bench/results/input_pipeline[_quick].json)
 """
 
 from __future__ import annotations
@@ -202,17 +202,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller data, for a smoke run")
     ap.add_argument("--data", default="/tmp/ae-bench-data")
     ap.add_argument("--kinds", default="vec,npy,png,jpg", help="datasets, comma-separated")
-    ap.add_argument("--workers", default="0,1,2", help="dataloader worker counts to run")
+    ap.add_argument("--workers", help="dataloader worker counts to run (0,1,2; --quick: 0,2)")
     ap.add_argument(
         "--repeat", type=int, default=1,
         help="rounds, the readers alternating; each reader's best round counts (a shared machine)",
     )  # fmt: skip
     args = ap.parse_args()
-    sizes = {
-        "vec": (8, 6000 if args.quick else 25000),
-        "npy": (8, 6000 if args.quick else 25000),
-        "png": (8, 1000 if args.quick else 4000),
-        "jpg": (4, 64 if args.quick else 200),
+    args.workers = args.workers or ("0,2" if args.quick else "0,1,2")
+    sizes = {  # (shards, samples per shard); --quick: a smoke run of seconds
+        "vec": (2, 4096) if args.quick else (8, 25000),
+        "npy": (2, 2048) if args.quick else (8, 25000),
+        "png": (2, 256) if args.quick else (8, 4000),
+        "jpg": (2, 256) if args.quick else (4, 200),  # a batch of 256 for each of 2 workers
     }
     rows = []
     for kind in args.kinds.split(","):
@@ -276,6 +277,7 @@ def main() -> None:
                 "jpg_vs_wds": 2,
             },
         },
+        quick=args.quick,
     )
     print(f"wrote {path}")
 

@@ -6,10 +6,12 @@ each sample is put in the epoch named by the latest `EPOCH e TRAINING START` mar
 own debug log. Workers are re-forked every epoch, so a leak in them would show in the rank.
 
 Usage: python -m bench.memory   (writes bench/results/memory.json)
+       python -m bench.memory --quick   (3 epochs of 10 shards: memory_quick.json)
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import time
 from collections import defaultdict
@@ -48,9 +50,9 @@ def _current_epoch(logs: Path, rank: int) -> int | None:
     return epoch
 
 
-def measure(spec: str, out: Path) -> dict:
+def measure(spec: str, out: Path, epochs: int) -> dict:
     proc = launch_run(
-        [f"--train_shards={spec}", f"--val_shards={spec}", f"--max_epochs={EPOCHS}",
+        [f"--train_shards={spec}", f"--val_shards={spec}", f"--max_epochs={epochs}",
          "--batch_size=256", "--num_workers=2", "--checkpointing_period=0"],
         out,
     )  # fmt: skip
@@ -93,17 +95,22 @@ def measure(spec: str, out: Path) -> dict:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="3 epochs of 10 shards: a smoke run")
+    args = ap.parse_args()
+    epochs, cases = (3, ((10, 1024),)) if args.quick else (EPOCHS, ((100, 1000), (10_000, 10)))
     rows = {}
-    for shards, per_shard in ((100, 1000), (10_000, 10)):
+    for shards, per_shard in cases:
         spec = tiny_shard_set(DATA, shards, per_shard)
-        rows[shards] = measure(spec, DATA / f"run-memory-{shards}")
+        rows[shards] = measure(spec, DATA / f"run-memory-{shards}", epochs)
         for rank, r in rows[shards].items():
             print(
                 f"{shards:>6} shards, rank {rank}: rank RSS/epoch {r['rank_mb']} MB, "
-                f"worker peak/epoch {r['worker_mb']} MB, growth e1->e{EPOCHS - 1} "
+                f"worker peak/epoch {r['worker_mb']} MB, growth e1->e{epochs - 1} "
                 f"{100 * r['rank_growth']:+.1f}% (target < 5%)"
             )
-    print(f"wrote {write_record('memory', {'epochs': EPOCHS, 'by_shards': rows})}")
+    record = {"epochs": epochs, "by_shards": rows}
+    print(f"wrote {write_record('memory', record, quick=args.quick)}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.models_bench                 # both parts (a few minutes on one GPU)
     .venv/bin/python -m bench.models_bench --part quality  # or: --part compile
     .venv/bin/python -m bench.models_bench --part grids    # the comparison PNG of the last runs
-    .venv/bin/python -m bench.models_bench --epochs 2      # a smoke run
+    .venv/bin/python -m bench.models_bench --quick         # a smoke run (CPU without a GPU)
 
 Data: 64x64 RGB crops of the 20 photographs in the scikit-image wheel (`bench.real_images`; the
 shorter side resized to 64 at three zooms, six crop positions, mirrored: 36 crops a photo,
@@ -23,6 +23,11 @@ reconstructions, from the final checkpoints.
 batch 16), eager and with `--compile=true`, `--compile_epochs` each; steps/s is the trainer's own
 rate line of the last epoch (epoch 0 carries the compilation itself). `--accelerator=cpu`
 measures it on the CPU.
+
+`--quick`: one epoch of the first pair of models (conv and resnet at latent 256) and their grid,
+no `compile` part (compiling takes minutes on a CPU); the accelerator is the launcher's `auto`
+(the CPU where no GPU is). Writes models_bench_<part>_quick.json, and works in
+bench/results/models_bench_quick/.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from PIL import Image
 
 from ae.data.writer import png_bytes, write_shards
 from ae.log_lines import PROCESSED_TRAIN
-from bench.common import RESULTS, write_record
+from bench.common import results_dir, write_record
 from bench.real_images import real_photos
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,9 +148,11 @@ def rates(out: Path) -> dict[int, float]:
     return {int(m["epoch"]): float(m["rate"]) for m in lines if m}
 
 
-def quality(data: tuple[str, str], epochs: int, work: Path) -> dict[str, Any]:
+def quality(
+    data: tuple[str, str], epochs: int, work: Path, models: dict[str, list[str]]
+) -> dict[str, Any]:
     results = {}
-    for i, (name, flags) in enumerate(MODELS.items()):
+    for i, (name, flags) in enumerate(models.items()):
         out = train(name, flags, data, work / f"quality-{i}", epochs)
         results[name] = {"flags": flags, **final_metrics(out)}
         print(json.dumps(results[name]), flush=True)
@@ -166,7 +173,7 @@ def compile_speed(data: tuple[str, str], epochs: int, work: Path) -> dict[str, A
     return result
 
 
-def comparison_grid(val_spec: str, work: Path) -> Path:
+def comparison_grid(val_spec: str, work: Path, models: dict[str, list[str]]) -> Path:
     """One PNG: 8 validation crops (2 of each held-out photo) above each quality run's
     reconstructions (its final checkpoint), a row per model, labelled."""
     import torch
@@ -185,7 +192,7 @@ def comparison_grid(val_spec: str, work: Path) -> Path:
     decoder = SampleDecoder.probe(picks[0], DataConfig())
     x = torch.from_numpy(np.stack([decoder.decode(s) for s in picks]))
     rows = [("input", x)]
-    for i, name in enumerate(MODELS):
+    for i, name in enumerate(models):
         ckpt = load_checkpoint(work / f"quality-{i}" / "checkpoints" / "last.ckpt")
         spec = spec_from_record(ckpt["hyper_parameters"]["spec"])
         model, _ = model_from_checkpoint(ckpt, spec, name)
@@ -211,19 +218,25 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=40, help="quality runs (18 steps an epoch)")
     p.add_argument("--compile_epochs", type=int, default=4)
     p.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--quick", action="store_true", help="1 epoch of 2 models, no compile part")
     args = p.parse_args()
     EXTRA.append(f"--accelerator={args.accelerator}")
-    work = RESULTS / "models_bench"
-    data = photo_shards(RESULTS)
-    record: dict[str, Any] = {"epochs": args.epochs, "data": data, "common": [*COMMON, *EXTRA]}
+    models = dict(list(MODELS.items())[:2]) if args.quick else MODELS
+    epochs = 1 if args.quick else args.epochs
+    work = results_dir() / ("models_bench_quick" if args.quick else "models_bench")
+    data = photo_shards(results_dir())
+    record: dict[str, Any] = {"epochs": epochs, "data": data, "common": [*COMMON, *EXTRA]}
     if args.part in ("quality", "both"):
-        record["quality"] = quality(data, args.epochs, work)
+        record["quality"] = quality(data, epochs, work, models)
     if args.part in ("quality", "grids", "both"):
-        record["comparison_grid"] = str(comparison_grid(data[1], work))
+        record["comparison_grid"] = str(comparison_grid(data[1], work, models))
         print(record["comparison_grid"], flush=True)
     if args.part in ("compile", "both"):
-        record["compile"] = compile_speed(data, args.compile_epochs, work)
-    print(write_record(f"models_bench_{args.part}", record))
+        if args.quick:
+            print("--quick: no compile part (compiling takes minutes on a CPU)", flush=True)
+        else:
+            record["compile"] = compile_speed(data, args.compile_epochs, work)
+    print(write_record(f"models_bench_{args.part}", record, quick=args.quick))
 
 
 if __name__ == "__main__":

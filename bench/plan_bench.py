@@ -11,6 +11,7 @@ Peak RSS is reported above the child's RSS after imports. It should grow with th
 and stay flat with the sample count.
 
 Usage: python -m bench.plan_bench   (writes bench/results/plan_bench.json)
+       python -m bench.plan_bench --quick   (1/100 of the shards: plan_bench_quick.json)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from bench.common import write_record
 ROOT = Path(__file__).resolve().parent.parent
 # (shards, samples per shard): 10x and 30x the shards at 100 samples; 100x the samples at 10k
 CASES = [(1_000, 100), (10_000, 100), (30_000, 100), (10_000, 10_000)]
+QUICK_CASES = [(10, 100), (100, 100), (300, 100), (100, 10_000)]  # the same ratios, 1/100
 WORLD, WORKERS, BATCH = 64, 8, 256
 SAMPLE_BYTES = 1024
 
@@ -112,13 +114,15 @@ def run_case(folder: Path, shards: int, per_shard: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs=2, metavar=("FOLDER", "RUN_DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="1/100 of the shards: a smoke run")
     args = parser.parse_args()
     if args.child:
         sys.stdout.write(json.dumps(child(Path(args.child[0]), Path(args.child[1]))) + "\n")
         return 0
     results = []
+    cases = QUICK_CASES if args.quick else CASES
     with tempfile.TemporaryDirectory(prefix="plan_bench_") as tmp:
-        for shards, per_shard in CASES:
+        for shards, per_shard in cases:
             row = run_case(Path(tmp) / f"{shards}x{per_shard}", shards, per_shard)
             results.append(row)
             print(
@@ -128,16 +132,16 @@ def main() -> int:
                 f"{row['alloc_peak_mb']:.2f} MB at peak; peak RSS {row['rss_peak_mb']:.0f} MB "
                 f"({row['rss_base_mb']:.0f} MB after imports)"
             )
-    by = {(r["shards"], r["samples_per_shard"]): r for r in results}
+    few, base, more, dense = results  # the cases in order: named by the full run's sizes
 
-    def ratio(a: tuple[int, int], b: tuple[int, int], key: str) -> float:
-        return by[a][key] / max(by[b][key], 1e-9)
+    def ratio(a: dict, b: dict, key: str) -> float:
+        return a[key] / max(b[key], 1e-9)
 
     ratios = {
-        "alloc_10k_over_1k_shards": ratio((10_000, 100), (1_000, 100), "alloc_peak_mb"),
-        "alloc_30k_over_10k_shards": ratio((30_000, 100), (10_000, 100), "alloc_peak_mb"),
-        "alloc_100x_samples_per_shard": ratio((10_000, 10_000), (10_000, 100), "alloc_peak_mb"),
-        "rss_peak_100x_samples_per_shard": ratio((10_000, 10_000), (10_000, 100), "rss_peak_mb"),
+        "alloc_10k_over_1k_shards": ratio(base, few, "alloc_peak_mb"),
+        "alloc_30k_over_10k_shards": ratio(more, base, "alloc_peak_mb"),
+        "alloc_100x_samples_per_shard": ratio(dense, base, "alloc_peak_mb"),
+        "rss_peak_100x_samples_per_shard": ratio(dense, base, "rss_peak_mb"),
     }
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}")
@@ -148,6 +152,7 @@ def main() -> int:
             "cases": results,
             "ratios": {k: round(v, 2) for k, v in ratios.items()},
         },
+        quick=args.quick,
     )
     print(f"written: {path}")
     return 0

@@ -8,10 +8,12 @@ dict of a 25M-parameter model, as `ae.rank.train.preflight` does), and one `Reso
 (each the median of 200 calls). Target: the preflight adds < 1 s to startup.
 
 Usage: python -m bench.preflight_bench   (writes bench/results/preflight_bench.json)
+       python -m bench.preflight_bench --quick   (one launcher start, 20 calls each)
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
@@ -39,9 +41,9 @@ def median_s(fn: Callable[[], object], n: int = 200) -> float:
     return statistics.median(times)
 
 
-def launcher_startup_s() -> float:
+def launcher_startup_s(tries: int) -> float:
     best = float("inf")
-    for _ in range(3):
+    for _ in range(tries):
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "ae.cli.launch", f"--output_dir={OUT}",
                         "--print_config"], cwd=ROOT, capture_output=True, check=True)  # fmt: skip
@@ -50,6 +52,10 @@ def launcher_startup_s() -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a smoke run: fewer repeats")
+    args = ap.parse_args()
+    tries, calls = (1, 20) if args.quick else (3, 200)
     cfg = parse_config([f"--output_dir={OUT}", "--num_workers=4"])
     model = torch.nn.Sequential(*(torch.nn.Linear(2500, 2500) for _ in range(4)))  # 25M params
 
@@ -59,17 +65,17 @@ def main() -> None:
                            world_size=16, prefetch=PREFETCH_FACTOR)  # fmt: skip
         check(needs)
 
-    baseline = launcher_startup_s()
+    baseline = launcher_startup_s(tries)
     figures = {
         "launcher_startup_s": baseline,
-        "launcher_preflight_s": median_s(lambda: check(launcher_needs(cfg, 8, 16, 4))),
-        "rank_preflight_s": median_s(rank_preflight),
-        "heartbeat_resources_s": median_s(ResourceReader(OUT).sample),
+        "launcher_preflight_s": median_s(lambda: check(launcher_needs(cfg, 8, 16, 4)), calls),
+        "rank_preflight_s": median_s(rank_preflight, calls),
+        "heartbeat_resources_s": median_s(ResourceReader(OUT).sample, calls),
     }
     for name, secs in figures.items():
         ratio = "" if name == "launcher_startup_s" else f"  ({secs / baseline:.2e} x the baseline)"
         print(f"{name:<24} {secs * 1e3:9.3f} ms{ratio}")
-    print(f"wrote {write_record('preflight_bench', figures)}")
+    print(f"wrote {write_record('preflight_bench', figures, quick=args.quick)}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Stragglers on a healthy run: no false positive over minutes, and what the measurement costs.
 
     .venv/bin/python -m bench.straggler_soak [--seconds 200] [--window 60]
+    .venv/bin/python -m bench.straggler_soak --quick   # 5 s of soak, fewer timing rounds
 
 soak: a healthy 2-rank CPU run through the real launcher (tiny MLP, batch 16, 2 dataloader
 workers per rank, the default --straggler_factor), trained for `--seconds` after its first step,
@@ -19,7 +20,7 @@ divided by the soak run's step time (the baseline, from the same run):
 - the watchdog thread, once per heartbeat (every 5 s at the defaults): the heartbeat's `timing`
   and `data_workers`, and the detector reading and scoring both ranks' heartbeat files; spread
   over the steps of one heartbeat interval.
-Writes bench/results/straggler_soak.json.
+Writes bench/results/straggler_soak.json (`--quick`: straggler_soak_quick.json).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def per_call_us(fn: Callable[[], Any], n: int) -> float:
     return statistics.median(rounds)
 
 
-def clock_us() -> dict[str, float]:
+def clock_us(n: int) -> dict[str, float]:
     """The training thread's clock per step, and a worker's meter per batch."""
     times = StepTimes()
 
@@ -126,8 +127,8 @@ def clock_us() -> dict[str, float]:
         times.batch_end(time.perf_counter(), 1)
 
     meter = WorkerStats.create(2).meter(0)
-    return {"step_clock": per_call_us(one_step, 20000), "worker_meter": per_call_us(
-        lambda: meter.batch(0.001), 20000)}  # fmt: skip
+    return {"step_clock": per_call_us(one_step, n), "worker_meter": per_call_us(
+        lambda: meter.batch(0.001), n)}  # fmt: skip
 
 
 def hook_us(tmp: Path, blocks: int = 20, per_block: int = 200) -> float:
@@ -162,7 +163,7 @@ def hook_us(tmp: Path, blocks: int = 20, per_block: int = 200) -> float:
         st.step_times = saved
 
 
-def heartbeat_us(tmp: Path) -> float:
+def heartbeat_us(tmp: Path, n: int) -> float:
     """The watchdog thread's straggler work per heartbeat on rank 0 of 2: the timing fields of
     its heartbeat, and the detector reading and scoring both heartbeat files."""
     times = StepTimes()
@@ -180,19 +181,24 @@ def heartbeat_us(tmp: Path) -> float:
         record["time"] = time.time() + 3600  # fresh for the whole measurement
         (tmp / HEARTBEAT_FILE.format(rank=rank, ts="TS")).write_text(json.dumps(record))
     detector = Stragglers(1.3, 60.0, tmp, "TS", ctx, max_age_s=15.0)
-    return per_call_us(lambda: (times.heartbeat(), detector.check()), 200)
+    return per_call_us(lambda: (times.heartbeat(), detector.check()), n)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=200.0)
     ap.add_argument("--window", type=float, default=60.0, help="--straggler_window of the run")
+    ap.add_argument("--quick", action="store_true", help="5 s of soak, fewer rounds: a smoke run")
     args = ap.parse_args()
+    # (calls per round of the clocks, of the heartbeat; hook blocks, backward passes per block)
+    n_clock, n_beat, blocks, per_block = (2000, 20, 4, 20) if args.quick else (20000, 200, 20, 200)
+    if args.quick:
+        args.seconds = 5.0
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         run = soak(args.seconds, args.window, Path(tmp) / "run")
-        costs = clock_us() | {"allreduce_hook": hook_us(Path(tmp))}
-        costs["heartbeat"] = heartbeat_us(Path(tmp))
+        costs = clock_us(n_clock) | {"allreduce_hook": hook_us(Path(tmp), blocks, per_block)}
+        costs["heartbeat"] = heartbeat_us(Path(tmp), n_beat)
     step_us = 1000 * run["median_step_ms"]
     steps_per_heartbeat = HEARTBEAT_S * 1e6 / step_us
     per_step = {
@@ -210,7 +216,7 @@ def main() -> None:
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
     }
-    path = write_record("straggler_soak", record)
+    path = write_record("straggler_soak", record, quick=args.quick)
     print(f"soak {args.seconds:.0f} s, 2 ranks, --straggler_window={args.window:g}: "
           f"{run['straggler_lines']} STRAGGLER lines; top scores {run['max_score']}")  # fmt: skip
     print(f"step {run['median_step_ms']} ms (own {run['median_own_ms']}, data "

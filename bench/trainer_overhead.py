@@ -10,10 +10,11 @@ itself costs, ae / bare Lightning what ae adds on top (callbacks, loggers, loggi
 The ae side gets what a rank gets (`ae/rank/train.py`): logging configured, `build_trainer` with
 every callback, and a `ShardDataModule` over a small shard set (its validation split is what
 sampling reads); only its train loader is replaced by the pre-made batches. Each side's rate is
-timed inside the loop, from the start of step 20 to the end of the last step, so process start,
-setup, the epoch-end validation and teardown are left out alike.
+timed inside the loop, from the start of step 21 to the end of the last step but one, so process
+start, setup, the final checkpoint of ae's last step, the epoch-end validation and teardown are
+left out alike: what is left is the cost of a step.
 
-Usage: python -m bench.trainer_overhead [--steps 300] [--quick]
+Usage: python -m bench.trainer_overhead [--steps 600] [--repeats 3] [--quick]
     (writes bench/results/trainer_overhead.json; --quick: trainer_overhead_quick.json)
 """
 
@@ -54,9 +55,9 @@ def _model():
 
 
 class Clock:
-    """Steps WARMUP..steps in wall time and in CPU time of this process (all its threads): the
-    wall rate is what a user sees, the CPU rate the per-step cost, which other processes on a
-    shared machine disturb far less."""
+    """Optimizer steps WARMUP + 1 .. steps - 1 in wall time and in CPU time of this process (all
+    its threads): the wall rate is what a user sees, the CPU rate the per-step cost, which other
+    processes on a shared machine disturb less."""
 
     def __init__(self, steps: int) -> None:
         self.steps = steps
@@ -69,8 +70,12 @@ class Clock:
         self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
 
     def rates(self) -> dict[str, float]:
-        n = self.steps - WARMUP
+        n = timed_steps(self.steps)
         return {"wall": n / self.wall, "cpu": n / self.cpu}
+
+
+def timed_steps(steps: int) -> int:
+    return steps - 1 - WARMUP
 
 
 def run_manual(steps: int, world: int) -> dict[str, float]:
@@ -87,8 +92,8 @@ def run_manual(steps: int, world: int) -> dict[str, float]:
     )
     batches = _batches(steps, dist.get_rank() if world > 1 else 0)
     clock = Clock(steps)
-    for i, x in enumerate(batches):
-        if i == WARMUP:
+    for i, x in enumerate(batches, start=1):  # i: the optimizer step this batch makes
+        if i == WARMUP + 1:
             clock.start()
         loss = torch.nn.functional.mse_loss(net(x), x)
         opt.zero_grad(set_to_none=True)
@@ -96,13 +101,14 @@ def run_manual(steps: int, world: int) -> dict[str, float]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-    clock.stop()
+        if i == steps - 1:
+            clock.stop()
     return clock.rates()
 
 
 def _timer(steps: int):
-    """A callback that clocks steps WARMUP..steps, appended after every other callback (so the
-    window holds their hooks too)."""
+    """A callback that clocks optimizer steps WARMUP + 1 .. steps - 1, appended after every other
+    callback (so the window holds their hooks too)."""
     import lightning as L
 
     class Timer(L.Callback):
@@ -114,7 +120,7 @@ def _timer(steps: int):
                 self.clock.start()
 
         def on_train_batch_end(self, trainer, *args) -> None:
-            if trainer.global_step == steps:
+            if trainer.global_step == steps - 1:
                 self.clock.stop()
 
     return Timer()
@@ -191,22 +197,30 @@ def _worker(args: argparse.Namespace) -> None:
     if int(os.environ.get("RANK", 0)) == 0:
         Path(args.out).write_text(json.dumps(rate))
     if dist.is_initialized():
+        # Both ranks done with every collective before either tears its group down (a rank that
+        # destroyed gloo under a peer still in it once aborted the peer: SIGABRT).
+        dist.barrier()
         dist.destroy_process_group()
 
 
 def _measure(side: str, world: int, steps: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
-               "--standalone", "-m", "bench.trainer_overhead", "--worker", f"--side={side}",
-               f"--steps={steps}", f"--out={out}"]  # fmt: skip
+        worker = ["-m", "bench.trainer_overhead", "--worker", f"--side={side}", f"--steps={steps}",
+                  f"--out={out}"]  # fmt: skip
+        # One process needs no torchrun (its agent alone is a second interpreter with torch).
+        launch = ["-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone"]
+        cmd = [sys.executable, *(launch if world > 1 else []), *worker]
         # One thread per process: the math of a 256 x 64 batch gains nothing from a second one on
         # a shared machine, and the CPU time then counts the step's work, not idle spinning.
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            sys.exit(f"{side} side, {world} process(es) failed:\n{done.stderr[-4000:]}")
-        return json.loads(out.read_text())
+        for attempt in (1, 2):  # one more try: a crash on a loaded machine costs the whole run
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+            if done.returncode == 0:
+                return json.loads(out.read_text())
+            print(f"{side} side, {world} process(es) failed (try {attempt} of 2):\n"
+                  f"{done.stderr[-4000:]}", flush=True)  # fmt: skip
+        sys.exit(f"{side} side, {world} process(es) failed twice")
 
 
 def _row(world: int, rates: dict[str, list[dict[str, float]]]) -> dict:
@@ -252,7 +266,7 @@ def main() -> None:
                 f" {r['ae_vs_manual']:.2f}x, bare Lightning / hand loop"
                 f" {r['lightning_vs_manual']:.2f}x, ae / bare Lightning {r['ae_vs_lightning']:.2f}x"
             )
-    record = {"steps": steps, "timed_steps": steps - WARMUP, "repeats": repeats, "rows": rows}
+    record = {"steps": steps, "timed_steps": timed_steps(steps), "repeats": repeats, "rows": rows}
     print(f"wrote {write_record('trainer_overhead', record, quick=args.quick)}")
 
 

@@ -1,6 +1,7 @@
 """Training throughput with the stall watchdog + debug logging on, versus both off.
 
     .venv/bin/python -m bench.watchdog_overhead [--pairs 2] [--batches 1500] [--segments 200]
+    .venv/bin/python -m bench.watchdog_overhead --quick   # 1 pair of 400 batches, 6 segments
 
 On: `--debug=true --stall_timeout=300`: the watchdog thread and its heartbeat file, and a
 `Training step` line per batch (loss, LR, samples/s, RSS of rank and workers).
@@ -21,7 +22,7 @@ bookkeeping and almost no math. Training runs in this process through the real c
   Honest end to end, but noisy where other processes compete for the CPUs.
 
 Overheads are medians of (on - off) / off: over every two adjacent segments, and over run pairs.
-Writes bench/results/watchdog_overhead.json.
+Writes bench/results/watchdog_overhead.json (`--quick`: watchdog_overhead_quick.json).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from ae.config import parse_config
 from ae.data.datamodule import ShardDataModule
 from ae.forensics.loop_tracer import DebugCallback
 from ae.forensics.watchdog import start_watchdog, stop_watchdog
-from ae.training.model import AutoEncoder
+from ae.training.model import build_model
 from ae.training.trainer import build_trainer
 from bench.common import synthetic_shards, write_record
 
@@ -121,7 +122,7 @@ def fit(
     start_watchdog(cfg.obs.stall_timeout, cfg.run.accelerator, ctx, paths, "bench")
     try:
         dm = ShardDataModule(cfg.data, *urls, seed=cfg.run.seed, debug=cfg.obs.debug)
-        model = AutoEncoder.from_config(dm.spec, cfg.model, cfg.optim, ctx.world_size)
+        model, _ = build_model(dm.spec, cfg.model, cfg.optim, ctx.world_size)
         trainer = build_trainer(cfg, ctx, "bench")
         watch = spy(trainer)
         trainer.callbacks.append(watch)
@@ -153,7 +154,10 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=2, help="off/on whole-run pairs")
     parser.add_argument("--batches", type=int, default=1500, help="batches per whole run")
     parser.add_argument("--segments", type=int, default=200, help="interleaved segments")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes")
     args = parser.parse_args()
+    if args.quick:
+        args.pairs, args.batches, args.segments = 1, SKIP + 100, 6
     torch.set_num_threads(1)  # as the launcher does for 2 ranks on 2 cores: no spinning threads
     t_start = time.monotonic()
     rate: dict[str, list[float]] = {m: [] for m in MODES}
@@ -187,7 +191,7 @@ def main() -> int:
         "whole_runs_overhead_percent": round(statistics.median(whole), 2),
         "seconds": round(time.monotonic() - t_start, 1),
     }
-    write_record("watchdog_overhead", result)
+    write_record("watchdog_overhead", result, quick=args.quick)
     print(json.dumps(result, indent=1))
     return 0
 

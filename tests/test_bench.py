@@ -1,0 +1,68 @@
+"""Every benchmark keeps running: its `--quick` mode, started as a user starts it (`python -m
+bench.<name> --quick`, a subprocess), exits 0 and writes its record with the keys its readers
+expect. Timings are never asserted. A new bench in bench/ must be listed here (and have a quick
+mode), or the listing test fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.runs import ROOT
+
+# bench module -> (its record's name, keys of the record besides bench/quick/machine)
+BENCHES: dict[str, tuple[str, set[str]]] = {
+    "count_bench": ("count_bench_all", {"count", "startup", "load"}),
+    "diagnose_bench": ("diagnose_bench", {"ranks", "debug_logs_mb", "median_s", "culprits"}),
+    "gpu_throughput": ("gpu_throughput", {"device", "batch_size", "samples", "rows"}),
+    "input_pipeline": ("input_pipeline", {"batch_size", "rows", "jpg_decode_ms", "targets"}),
+    "memory": ("memory", {"epochs", "by_shards"}),
+    "models_bench": ("models_bench_both", {"epochs", "data", "quality", "comparison_grid"}),
+    "plan_bench": ("plan_bench", {"plan", "cases", "ratios"}),
+    "preflight_bench": (
+        "preflight_bench",
+        {"launcher_startup_s", "launcher_preflight_s", "rank_preflight_s", "heartbeat_resources_s"},
+    ),
+    "startup": ("startup", {"rows", "difference_s"}),
+    "straggler_soak": ("straggler_soak", {"soak", "cost_us", "per_step_us", "overhead_pct"}),
+    "trainer_overhead": ("trainer_overhead", {"steps", "timed_steps", "repeats", "rows"}),
+    "watchdog_overhead": (
+        "watchdog_overhead",
+        {"overhead_percent", "control_percent", "whole_runs_overhead_percent"},
+    ),
+}
+# Modules of bench/ that are not benchmarks: shared helpers and data.
+HELPERS = {"__init__", "common", "real_images", "synthetic_logs"}
+
+
+def test_every_bench_is_listed() -> None:
+    modules = {p.stem for p in ROOT.joinpath("bench").glob("*.py")} - HELPERS
+    assert modules == set(BENCHES), "list a new bench (and give it --quick) in BENCHES"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bench", sorted(BENCHES))
+def test_quick_mode_runs_and_writes_its_record(bench: str, tmp_path: Path) -> None:
+    name, keys = BENCHES[bench]
+    env = {**os.environ, "AE_BENCH_RESULTS": str(tmp_path)}  # not the full runs' records
+    # A few seconds to half a minute each on a quiet 2-core machine (~4 min in all); under a load
+    # of 15 the slowest (models_bench: two CPU trainings) took over 5 minutes.
+    out = subprocess.run(
+        [sys.executable, "-m", f"bench.{bench}", "--quick"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    record = json.loads((tmp_path / f"{name}_quick.json").read_text())
+    assert record["bench"] == name and record["quick"] is True
+    assert keys <= set(record), sorted(keys - set(record))
+    if bench == "trainer_overhead":  # the three figures, for 1 and 2 processes
+        assert [row["processes"] for row in record["rows"]] == [1, 2]
+        for row in record["rows"]:
+            for clock in ("wall", "cpu"):
+                ratios = {"ae_vs_manual", "lightning_vs_manual", "ae_vs_lightning"}
+                assert all(row[clock][k] > 0 for k in ratios), row[clock]
