@@ -16,7 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
-from ae.diagnose.collectives import Dump, align, read_dump
+from ae.diagnose.collectives import Dump, align, backend_words, find_mismatches, read_dump
 from ae.diagnose.report import diagnose, verdict_lines
 from ae.diagnose.run_files import find_run
 
@@ -120,3 +120,27 @@ def test_a_torn_or_foreign_file_is_no_dump(tmp_path: Path) -> None:
     assert read_dump(torn, 0) is None
     torn.write_text(json.dumps({"no": "entries"}))
     assert read_dump(torn, 0) is None
+
+
+def test_nccl_timeout_lines_align_like_one_call_dumps(tmp_path: Path) -> None:
+    """No dumps (an NCCL build's ranks timed out): each rank's timeout line names the collective
+    it waited in. (Written here in NCCL's wording: this repository's tests have no GPU.)"""
+
+    def native(rank: int, seq: int, numel: int) -> list[Path]:
+        path = tmp_path / f"native_rank{rank}_T.log"
+        path.write_text(
+            f"[rank{rank}]:[E ProcessGroupNCCL.cpp:616] [Rank {rank}] Watchdog caught collective "
+            f"operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn={numel}, "
+            f"NumelOut={numel}, Timeout(ms)=600000) ran for 600042 milliseconds before timing "
+            "out.\n"
+        )
+        return [path]
+
+    same_id = backend_words({0: native(0, 12, 3224), 1: native(1, 12, 3)})
+    (m,) = find_mismatches({}, same_id, {})
+    assert (m.kind, m.seq) == ("mismatch", 12)
+    assert {c.sizes[0][0] for c in [*m.calls, *m.others]} == {3224, 3}
+    assert all("Watchdog caught collective operation timeout" in e.text for e in m.evidence)
+    behind = backend_words({0: native(0, 13, 3224), 1: native(1, 12, 3224)})
+    (m,) = find_mismatches({}, behind, {})
+    assert (m.kind, m.seq, m.ranks) == ("behind", 13, [1])
