@@ -5,8 +5,9 @@ here without torch) lists its recent collectives: process group, sequence id, op
 and the Python frames that issued each. Per process group the ranks are aligned by sequence id;
 the first id where they differ names the rank at fault:
 
-- `extra`: a rank issued a collective the others did not: its later calls line up with the
-  others' shifted by one, or its call site appears nowhere in the others' record;
+- `extra`: a rank issued a collective the others did not: its call site appears nowhere in the
+  others' record (up to a few ids before the first difference: an extra call with the right
+  sizes pairs with another one), or its later calls line up with the others' shifted by one;
 - `mismatch`: the ranks called different ops, sizes or dtypes at the same id (the minority);
 - `behind`: every call agrees, but a rank's last one is older than the others' (it never joined
   the next one); used only when every stalled rank waits in a collective.
@@ -51,6 +52,7 @@ _NCCL_WORK = re.compile(
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
 TRACE_LINES = 400  # lines of a fatal-signal dump read
 SHIFT_CHECKED = 3  # later calls compared when testing "one extra call"
+LOOKBACK = 8  # ids before the first difference searched for an extra call (2 DDP steps)
 DUMP_WAIT_S = 10.0  # --dump: a watchdog looks every second; its first dump takes about one
 
 
@@ -73,10 +75,9 @@ class Call:
         return f"{self.op} {sizes} {', '.join(self.dtypes)}".strip()
 
     def key(self) -> tuple[Any, ...]:
-        """What two ranks' calls at the same sequence id must share (file names only: ranks of
-        other hosts may have the code elsewhere)."""
-        frames = tuple((f, Path(p).name, n) for f, p, n in self.frames)
-        return self.op, str(self.sizes), tuple(self.dtypes), frames
+        """What two ranks' calls at the same sequence id must share. Not the frames: ranks may
+        call the same collective from different lines (`if rank == 0: ... else: ...`)."""
+        return self.op, str(self.sizes), tuple(self.dtypes)
 
     def site(self) -> str:
         """`file:line (function)` of the call: the innermost frame of the user's code, else the
@@ -198,8 +199,20 @@ def align(dumps: dict[int, Dump], all_waiting: bool = False) -> list[Mismatch]:
 
 
 def _differ(pg: str, seq: int, ranks: dict[int, dict[int, Call]], at: dict[int, Call]) -> Mismatch:
+    """The ranks' calls differ first at `seq`. A rank that issued an extra call shows it as a
+    call site none of the others has, at most LOOKBACK ids earlier (a call the size of the
+    gradient bucket pairs with the others' gradient all-reduce: the ops differ only later), or
+    as calls after `seq` that are the others' shifted by one."""
+    for t in range(max(seq - LOOKBACK, min(min(c) for c in ranks.values())), seq + 1):
+        calls = {r: c[t] for r, c in ranks.items() if t in c}
+        odd = [r for r, call in calls.items() if _unseen(call, ranks)]
+        if len(odd) == 1 and len(calls) == len(ranks):
+            (r,) = odd
+            return Mismatch(
+                "extra", pg, t, [r], [calls[r]], [c for o, c in calls.items() if o != r]
+            )
+
     def shifted(r: int) -> bool:
-        """Rank r's calls after `seq` are the others' from `seq` on: one call too many."""
         compared = 0
         for i in range(SHIFT_CHECKED):
             mine = ranks[r].get(seq + 1 + i)
@@ -211,21 +224,22 @@ def _differ(pg: str, seq: int, ranks: dict[int, dict[int, Call]], at: dict[int, 
             compared += 1
         return compared > 0
 
-    def unseen(r: int) -> bool:
-        """Rank r's call site at `seq` is in none of the others' recorded calls."""
-        site = at[r].site()
-        return all(c.site() != site for o, cs in ranks.items() if o != r for c in cs.values())
-
-    extra = [r for r in at if shifted(r)] or [r for r in at if unseen(r)]
+    extra = [r for r in at if shifted(r)]
     if len(extra) == 1:
         (r,) = extra
-        others = [c for o, c in at.items() if o != r]
-        return Mismatch("extra", pg, seq, [r], [at[r]], others)
+        return Mismatch("extra", pg, seq, [r], [at[r]], [c for o, c in at.items() if o != r])
     counts = Counter(c.key() for c in at.values())
     common, n = counts.most_common(1)[0]
     odd = [r for r, c in at.items() if c.key() != common] if n > 1 else sorted(at)
     others = [c for r, c in at.items() if r not in odd]
     return Mismatch("mismatch", pg, seq, odd, [at[r] for r in odd], others)
+
+
+def _unseen(call: Call, ranks: dict[int, dict[int, Call]]) -> bool:
+    """The call's site is in none of the other ranks' recorded calls."""
+    site = call.site()
+    others = (c for r, cs in ranks.items() if r != call.rank for c in cs.values())
+    return all(c.site() != site for c in others)
 
 
 def _behind(pg: str, ranks: dict[int, dict[int, Call]]) -> Mismatch | None:
@@ -240,13 +254,10 @@ def _behind(pg: str, ranks: dict[int, dict[int, Call]]) -> Mismatch | None:
 
 @dataclass
 class Backend:
-    """A rank's native log line that names a collective problem, and its call site when it
-    died of a fatal signal inside a collective."""
+    """A rank's native log line that names a collective problem."""
 
     rank: int
     line: Evidence
-    call_site: Evidence | None = None
-    op: str | None = None
     nccl: Call | None = None  # the collective an NCCL timeout line names
 
 

@@ -43,11 +43,14 @@ def test_the_dump_is_read_as_calls_per_process_group_and_sequence_id() -> None:
     assert extra.site().endswith("(_injected_desync)")
     grad = dumps[0].calls["0"][49]  # DDP's gradient all-reduce: issued from autograd
     assert grad.site().startswith("torch/autograd/graph.py:") and grad.shape == extra.shape
-    assert calls[50].key() == grad.key() != extra.key()
+    # The same shape: only their call sites tell the extra call from the gradient all-reduce.
+    assert calls[50].key() == grad.key() == extra.key() and extra.site() != grad.site()
     assert dumps[0].reason == "failed: RuntimeError"
 
 
-def test_an_extra_collective_is_found_by_the_shift() -> None:
+def test_an_extra_collective_is_found_by_its_call_site() -> None:
+    """The ops first differ at #50 (rank 0 in its barrier, rank 1 in its gradient all-reduce);
+    rank 1's #49 comes from a line rank 0 never called a collective from."""
     (m,) = align(hang_dumps())
     assert (m.kind, m.pg, m.seq, m.ranks) == ("extra", "0", 49, [1])
     assert [c.rank for c in m.others] == [0]
