@@ -195,8 +195,6 @@ class Watchdog(threading.Thread):
         if phase == "data loading" and first:
             self._shm_check(phase)
         logger.info(f"{head}\n{report_body(where, collective, self.cuda_device)}")
-        if first:  # what the rank's collectives were when it stopped moving
-            flight_recorder.dump("stall")
         if pids := dump_worker_stacks():
             logger.info(
                 f"STALL report {self.reports}: dataloader workers {pids} dumped their stacks "
@@ -204,6 +202,10 @@ class Watchdog(threading.Thread):
             )
         if self.heartbeat is not None:
             self.write_heartbeat()
+        # The collectives as they were when the rank stopped moving: last, after the report and
+        # the worker stacks, which ae-diagnose reads as the report's continuation lines.
+        if first:
+            flight_recorder.dump("stall")
 
     def _shm_check(self, phase: str) -> None:
         """A data-loading stall with /dev/shm near full: say so (the stall report alone would
