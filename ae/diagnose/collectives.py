@@ -282,7 +282,7 @@ def backend_words(native_logs: dict[int, list[Path]]) -> dict[int, Backend]:
 def fatal_call_site(path: Path, line: int) -> tuple[str, Evidence] | None:
     """In faulthandler's dump after `line` (1-based) of a debug log (a fatal signal), the thread
     that was in a collective: the collective's function, and the innermost frame of the code
-    that called it."""
+    that called it (`file:line (function)`, at that frame's line of the log)."""
     lines = path.read_text(errors="replace").splitlines()[line : line + TRACE_LINES]
     block: list[tuple[int, re.Match[str]]] = []
     for i, text in enumerate([*lines, ""], start=line + 1):
@@ -307,9 +307,8 @@ def _collective_caller(
     callers = [b for b in block if not _LIBRARY.search(b[1]["path"])]
     outside = [b for b in block if not any(c in b[1]["path"] for c in _COLLECTIVE_CODE)]
     at, m = (callers or outside or block)[0]
-    where = f"{_short(m['path'])}:{m['line']} ({m['func']})"
     return collective[0][1]["func"], Evidence(
-        path, at, f"{where}, called {collective[0][1]['func']}"
+        path, at, f"{_short(m['path'])}:{m['line']} ({m['func']})"
     )
 
 
@@ -348,7 +347,7 @@ def find_mismatches(
         theirs = "; ".join(f"rank {c.rank} was in #{c.seq} {c.shape}" for c in others)
         if where is not None:
             op, ev = where
-            text = f"{ev.text.split(',')[0]} called {op}" + (f" while {theirs}" if theirs else "")
+            text = f"{ev.text} called {op}" + (f" while {theirs}" if theirs else "")
             m.evidence.append(Evidence(ev.path, ev.line, text))
         m.evidence.append(b.line)
         m.evidence += [Evidence(dumps[c.rank].path, 0, _describe(c)) for c in others]

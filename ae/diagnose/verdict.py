@@ -350,12 +350,15 @@ def collective_mismatch(j: _Judge) -> None:
         return
     j.mismatches = found
     named = {rank for m in found for rank in m.ranks}
+    kept = []  # a missing rank (no log at all) stays a culprit: nothing says it only waited
     for f in j.culprits:
-        if f.rank not in named:
-            j._victim(
-                run.ranks[f.rank], f"{f.cause}, after the collective mismatch", f.evidence[:1]
-            )
-    j.culprits = []
+        if f.rank in named:
+            continue
+        if (r := run.ranks.get(f.rank)) is None:
+            kept.append(f)
+        else:
+            j._victim(r, f"{f.cause}, after the collective mismatch", f.evidence[:1])
+    j.culprits = kept
     j.victims = [v for v in j.victims if v.rank not in named]
     for m in found:
         rule = _MISMATCH_RULES[m.kind].format(seq=m.seq)
