@@ -251,6 +251,15 @@ STALL_RESOLVED = LineFormat(
     "STALL RESOLVED after {idle}s in phase {phase} (epoch {epoch}, step {step}); now {now}",
     {"idle": "float", "phase": "text", "epoch": "int", "step": "int", "now": "text"},
 )
+# Flight Recorder dumps (ae.forensics.flight_recorder): each rank's recent collectives, as JSON in
+# the logs folder, rewritten at its first STALL report, when it fails or is stopped, and when
+# `ae-diagnose --dump` leaves the request file (the watchdog looks for it at every check).
+COLLECTIVES_FILE = LineFormat("collectives_rank{rank}_{ts}.json", {"rank": "int"})
+DUMP_REQUEST_FILE = LineFormat("dump_request_{ts}")
+COLLECTIVES_DUMPED = LineFormat(
+    "Collectives dumped ({reason}): {entries} entries to {file}",
+    {"reason": "text", "entries": "int", "file": "text"},
+)
 # Written by ae.forensics.faults (tests, broken runs on purpose) right before acting.
 FAULT_INJECTED = LineFormat(
     "FAULT injected: {action}@{point} at step {step} (rank {rank})",

@@ -12,6 +12,7 @@ import ast
 import importlib.util
 import re
 import shlex
+import shutil
 import string
 import tomllib
 from collections.abc import Iterator
@@ -22,9 +23,11 @@ from ae import log_lines
 from ae.config import FIELDS
 from ae.diagnose.report import diagnose
 from ae.diagnose.run_files import find_run
-from ae.log_lines import BAD_SAMPLE, RECORD_PATTERN, LineFormat, epoch_marker
-from bench.synthetic_logs import RankWriter, write_heartbeat, write_train_log
+from ae.log_lines import BAD_SAMPLE, COLLECTIVES_FILE, RECORD_PATTERN, LineFormat, epoch_marker
+from bench.synthetic_logs import TS, RankWriter, write_heartbeat, write_train_log
 from tests.support.runs import ROOT
+
+COLLECTIVES_FIXTURE = ROOT / "tests" / "diagnose" / "fixtures" / "collectives" / "hang"
 
 CONTRACT = ROOT / "docs" / "CONTRACT.md"
 DOCS = sorted(
@@ -503,8 +506,12 @@ def test_readme_is_a_front_door() -> None:
 
 def test_json_schema_in_the_contract_is_what_ae_diagnose_prints(tmp_path: Path) -> None:
     """Keys of the `--json` example in docs/CONTRACT.md == keys of a real diagnosis (a synthetic
-    hung run with a bad shard, diagnosed with --tail)."""
+    hung run with a bad shard and the Flight Recorder dumps of a real collective mismatch,
+    diagnosed with --tail)."""
     write_train_log(tmp_path, 2)
+    for rank in (0, 1):
+        dump = COLLECTIVES_FIXTURE / f"collectives_rank{rank}_20261126_063959.json"
+        shutil.copy(dump, tmp_path / COLLECTIVES_FILE.format(rank=rank, ts=TS))
     for rank in (0, 1):
         w = RankWriter(tmp_path, rank, 2)
         w.start()
@@ -514,7 +521,8 @@ def test_json_schema_in_the_contract_is_what_ae_diagnose_prints(tmp_path: Path) 
         w.flush()
         write_heartbeat(tmp_path, rank, 2, pid=1, t=w.t, phase="training step", step=6)
     doc = diagnose(find_run(tmp_path), tail=2)
-    assert doc["culprits"] and doc["data_errors"]["shards"]  # every part of the schema is there
+    # every part of the schema is there
+    assert doc["culprits"] and doc["data_errors"]["shards"] and doc["collectives"]["mismatches"]
 
     def keys(value: object, parent: str = "") -> set[str]:
         if isinstance(value, list):

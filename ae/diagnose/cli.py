@@ -1,4 +1,4 @@
-"""`ae-diagnose [LOGS_DIR] [--run TS] [--json] [--tail N] [--watch] [--bundle OUT.tar.gz]`.
+"""`ae-diagnose [LOGS_DIR] [--run TS] [--json] [--tail N] [--dump] [--watch] [--bundle OUT]`.
 
 Exit status: 0 when the run was read (whatever the verdict), 2 for a user mistake (no such
 folder, no run in it, unknown --run), with one message and no traceback.
@@ -16,6 +16,7 @@ from rich.console import Console
 
 import logging_cfg
 from ae.diagnose.bundle import write_bundle
+from ae.diagnose.collectives import request_dump
 from ae.diagnose.report import diagnose, render
 from ae.diagnose.run_files import DiagnoseError, find_run, resolve_logs_dir
 from ae.diagnose.watch import watch
@@ -44,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="also show the last N lines of each rank's debug log",
+    )
+    p.add_argument(
+        "--dump",
+        action="store_true",
+        help="first ask the live ranks of this host to dump their recent collectives",
     )
     p.add_argument(
         "--watch",
@@ -84,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             raise DiagnoseError("--tail and --count must be >= 0, --interval > 0")
         logs_dir = resolve_logs_dir(Path(args.logs_dir))
         files = find_run(logs_dir, args.run)
+        if args.dump:
+            done, silent = request_dump(files)
+            quiet = f"; no answer from rank {', '.join(map(str, silent))}" if silent else ""
+            logger.info(f"Collectives dumped by rank {', '.join(map(str, done)) or 'none'}{quiet}")
+            files = find_run(logs_dir, files.ts)  # the new files
         if args.watch:
             watch(logs_dir, files.ts, console, args.interval, args.count)
         elif args.bundle is not None:

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ae.diagnose.collectives import Dump
 from ae.diagnose.logscan import Evidence, LogBytes
 from ae.diagnose.rank_log import RankLog, shard_of
 from ae.diagnose.run_files import RunFiles
@@ -67,6 +68,12 @@ def _step_time(r: RankLog) -> dict[str, Any] | None:
 def _straggler(f: StragglerFinding) -> dict[str, Any]:
     evidence = [_evidence(e) for e in f.evidence]
     return {"rank": f.rank, "score": round(f.score, 2), "cause": f.cause, "evidence": evidence}
+
+
+def _dump(d: Dump) -> dict[str, Any]:
+    last = {pg: max(calls) for pg, calls in d.calls.items() if calls}
+    return {"rank": d.rank, "file": d.path.name, "reason": d.reason, "time": _time(d.time),
+            "calls": sum(map(len, d.calls.values())), "last_seq": last}  # fmt: skip
 
 
 def _rank(run: RunState, r: RankLog, state: str, tail: int, score: float | None) -> dict[str, Any]:
@@ -169,6 +176,10 @@ def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
         "shard_plan_mismatch": _plan_mismatch(run),
         "data_errors": _data_errors(run),
         "stragglers": [_straggler(f) for f in find_stragglers(run)],
+        "collectives": {
+            "dumps": [_dump(d) for _, d in sorted(run.dumps.items())],
+            "mismatches": [m.to_json() for m in verdict.mismatches],
+        },
     }
 
 

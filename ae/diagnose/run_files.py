@@ -2,7 +2,8 @@
 
 File names come from ae.log_lines (the same formats logging_cfg writes them with): the train log,
 one debug and one native log per rank, one heartbeat per rank, and torchrun's own output
-(`launcher_<TS>.log`); rotated logs carry `.1`, `.2` ... (`.1` the newest of them).
+(`launcher_<TS>.log`), and each rank's Flight Recorder dump (`collectives_rank<N>_<TS>.json`);
+rotated logs carry `.1`, `.2` ... (`.1` the newest of them).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from ae.errors import UserError
 from ae.log_lines import (
+    COLLECTIVES_FILE,
     DEBUG_LOG_FILE,
     HEARTBEAT_FILE,
     LAUNCHER_LOG_FILE,
@@ -37,13 +39,15 @@ class RunFiles:
     native_logs: dict[int, list[Path]] = field(default_factory=dict)
     heartbeats: dict[int, Path] = field(default_factory=dict)
     launcher_logs: list[Path] = field(default_factory=list)  # torchrun's report, when it ran
+    collectives: dict[int, Path] = field(default_factory=dict)  # rank -> its last dump
 
     def all_files(self) -> list[Path]:
         files = [*self.train_logs, *self.launcher_logs]
         for group in (self.debug_logs, self.native_logs):
             for rank in sorted(group):
                 files += group[rank]
-        return files + [self.heartbeats[r] for r in sorted(self.heartbeats)]
+        files += [self.heartbeats[r] for r in sorted(self.heartbeats)]
+        return files + [self.collectives[r] for r in sorted(self.collectives)]
 
     def newest_mtime(self) -> float:
         return max((p.stat().st_mtime for p in self.all_files()), default=0.0)
@@ -71,6 +75,7 @@ def _classify(name: str) -> tuple[str, str, int | None, int] | None:
         ("native", NATIVE_LOG_FILE),
         ("heartbeat", HEARTBEAT_FILE),
         ("launcher", LAUNCHER_LOG_FILE),
+        ("collectives", COLLECTIVES_FILE),
     )
     for kind, fmt in kinds:
         if m := fmt.regex.fullmatch(name):
@@ -97,6 +102,8 @@ def list_runs(logs_dir: Path) -> dict[str, RunFiles]:
                 run.launcher_logs.append(path)
             elif kind == "heartbeat":
                 run.heartbeats[rank] = path  # type: ignore[index]
+            elif kind == "collectives":
+                run.collectives[rank] = path  # type: ignore[index]
             else:
                 group = run.debug_logs if kind == "debug" else run.native_logs
                 group.setdefault(rank, []).append(path)  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ae.diagnose.collectives import Backend, Dump, backend_words, read_dump
 from ae.diagnose.heartbeats import read_heartbeat
 from ae.diagnose.logscan import LogBytes, Record
 from ae.diagnose.rank_log import RankLog, read_rank
@@ -47,6 +48,8 @@ class RunState:
     missing: list[int]
     newest_line: float | None  # newest record line of the run
     reference: float | None  # newest of the lines and the heartbeat writes
+    dumps: dict[int, Dump] = field(default_factory=dict)  # rank -> its Flight Recorder dump
+    backend: dict[int, Backend] = field(default_factory=dict)  # rank -> its backend's words
 
     def silent_s(self, rank: RankLog) -> float | None:
         if self.newest_line is None or rank.last_time is None:
@@ -101,6 +104,7 @@ def read_run(files: RunFiles, max_shard_errors: int = 1000) -> RunState:
     if train.last is not None:
         lines.append(train.last.time)
     beats = [r.heartbeat.time for r in ranks.values() if r.heartbeat is not None]
+    dumps = {rank: d for rank, path in files.collectives.items() if (d := read_dump(path, rank))}
     return RunState(
         files=files,
         ranks=ranks,
@@ -109,4 +113,6 @@ def read_run(files: RunFiles, max_shard_errors: int = 1000) -> RunState:
         missing=missing,
         newest_line=max(lines) if lines else None,
         reference=max(lines + beats) if lines or beats else None,
+        dumps=dumps,
+        backend=backend_words(files.native_logs),
     )

@@ -18,6 +18,9 @@
 Before rules 3-5: if every rank, on two or more hosts, stalled in a collective at the same step
 and none failed of its own, no rank is stuck in its own work: the hosts cannot reach each other
 (`network`), and no rank is a culprit.
+After rules 1-5: a collective mismatch (`ae.diagnose.collectives`: the ranks' Flight Recorder
+dumps disagree, or a rank's backend says so) names its rank(s) as the culprit, `collective
+mismatch`; the culprits the other rules named become its victims.
 A run where every rank wrote its exit line with code 0 and nothing failed has no culprits.
 Last, a culprit whose failure a resource explains gets that resource as its cause
 (`ae.diagnose.resources`: disk full, shared memory, the OOM killer, open files).
@@ -28,6 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ae.diagnose.collectives import Mismatch, find_mismatches
 from ae.diagnose.logscan import Evidence
 from ae.diagnose.rank_log import Crash, RankLog, Stall
 from ae.diagnose.resources import name_resources
@@ -78,6 +82,7 @@ class Verdict:
     victims: list[Finding]
     states: dict[int, str]  # rank -> exited, crashed, killed, stalled, waiting, running, ...
     network: Network | None = None
+    mismatches: list[Mismatch] = field(default_factory=list)  # the collective mismatches found
 
 
 def is_peer_failure(crash: Crash) -> bool:
@@ -144,6 +149,7 @@ class _Judge:
         self.culprits: list[Finding] = []
         self.victims: list[Finding] = []
         self.states: dict[int, str] = {}
+        self.mismatches: list[Mismatch] = []
 
     def failures(self) -> float | None:
         """Rule 1; returns the time of the first failure."""
@@ -323,6 +329,47 @@ class _Judge:
         self.victims.append(Finding(r.rank, current_phase(r), cause, "", evidence))
 
 
+_MISMATCH_RULES = {
+    "extra": "issued a collective (#{seq}) that the other ranks did not",
+    "mismatch": "called a collective (#{seq}) that differs from the other ranks'",
+    "behind": "never joined collective #{seq}, which the other ranks wait in",
+    "backend": "its backend found a collective the other ranks did not match",
+}
+
+
+def collective_mismatch(j: _Judge) -> None:
+    """A collective mismatch: its rank(s) are the culprits, `collective mismatch`; the culprits
+    of the rules before (a rank that waits in a collective, a peer that timed out or lost the
+    aborted rank) become victims. A rank behind the others counts only when every culprit so
+    far only waits in a collective (else it is behind because it is stuck in its own work)."""
+    run = j.run
+    waiting = bool(j.culprits) and all(f.cause == "collective wait" for f in j.culprits)
+    fatal = {r.rank: c.evidence[0] for r in run.ranks.values() for c in r.crashes[:1] if c.signal}
+    found = find_mismatches(run.dumps, run.backend, fatal, all_waiting=waiting)
+    if not found:
+        return
+    j.mismatches = found
+    named = {rank for m in found for rank in m.ranks}
+    kept = []  # a missing rank (no log at all) stays a culprit: nothing says it only waited
+    for f in j.culprits:
+        if f.rank in named:
+            continue
+        if (r := run.ranks.get(f.rank)) is None:
+            kept.append(f)
+        else:
+            j._victim(r, f"{f.cause}, after the collective mismatch", f.evidence[:1])
+    j.culprits = kept
+    j.victims = [v for v in j.victims if v.rank not in named]
+    for m in found:
+        rule = _MISMATCH_RULES[m.kind].format(seq=m.seq)
+        for rank in m.ranks:
+            r = run.ranks.get(rank)
+            phase = current_phase(r) if r is not None else None
+            if r is not None and r.crashes:  # aborted, or timed out in the mismatched collective
+                j.states[rank] = "crashed"
+            j.culprits.append(Finding(rank, phase, "collective mismatch", rule, m.evidence))
+
+
 def network_partition(run: RunState) -> Network | None:
     """The ranks of two or more hosts all stalled, waiting in a collective at the same step, and
     none failed of its own (collective timeouts afterwards are only the consequence)."""
@@ -357,6 +404,7 @@ def judge(run: RunState) -> Verdict:
     j.peers()
     if not j.culprits and not j.victims:
         j.idle()
+    collective_mismatch(j)
     for r in run.ranks.values():
         alive = r.heartbeat.alive if r.heartbeat else None
         default = "exited" if finished(r) else ("running" if alive is not False else "stopped")
@@ -374,4 +422,5 @@ def judge(run: RunState) -> Verdict:
         status = "stopped"
     name_resources(j.culprits, run.ranks)
     by_rank = sorted(j.culprits, key=lambda f: f.rank)
-    return Verdict(status, by_rank, sorted(j.victims, key=lambda f: f.rank), j.states)
+    victims = sorted(j.victims, key=lambda f: f.rank)
+    return Verdict(status, by_rank, victims, j.states, mismatches=j.mismatches)

@@ -12,6 +12,9 @@ actions:
   oom     raise `torch.cuda.OutOfMemoryError` from `_injected_oom` (exists in CPU builds too)
   grow    allocate and touch `mb` MB, held until the process ends, from `_injected_grow`:
           memory growth for the OOM killer (in a memory-limited cgroup)
+  desync  an all-reduce of `size` zeros (default 3) that only this rank calls, from
+          `_injected_desync`: a collective mismatch (the others never call it; with the size of
+          the gradient bucket it pairs with their gradient all-reduce, and the job hangs later)
   slow    sleep `ms` milliseconds in `_injected_slow` at every call from `step` on (until
           `until`): a straggler -- per batch at `data`, per optimizer step at `train`
 points (who calls `fault_point`):
@@ -29,6 +32,7 @@ keys:
   ms=M     slow: milliseconds per call (required)
   until=N  slow: not from step N on (default: never stops)
   mb=M     grow: megabytes to allocate (required)
+  size=K   desync: elements of the extra all-reduce (default 3)
 
 Examples::
 
@@ -39,6 +43,7 @@ Examples::
     AE_FAULT="slow@data:rank=1:ms=50"                 rank 1's batches each take 50 ms longer
     AE_FAULT="slow@train:rank=1:ms=40:until=500"      rank 1's steps 0-499 take 40 ms longer
     AE_FAULT="grow@data:rank=1:step=2:mb=4000"       rank 1's worker grows by 4 GB at batch 2
+    AE_FAULT="desync@train:rank=1:step=3"            rank 1 alone all-reduces 3 numbers
 
 Each fault but `slow` fires at most once per process. A `FAULT injected: ...` WARNING is logged
 first (once), so the fault is placed in the logs. With AE_FAULT unset, `fault_point` is one
@@ -57,8 +62,10 @@ from loguru import logger
 from ae.errors import UserError
 from ae.log_lines import FAULT_INJECTED
 
-ACTIONS = ("sleep", "raise", "segv", "kill", "oom", "slow", "grow")
-KEYS = {"rank": int, "step": int, "secs": float, "ms": float, "until": int, "mb": float}
+ACTIONS = ("sleep", "raise", "segv", "kill", "oom", "slow", "grow", "desync")
+KEYS = {
+    "rank": int, "step": int, "secs": float, "ms": float, "until": int, "mb": float, "size": int,
+}  # fmt: skip
 POINTS = ("data", "train", "checkpoint", "sampling")
 
 
@@ -76,6 +83,7 @@ class Fault:
     ms: float = 0.0
     until: int | None = None
     mb: float = 0.0
+    size: int = 3
 
     def __str__(self) -> str:
         return f"{self.action}@{self.point}"
@@ -109,6 +117,8 @@ def parse_faults(spec: str) -> list[Fault]:
             raise FaultSpecError(f"AE_FAULT: {item!r}: slow needs ms=M (milliseconds, > 0)")
         if action == "grow" and not kwargs.get("mb", 0) > 0:
             raise FaultSpecError(f"AE_FAULT: {item!r}: grow needs mb=M (megabytes, > 0)")
+        if action == "desync" and not kwargs.get("size", 3) > 0:
+            raise FaultSpecError(f"AE_FAULT: {item!r}: desync needs size=K (elements, > 0)")
         faults.append(Fault(action, point, **kwargs))  # type: ignore[arg-type]
     return faults
 
@@ -155,7 +165,7 @@ def fault_point(point: str, step: int) -> None:
             logger.warning(
                 FAULT_INJECTED.format(action=fault.action, point=point, step=step, rank=rank)
             )
-            _ACT[fault.action](fault.mb if fault.action == "grow" else fault.secs)
+            _ACT[fault.action](getattr(fault, _ARG.get(fault.action, "secs")))
 
 
 # Named functions, so a stack dump shows which fault is acting.
@@ -185,6 +195,13 @@ def _injected_oom(secs: float) -> None:
     raise torch.cuda.OutOfMemoryError("CUDA out of memory (oom fault injected by AE_FAULT)")
 
 
+def _injected_desync(size: float) -> None:
+    import torch  # only here, as in _injected_oom
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.zeros(int(size)))  # the others never call this one
+
+
 _held: list[bytearray] = []  # what `grow` allocated: kept until the process ends
 
 
@@ -193,8 +210,11 @@ def _injected_grow(mb: float) -> None:
     _held.append(bytearray(b"\x01") * int(mb * 2**20))
 
 
+# The argument each action takes from its Fault (the others take `secs`).
+_ARG = {"grow": "mb", "desync": "size"}
 _ACT = {
     "grow": _injected_grow,
+    "desync": _injected_desync,
     "sleep": _injected_sleep,
     "raise": _injected_raise,
     "segv": _injected_segv,

@@ -3,7 +3,9 @@
 When the rank makes no progress (no beat) for `stall_timeout` seconds, it logs a one-line
 `STALL detected` WARNING (also in train_<TS>.log) and a full `STALL report` in the rank's debug
 log: main-thread frame, collective-wait guess, process table (rank and workers), CUDA memory,
-all-thread stacks, then each forked dataloader worker dumps its own stacks. While the stall lasts
+all-thread stacks, then each forked dataloader worker dumps its own stacks; the first report of a
+stall also dumps the rank's recent collectives (`ae.forensics.flight_recorder`), and so does each
+new `ae-diagnose --dump` request file it finds. While the stall lasts
 the report repeats with back-off (at T, 2T, 4T, ... of idle time, at most an hour apart); when a
 beat comes again it logs `STALL RESOLVED`. Along the way it rewrites the rank's heartbeat file,
 and, before each write, looks for stragglers (`ae.forensics.stragglers`).
@@ -25,6 +27,7 @@ import torch
 from loguru import logger
 
 import logging_cfg
+from ae.forensics import flight_recorder
 from ae.forensics.heartbeat import heartbeat_path, heartbeat_record, write_heartbeat
 from ae.forensics.process_stats import RssReader
 from ae.forensics.progress import STUCK_AFTER_S, Progress, progress
@@ -37,7 +40,14 @@ from ae.forensics.stall_report import (
     report_body,
 )
 from ae.forensics.stragglers import Stragglers
-from ae.log_lines import SHM_NEAR_FULL, STALL, STALL_REPORT, STALL_RESOLVED, STOP_SIGNAL
+from ae.log_lines import (
+    DUMP_REQUEST_FILE,
+    SHM_NEAR_FULL,
+    STALL,
+    STALL_REPORT,
+    STALL_RESOLVED,
+    STOP_SIGNAL,
+)
 from logging_cfg import LogPaths, RankContext
 
 MAX_REPORT_GAP_S = 3600.0
@@ -61,6 +71,7 @@ class Watchdog(threading.Thread):
         progress: Progress = progress,
         cuda_device: int | None = None,
         stragglers: Stragglers | None = None,
+        dump_request: Path | None = None,
     ) -> None:
         super().__init__(name="ae-watchdog", daemon=True)
         self.timeout = timeout
@@ -86,6 +97,8 @@ class Watchdog(threading.Thread):
         self._failed = False
         self._signal_logged = False
         self._signal_redelivered = False
+        self.dump_request = dump_request  # `ae-diagnose --dump` touches it: dump the collectives
+        self._request_seen = 0
 
     def run(self) -> None:
         while not self._stop_event.wait(self.poll_s):
@@ -120,11 +133,23 @@ class Watchdog(threading.Thread):
                     self.write_heartbeat()
             self._report(idle, first)
             self._next_report_at += min(self._next_report_at, MAX_REPORT_GAP_S)
+        if self.dump_request is not None:
+            self._dump_if_requested(self.dump_request)
         due = time.monotonic() - self._last_heartbeat >= self.heartbeat_s
         if self.heartbeat is not None and due:
             if self.stragglers is not None:
                 self.stragglers.check()
             self.write_heartbeat()
+
+    def _dump_if_requested(self, request: Path) -> None:
+        """One `stat` per check: a request file newer than the last one seen asks for a dump."""
+        try:
+            mtime = request.stat().st_mtime_ns
+        except FileNotFoundError:
+            return
+        if mtime != self._request_seen:
+            self._request_seen = mtime
+            flight_recorder.dump("requested")
 
     def _redeliver_stop_signal(self, name: str) -> None:
         """The stop signal came while the rank was busy, and it has made no progress since: it
@@ -177,6 +202,10 @@ class Watchdog(threading.Thread):
             )
         if self.heartbeat is not None:
             self.write_heartbeat()
+        # The collectives as they were when the rank stopped moving: last, after the report and
+        # the worker stacks, which ae-diagnose reads as the report's continuation lines.
+        if first:
+            flight_recorder.dump("stall")
 
     def _shm_check(self, phase: str) -> None:
         """A data-loading stall with /dev/shm near full: say so (the stall report alone would
@@ -246,8 +275,9 @@ def start_watchdog(
             max_age_s=max(10.0, 3 * min(5.0, straggler_window / 5)),
         )  # fmt: skip
     _watchdog = Watchdog(
-        stall_timeout, ctx, heartbeat, cuda_device=cuda_device, stragglers=stragglers
-    )
+        stall_timeout, ctx, heartbeat, cuda_device=cuda_device, stragglers=stragglers,
+        dump_request=paths.logs_dir / DUMP_REQUEST_FILE.format(ts=run_ts),
+    )  # fmt: skip
     _watchdog.write_heartbeat()  # now, not one poll later: a rank may die in its first second
     _watchdog.start()
 

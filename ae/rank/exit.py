@@ -2,13 +2,16 @@
 
 A user error is one message without a traceback; a write that found its filesystem full is one
 `Disk full` line and exit code 28; anything else propagates to logging_cfg's FATAL hook (and
-torchrun's error file). Then, always: the `teardown` phase, the process group destroyed, the
+torchrun's error file). Then, always: the `teardown` phase, the rank's collectives dumped if it
+failed or was stopped (`ae.forensics.flight_recorder`, before the process group goes), the
+process group destroyed, the
 watchdog stopped, and `Rank exiting with code N`: the last line of a rank that ends on its own,
 which is how ae-diagnose tells it from a killed one.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch.distributed as dist
@@ -16,6 +19,7 @@ from loguru import logger
 
 import logging_cfg
 from ae.errors import DiskFullError, UserError
+from ae.forensics import flight_recorder
 from ae.forensics.progress import progress
 from ae.forensics.resources import disk_full_error, fs_space
 from ae.forensics.watchdog import stop_watchdog
@@ -47,6 +51,10 @@ def run_to_exit(work: Callable[[], str]) -> int:
         code = 0
     finally:
         progress.enter("teardown")
+        if (exc := sys.exc_info()[1]) is not None:
+            flight_recorder.dump(f"failed: {type(exc).__name__}")
+        elif progress.stop_signal is not None:
+            flight_recorder.dump(f"stopped: {progress.stop_signal}")
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         stop_watchdog()

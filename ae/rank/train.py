@@ -21,6 +21,7 @@ from ae.data.datamodule import ShardDataModule, silence_known_warnings
 from ae.data.demo import with_demo_defaults
 from ae.data.loader import install_worker_reaper
 from ae.data.spec import resolve_shards
+from ae.forensics import flight_recorder
 from ae.forensics.step_times import step_times
 from ae.forensics.watchdog import start_watchdog
 from ae.job.launch import LAUNCHER_ENV
@@ -48,6 +49,7 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     )  # fmt: skip
     silence_known_warnings()  # after configure(): its catch-all filter would shadow these
     install_worker_reaper()
+    flight_recorder.enable(paths.logs_dir, ctx.rank, run_ts)  # before the process group exists
     start_watchdog(
         obs.stall_timeout, cfg.run.accelerator, ctx, paths, run_ts,
         straggler_factor=obs.straggler_factor, straggler_window=obs.straggler_window,

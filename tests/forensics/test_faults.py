@@ -112,3 +112,10 @@ def test_grow_needs_mb_and_holds_resident_memory() -> None:
         assert process_rss_mb() - before > 60  # touched: resident, not only reserved
     finally:
         fault_injection._held.clear()
+
+
+def test_desync_parses_with_a_size_and_needs_a_positive_one() -> None:
+    assert parse_faults("desync@train:rank=1:step=3") == [Fault("desync", "train", rank=1, step=3)]
+    assert parse_faults("desync@train:size=3224")[0].size == 3224
+    with pytest.raises(FaultSpecError, match="desync needs size"):
+        parse_faults("desync@train:size=0")
