@@ -19,6 +19,10 @@ from tests.support.runs import ROOT
 BENCHES: dict[str, tuple[str, set[str]]] = {
     "count_bench": ("count_bench_all", {"count", "startup", "load"}),
     "diagnose_bench": ("diagnose_bench", {"ranks", "debug_logs_mb", "median_s", "culprits"}),
+    "flight_recorder": (
+        "flight_recorder",
+        {"overhead", "us_per_collective", "dump_entries", "dump_s"},
+    ),
     "gpu_throughput": ("gpu_throughput", {"device", "batch_size", "samples", "rows"}),
     "input_pipeline": ("input_pipeline", {"batch_size", "rows", "jpg_decode_ms", "targets"}),
     "memory": ("memory", {"epochs", "by_shards"}),
