@@ -305,6 +305,10 @@ PRIVATE_ALLOWED = {
     # The stall report's stacks of every thread: documented in the Python library reference,
     # with no public equivalent (`faulthandler` writes to a file descriptor, not to a string).
     "_current_frames",
+    # A rank past --hang_timeout leaves from its watchdog thread while the main thread is stuck:
+    # `os._exit` is the documented way to end a process from another thread (`sys.exit` there
+    # ends only that thread).
+    "_exit",
 }
 # What issue 22 removed, named: a grep finds them in comments and strings too.
 REMOVED_PRIVATE = re.compile(

@@ -33,12 +33,13 @@ from ae.config.model_path import locate_class
 from ae.data.demo import with_demo_defaults
 from ae.data.spec import resolve_shards
 from ae.errors import UserError
-from ae.forensics.faults import active_faults
+from ae.forensics.faults import ATTEMPT_ENV, active_faults
 from ae.job.network import prepare_node
-from ae.job.outcome import preempted, report_failure, report_stop, stop_exit_code
+from ae.job.outcome import RESUME, preempted, report_failure, report_stop, stop_exit_code
 from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import check, launcher_needs
 from ae.job.processes import DEBUG_ENV, free_port, processes_per_node, rank_command
+from ae.job.restarts import RESTART_ENV, Restart, Restarts
 from ae.job.run_folder import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.job.supervise import wait
 from ae.job.topology import Topology, topology
@@ -155,15 +156,58 @@ def run(
     cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], n_train: int,
     specs: list[str],
 ) -> int:  # fmt: skip
+    """The job's attempts: the first, then, after a failure, a restart from the newest
+    checkpoint while `--max_restarts` and the stop rules allow (`ae.job.restarts`)."""
     logs = cfg.run.dir.logs
     logs.mkdir(parents=True, exist_ok=True)
+    restarts = Restarts(cfg.run.max_restarts, logs, cfg.run.dir.checkpoints)
+    if cfg.run.max_restarts and (topo.nnodes > 1 or topo.task is not None):
+        logger.warning(
+            "--max_restarts: restarts need one node under torchrun (docs/RUNS.md); this job "
+            "ends at its first failure"
+        )
+        restarts.max = 0
+    restart: Restart | None = None
+    while True:
+        rc = attempt(cfg, topo, nproc, ts, argv, n_train, specs, restart, len(restarts.failed))
+        if rc is None:
+            return 0
+        if rc < 0:  # the job's exit code, reported already (a stop signal, another node)
+            return -rc
+        if restarts.max == 0:
+            return report_failure(logs, ts, rc)
+        try:
+            nxt = restarts.after_failure(ts, rc)
+            if not isinstance(nxt, Restart):
+                code = report_failure(logs, ts, rc)
+                return code if nxt is None else nxt
+            logger.warning(nxt.line)
+            restart = nxt
+            ts = unused_run_ts(logs, time.strftime("%Y%m%d_%H%M%S"))
+        except KeyboardInterrupt:  # Ctrl-C between two attempts: no rank runs, nothing to save
+            logger.warning(f"Interrupted between two attempts; {RESUME}")
+            return stop_exit_code(signal.SIGINT)
+
+
+def attempt(
+    cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], n_train: int,
+    specs: list[str], restart: Restart | None, number: int,
+) -> int | None:  # fmt: skip
+    """One attempt of the job, as run TS `ts`: None when it ended well; -(the job's exit code)
+    when it ends the job and said so (a stop signal; the failure on another node than the
+    first); else the child's non-zero exit code (a failure the caller reports or restarts)."""
+    logs = cfg.run.dir.logs
     launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
     extra = [f"--devices={nproc}", f"--num_nodes={topo.nnodes}"]
     extra += [f"--train_shards={specs[0]}", f"--val_shards={specs[1]}"]
-    cmd, env = child_command(cfg, topo, nproc, argv, extra, launcher_log)
+    cmd, env = child_command(cfg, topo, nproc, argv, extra + (restart.args if restart else []),
+                             launcher_log)  # fmt: skip
     env["AE_RUN_TS"] = ts
     env[LAUNCHER_ENV] = "1"
-    if topo.leader:
+    env[ATTEMPT_ENV] = str(number)
+    if restart is not None:
+        env[RESTART_ENV] = restart.line
+    if topo.leader and restart is None:
         where = f"node {topo.node_rank}/{topo.nnodes}, " if topo.nnodes > 1 else ""
         how = "one process per SLURM task" if topo.task else f"{nproc} process(es) per node"
         torchrun = "" if topo.task else f"\n  launcher  : {launcher_log} (torchrun's own output)"
@@ -178,6 +222,7 @@ def run(
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     # Another node that dies closes no connection: its heartbeats tell (`ae.job.peer_nodes`).
     rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
+    rc = 128 - rc if rc < 0 else rc  # a child killed by signal N: 128 + N, as a shell says
     if stops.lost is not None:  # a failure, whatever the SIGKILLed torchrun returned
         rc = rc if rc > 0 else 1
     # Stopped by a signal (torchrun then fails; a SLURM task's one rank exits 0 after its save),
@@ -189,13 +234,13 @@ def run(
     # another node lost says it too (that node may be the first).
     if not topo.leader and stops.lost is None:
         if sig is not None:
-            return stop_exit_code(sig)
+            return -stop_exit_code(sig)
         if rc != 0 and topo.task is None:  # one line per node; tasks share srun's output
             logger.error(f"Training failed (exit {rc}); more: ae-diagnose {logs} --run {ts}")
-        return rc
+        return -rc or None
     if sig is not None:
-        return report_stop(logs, ts, sig, stops.killed)
+        return -report_stop(logs, ts, sig, stops.killed)
     if rc == 0:
         logger.info(f"Done. Logs: {logs}/ (run {ts})")
-        return 0
-    return report_failure(logs, ts, rc)
+        return None
+    return rc if topo.leader else -report_failure(logs, ts, rc)
