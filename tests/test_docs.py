@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ae import log_lines
 from ae.config import FIELDS
-from ae.diagnose.report import diagnose
+from ae.diagnose.attempts import diagnose_job
 from ae.diagnose.run_files import find_run
 from ae.log_lines import BAD_SAMPLE, RECORD_PATTERN, LineFormat, epoch_marker
 from bench.synthetic_logs import RankWriter, write_heartbeat, write_train_log
@@ -513,7 +513,7 @@ def test_json_schema_in_the_contract_is_what_ae_diagnose_prints(tmp_path: Path) 
         w.stall("training step", 6, 10.0, collective="no" if rank == 0 else "yes (allreduce)")
         w.flush()
         write_heartbeat(tmp_path, rank, 2, pid=1, t=w.t, phase="training step", step=6)
-    doc = diagnose(find_run(tmp_path), tail=2)
+    doc = diagnose_job(find_run(tmp_path), tail=2)
     assert doc["culprits"] and doc["data_errors"]["shards"]  # every part of the schema is there
 
     def keys(value: object, parent: str = "") -> set[str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ae.diagnose.report import verdict_lines
+from ae.diagnose.report import diagnose, verdict_lines
 from ae.diagnose.run_files import RunFiles, list_runs
 from ae.log_lines import RECORD_PATTERN, RESTART
 
@@ -51,6 +51,13 @@ def attempts(
         out.append({"attempt": i, "run": ts, "status": d["status"], "verdict": verdict(d),
                     "restart": lines.get(ts)})  # fmt: skip
     return out
+
+
+def diagnose_job(files: RunFiles, tail: int = 0) -> dict[str, Any]:
+    """`ae-diagnose --json`: the run's diagnosis, with the attempts of its job."""
+    doc = diagnose(files, tail)
+    doc["attempts"] = attempts(files, doc, diagnose)
+    return doc
 
 
 def verdict(doc: dict[str, Any]) -> str:

@@ -15,9 +15,9 @@ from loguru import logger
 from rich.console import Console
 
 import logging_cfg
-from ae.diagnose.attempts import attempts, render_attempts
+from ae.diagnose.attempts import diagnose_job, render_attempts
 from ae.diagnose.bundle import write_bundle
-from ae.diagnose.report import diagnose, render
+from ae.diagnose.report import render
 from ae.diagnose.run_files import DiagnoseError, find_run, resolve_logs_dir
 from ae.diagnose.watch import watch
 from ae.errors import UserError
@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             names = write_bundle(files, args.bundle)
             console.print(f"Bundle of run {files.ts}: {args.bundle} ({len(names)} files)")
         else:
-            doc = diagnose(files, args.tail)
-            doc["attempts"] = attempts(files, doc, diagnose)
+            doc = diagnose_job(files, args.tail)
             if args.json:
                 sys.stdout.write(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
             else:
