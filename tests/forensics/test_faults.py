@@ -112,3 +112,14 @@ def test_grow_needs_mb_and_holds_resident_memory() -> None:
         assert process_rss_mb() - before > 60  # touched: resident, not only reserved
     finally:
         fault_injection._held.clear()
+
+
+def test_attempt_picks_the_attempt_of_a_restarting_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AE_FAULT", "kill@train:step=5:attempt=0,raise@train:step=2")
+    for attempt, actions in (("0", ["kill", "raise"]), ("1", ["raise"])):
+        monkeypatch.setenv(fault_injection.ATTEMPT_ENV, attempt)
+        monkeypatch.setattr(fault_injection, "_faults", fault_injection._UNREAD)
+        assert [f.action for f in fault_injection.active_faults() or []] == actions
+    monkeypatch.setenv("AE_FAULT", "kill@train:attempt=0")
+    monkeypatch.setattr(fault_injection, "_faults", fault_injection._UNREAD)
+    assert fault_injection.active_faults() is None  # none of them in attempt 1: a no-op
