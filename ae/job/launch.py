@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,9 +38,9 @@ from ae.job.outcome import RESUME, preempted, report_failure, report_stop, stop_
 from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import check, launcher_needs
 from ae.job.processes import DEBUG_ENV, free_port, processes_per_node, rank_command
-from ae.job.restarts import RESTART_ENV, Restart, Restarts
+from ae.job.restarts import RESTART_ENV, Restart, Restarts, requeue_job
 from ae.job.run_folder import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
-from ae.job.supervise import wait
+from ae.job.supervise import Stops, start_child, wait
 from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE, RESOURCE_TIGHT
 
@@ -169,17 +168,22 @@ def run(
         restarts.max = 0
     restart: Restart | None = None
     while True:
-        rc = attempt(cfg, topo, nproc, ts, argv, n_train, specs, restart, len(restarts.failed))
-        if rc is None:
+        rc, stops = attempt(
+            cfg, topo, nproc, ts, argv, specs, restart, len(restarts.failed), n_train
+        )
+        code = ending(cfg, topo, ts, rc, stops)
+        if code is None:
             return 0
-        if rc < 0:  # the job's exit code, reported already (a stop signal, another node)
-            return -rc
+        if code < 0:  # the job's exit code, said already (a stop signal, another node)
+            if stops.requeue and topo.leader:
+                requeue_job(os.environ)
+            return -code
         if restarts.max == 0:
-            return report_failure(logs, ts, rc)
+            return report_failure(logs, ts, code)
         try:
-            nxt = restarts.after_failure(ts, rc)
+            nxt = restarts.after_failure(ts, code)
             if not isinstance(nxt, Restart):
-                code = report_failure(logs, ts, rc)
+                code = report_failure(logs, ts, code)
                 return code if nxt is None else nxt
             logger.warning(nxt.line)
             restart = nxt
@@ -190,12 +194,11 @@ def run(
 
 
 def attempt(
-    cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], n_train: int,
-    specs: list[str], restart: Restart | None, number: int,
-) -> int | None:  # fmt: skip
-    """One attempt of the job, as run TS `ts`: None when it ended well; -(the job's exit code)
-    when it ends the job and said so (a stop signal; the failure on another node than the
-    first); else the child's non-zero exit code (a failure the caller reports or restarts)."""
+    cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], specs: list[str],
+    restart: Restart | None, number: int, n_train: int,
+) -> tuple[int, Stops]:  # fmt: skip
+    """One attempt of the job, as run TS `ts`: this node's child (torchrun, or a SLURM task's
+    rank), to its end; its exit code and the stops that came."""
     logs = cfg.run.dir.logs
     launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
     extra = [f"--devices={nproc}", f"--num_nodes={topo.nnodes}"]
@@ -219,10 +222,18 @@ def attempt(
             f"{torchrun}"
             f"\n  follow    : tail -f {logs}/debug_rank*_{ts}.log"
         )
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = start_child(cmd, env)
     # Another node that dies closes no connection: its heartbeats tell (`ae.job.peer_nodes`).
     rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
     rc = 128 - rc if rc < 0 else rc  # a child killed by signal N: 128 + N, as a shell says
+    return rc, stops
+
+
+def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int | None:
+    """How an attempt ended: None when it ended well; -(the job's exit code) when it ends the
+    job and said so (a stop signal; a failure on another node than the first); else the child's
+    non-zero exit code (a failure that the caller reports, or restarts)."""
+    logs = cfg.run.dir.logs
     if stops.lost is not None:  # a failure, whatever the SIGKILLed torchrun returned
         rc = rc if rc > 0 else 1
     # Stopped by a signal (torchrun then fails; a SLURM task's one rank exits 0 after its save),

@@ -12,12 +12,17 @@ Stop rules, in order: a stop signal (Ctrl-C, preemption) is never a failure; a u
 or a full disk (28) in any rank ends the job, as without restarts; the same failure (the same
 culprit causes at the same step) in two attempts in a row ends it with `SAME_FAILURE_EXIT`; after
 `--max_restarts` restarts the last failure ends it.
+
+A SLURM job asked to save by SIGUSR1 (`ae.job.supervise`) is requeued once its ranks have saved
+(`requeue_job`): SLURM starts it again, and the recipe's `--resume_from_checkpoint=last` resumes it.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,3 +149,25 @@ class Restarts:
             checkpoint=where, redone=max(0, attempt.step - resume), previous=ts,
         )  # fmt: skip
         return Restart(line, args)
+
+
+def requeue_job(env: Mapping[str, str]) -> None:
+    """After SIGUSR1 and the ranks' save: `scontrol requeue` this SLURM job (an array job's
+    task as `ARRAYJOB_TASK`), which SLURM then starts again from the top of its script."""
+    job = env.get("SLURM_JOB_ID")
+    if job is None:
+        logger.warning("SIGUSR1 outside a SLURM job: saved and stopped; nothing to requeue")
+        return
+    if (array := env.get("SLURM_ARRAY_JOB_ID")) and (task := env.get("SLURM_ARRAY_TASK_ID")):
+        job = f"{array}_{task}"
+    try:
+        done = subprocess.run(
+            ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60
+        )
+        problem = (done.stderr.strip() or f"exit {done.returncode}") if done.returncode else None
+    except (OSError, subprocess.TimeoutExpired) as e:
+        problem = str(e)
+    if problem:
+        logger.error(f"Could not requeue SLURM job {job} (scontrol requeue {job}): {problem}")
+    else:
+        logger.warning(f"Requeued SLURM job {job}: it starts again, resuming from that checkpoint")

@@ -5,14 +5,17 @@ checkpoint by the launcher; and the stop rules that end a job instead."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from ae.job.restarts import SAME_FAILURE_EXIT
+from ae.job.restarts import SAME_FAILURE_EXIT, newest_checkpoint
 from ae.log_lines import HANG_TIMEOUT, RESTART
 from tests.support.runs import ROOT, RunResult, run_launcher
 
@@ -114,3 +117,56 @@ def test_the_same_failure_twice_stops(make_shards, tmp_path: Path) -> None:
     assert len(stop) == 1 and "at step 5 twice" in stop[0], res.output
     assert "InjectedFault" in stop[0]
     assert "Training failed: rank 1" in res.output  # and the verdict
+
+
+def test_sigusr1_saves_requeues_and_the_requeued_job_resumes(make_shards, tmp_path: Path) -> None:
+    """What SLURM's `--signal=USR1@90` does to a batch script's launcher (`SLURM_JOB_ID`, no job
+    step: one node, torchrun): every rank saves at its next step and stops, the launcher runs
+    `scontrol requeue <job>` (a stand-in on PATH records the call here: no SLURM in this test),
+    and the job started again with the recipe's `--resume_from_checkpoint=last` resumes there
+    and finishes; two step checkpoints at most on disk throughout."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    out = tmp_path / "run"
+    args = [f"--output_dir={out}", *common(make_shards), "--max_steps=30",
+            "--checkpoints_total_limit=2", "--resume_from_checkpoint=last"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
+    env.update(SLURM_JOB_ID="4242", PATH=f"{bin_dir}:{env['PATH']}",
+               AE_CACHE_DIR=str(tmp_path / "cache"))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ae.cli.launch", *args], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        end = time.monotonic() + 180
+        while not any(
+            int(s) >= 6
+            for s, _ in STEP_LOSS.findall(
+                "".join(p.read_text() for p in (out / "logs").glob("debug_rank0_*.log"))
+            )
+        ):
+            assert proc.poll() is None and time.monotonic() < end, "never reached step 6"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGUSR1)
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGUSR1, output
+    m = re.search(r"Preempted \(SIGUSR1\) at step (\d+); checkpoint saved at ", output)
+    assert m, output
+    n = int(m[1])
+    assert 6 <= n < 30 and calls.read_text() == "requeue 4242\n"
+    assert "Requeued SLURM job 4242" in output and "Traceback" not in output
+    assert newest_checkpoint(out / "checkpoints") == (n, out / "checkpoints" / f"step-{n:08d}.ckpt")
+
+    res = run_launcher(args[1:], out, env={"SLURM_JOB_ID": "4242", "PATH": env["PATH"]})
+    assert res.returncode == 0, res.output
+    main = res.log("train_*.log")[-1].read_text()
+    assert re.search(rf"Resumed from .*last\.ckpt at step {n} ", main), main
+    assert "Training finished at step 30" in main
+    assert len(list((out / "checkpoints").glob("step-*.ckpt"))) <= 2
+    assert calls.read_text() == "requeue 4242\n"  # a job that finished is not requeued

@@ -35,7 +35,7 @@ def test_demo_data_is_resolved_once_and_named_to_the_ranks(
 
     monkeypatch.setenv("AE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(demo, "demo_shard_specs", counted)
-    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    monkeypatch.setattr(subprocess, "Popen", popen)
     with pytest.raises(_Done):
         main([f"--output_dir={tmp_path / 'run'}", "--devices=2"])
     assert len(calls) == 1  # built/located once per launch, not once per use
@@ -50,7 +50,7 @@ def test_malformed_ae_fault_is_one_message(
 ) -> None:
     monkeypatch.setenv("AE_FAULT", "nap@data")
     monkeypatch.setattr(faults, "_faults", faults._UNREAD)
-    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
     assert main([f"--output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr()
     text = err.out + err.err
