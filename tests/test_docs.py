@@ -69,7 +69,7 @@ TOOL_FLAGS = {
     "shm-size",  # docker run's, for the shared memory of dataloader workers
     # sbatch/srun's, in the SLURM examples (docs/RUNS.md, README.md)
     "nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "job-name", "output",
-    "signal", "full", "kill-on-bad-exit",
+    "signal", "full", "kill-on-bad-exit", "requeue",
 }  # fmt: skip
 
 
