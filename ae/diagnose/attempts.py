@@ -74,4 +74,5 @@ def render_attempts(found: list[dict[str, Any]], console: Console) -> None:
     console.print()
     console.print(f"Attempts of this job: {len(found)}")
     for a in found:
-        console.print(f"  {a['attempt']}  run {a['run']}  {a['status']}: {a['verdict']}")
+        said = a["status"] if a["verdict"] == a["status"] else f"{a['status']}: {a['verdict']}"
+        console.print(f"  {a['attempt']}  run {a['run']}  {said}")
