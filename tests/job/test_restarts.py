@@ -7,7 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from ae.diagnose.attempts import diagnose_job
+from ae.diagnose.cli import main
 from ae.diagnose.run_files import find_run
 from ae.errors import UserError
 from ae.job.restarts import SAME_FAILURE_EXIT, Restart, Restarts, newest_checkpoint
@@ -98,7 +101,9 @@ def test_newest_checkpoint_follows_last(tmp_path: Path) -> None:
     assert newest_checkpoint(ckpts) == (8, ckpts / "step-00000008.ckpt")
 
 
-def test_ae_diagnose_lists_the_attempts_of_a_job_from_any_of_them(tmp_path: Path) -> None:
+def test_ae_diagnose_lists_the_attempts_of_a_job_from_any_of_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     logs, ckpts = tmp_path / "logs", checkpoints(tmp_path / "checkpoints", 4)
     restarts = Restarts(2, logs, ckpts)
     failed_attempt(logs, TS1, 6)
@@ -121,3 +126,7 @@ def test_ae_diagnose_lists_the_attempts_of_a_job_from_any_of_them(tmp_path: Path
         assert found[0]["verdict"].startswith("rank 1 on node1, phase ")
         assert found[0]["restart"] is None and found[1]["restart"] == nxt.line
         assert found[1]["status"] == "finished"
+    assert main([str(logs), "--run", TS1]) == 0
+    table = capsys.readouterr().out
+    assert "Attempts of this job: 2" in table and f"1  run {TS2}  finished\n" in table
+    assert f"0  run {TS1}  failed: rank 1 on node1, phase " in table
