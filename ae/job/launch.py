@@ -225,7 +225,6 @@ def attempt(
     proc = start_child(cmd, env)
     # Another node that dies closes no connection: its heartbeats tell (`ae.job.peer_nodes`).
     rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
-    rc = 128 - rc if rc < 0 else rc  # a child killed by signal N: 128 + N, as a shell says
     return rc, stops
 
 
@@ -236,6 +235,7 @@ def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int |
     logs = cfg.run.dir.logs
     if stops.lost is not None:  # a failure, whatever the SIGKILLed torchrun returned
         rc = rc if rc > 0 else 1
+    rc = 128 - rc if rc < 0 else rc  # a child killed by signal N: 128 + N, as a shell says
     # Stopped by a signal (torchrun then fails; a SLURM task's one rank exits 0 after its save),
     # unless the run ended well just before.
     sig = stops.first
