@@ -8,7 +8,8 @@ variables or SLURM), a run folder in use or holding an earlier run's checkpoints
 `--devices` (auto: all GPUs, else 2 CPU processes); under SLURM's one-task-per-process layout the
 launcher of each task runs its one rank itself. Stop signals are passed on (`ae.job.supervise`);
 the end is reported by `ae.job.outcome`: the checkpoint after a stop, the diagnosis after a
-failure.
+failure. With `--max_restarts`, a failed job starts again from its newest checkpoint, one torchrun
+per attempt, while the stop rules of `ae.job.restarts` allow.
 """
 
 from __future__ import annotations
