@@ -132,6 +132,17 @@ RESUMED = LineFormat(
     {"path": "text", "step": "int", "epoch": "int", "lr": "float"},
 )
 
+# A job that restarts after a failure (`--max_restarts`, ae.job.restarts): the launcher's console
+# line, and the first line of the new attempt's train log (rank 0). `failed` is the attempt's
+# verdict (`rank 1 on node1: error exit: ...`); `previous` the failed attempt's run TS, by which
+# ae-diagnose lists the attempts of a job.
+RESTART = LineFormat(
+    "RESTART {attempt}/{max} after {failed} at step {step}; resuming from step {resume} "
+    "({checkpoint}), {redone} steps redone; previous attempt: run {previous}",
+    {"attempt": "int", "max": "int", "failed": "text", "step": "int", "resume": "int",
+     "checkpoint": "text", "redone": "int", "previous": "word"},
+)  # fmt: skip
+
 # --- checkpoints, sampling, preemption (every rank's debug log) -------------------------------
 # `========== CHECKPOINT SAVE START ========== step 100 (periodic) -> /run/checkpoints/...`
 CHECKPOINT_START = LineFormat(
@@ -260,6 +271,14 @@ COLLECTIVES_DUMPED = LineFormat(
     "Collectives dumped ({reason}): {entries} entries to {file}",
     {"reason": "text", "entries": "int", "file": "text"},
 )
+# A rank stalled for --hang_timeout seconds (ae.forensics.watchdog), after its final STALL report:
+# it exits with HANG_EXIT_CODE, so the job restarts (--max_restarts) or ends with the verdict.
+HANG_TIMEOUT = LineFormat(
+    "HANG TIMEOUT: no progress for {idle}s in phase {phase} (step {step}), past --hang_timeout="
+    "{timeout}s; exiting with code {code}",
+    {"idle": "float", "phase": "text", "step": "int", "timeout": "float", "code": "int"},
+)
+HANG_EXIT_CODE = 124  # as coreutils' `timeout`: distinct from an exception (1) and a user error (2)
 # Written by ae.forensics.faults (tests, broken runs on purpose) right before acting.
 FAULT_INJECTED = LineFormat(
     "FAULT injected: {action}@{point} at step {step} (rank {rank})",

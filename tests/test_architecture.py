@@ -305,6 +305,10 @@ PRIVATE_ALLOWED = {
     # The stall report's stacks of every thread: documented in the Python library reference,
     # with no public equivalent (`faulthandler` writes to a file descriptor, not to a string).
     "_current_frames",
+    # A rank past --hang_timeout leaves from its watchdog thread while the main thread is stuck:
+    # `os._exit` is the documented way to end a process from another thread (`sys.exit` there
+    # ends only that thread).
+    "_exit",
 }
 # Private names allowed in one module only. The Flight Recorder's dump (issue 24): torch 2.13 has
 # no public function for it (torch.distributed.debug serves it over HTTP, with extra packages).

@@ -23,6 +23,7 @@ BENCHES: dict[str, tuple[str, set[str]]] = {
         "flight_recorder",
         {"overhead", "us_per_collective", "dump_entries", "dump_s"},
     ),
+    "goodput": ("goodput", {"steps", "kill_after_s", "runs"}),
     "gpu_throughput": ("gpu_throughput", {"device", "batch_size", "samples", "rows"}),
     "input_pipeline": ("input_pipeline", {"batch_size", "rows", "jpg_decode_ms", "targets"}),
     "memory": ("memory", {"epochs", "by_shards"}),

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ae import log_lines
 from ae.config import FIELDS
-from ae.diagnose.report import diagnose
+from ae.diagnose.attempts import diagnose_job
 from ae.diagnose.run_files import find_run
 from ae.log_lines import BAD_SAMPLE, COLLECTIVES_FILE, RECORD_PATTERN, LineFormat, epoch_marker
 from bench.synthetic_logs import TS, RankWriter, write_heartbeat, write_train_log
@@ -72,7 +72,7 @@ TOOL_FLAGS = {
     "shm-size",  # docker run's, for the shared memory of dataloader workers
     # sbatch/srun's, in the SLURM examples (docs/RUNS.md, README.md)
     "nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "job-name", "output",
-    "signal", "full", "kill-on-bad-exit",
+    "signal", "full", "kill-on-bad-exit", "requeue",
 }  # fmt: skip
 
 
@@ -520,7 +520,7 @@ def test_json_schema_in_the_contract_is_what_ae_diagnose_prints(tmp_path: Path) 
         w.stall("training step", 6, 10.0, collective="no" if rank == 0 else "yes (allreduce)")
         w.flush()
         write_heartbeat(tmp_path, rank, 2, pid=1, t=w.t, phase="training step", step=6)
-    doc = diagnose(find_run(tmp_path), tail=2)
+    doc = diagnose_job(find_run(tmp_path), tail=2)
     # every part of the schema is there
     assert doc["culprits"] and doc["data_errors"]["shards"] and doc["collectives"]["mismatches"]
 

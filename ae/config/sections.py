@@ -53,6 +53,9 @@ class RunConfig:
         0, "also validate every N optimizer steps (0 = at epoch end only)", lo=0
     )
     seed: int = _opt(42, "random seed (data order, init)", lo=0)
+    max_restarts: int = _opt(
+        0, "after a failed rank, restart the job from its newest checkpoint up to N times", lo=0
+    )
 
     @property
     def dir(self) -> RunDir:
@@ -227,6 +230,9 @@ class CheckpointConfig:
         "load a checkpoint the safe loader refuses; runs code from the file: only for "
         "files you made",
     )
+    checkpoint_minutes: float = _opt(
+        0.0, "also save at the first step boundary M minutes after the last save (0 = off)", lo=0
+    )
 
 
 @dataclass(frozen=True)
@@ -238,6 +244,12 @@ class ObservabilityConfig:
     log_every_n_val_batches: int = _opt(20, "progress line cadence in validation", lo=1)
     stall_timeout: float = _opt(
         300.0, "seconds without progress before a STALL report (0 = no watchdog)", lo=0
+    )
+    hang_timeout: float = _opt(
+        1800.0,
+        "a rank stalled this many seconds writes its STALL report and exits (code 124), so the "
+        "job restarts or ends (0 = never; needs the watchdog, --stall_timeout > 0)",
+        lo=0,
     )
     pg_timeout: float = _opt(
         600.0, "collective timeout (s): ranks waiting on a dead or stuck peer then fail", lo=1

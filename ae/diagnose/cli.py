@@ -15,9 +15,10 @@ from loguru import logger
 from rich.console import Console
 
 import logging_cfg
+from ae.diagnose.attempts import diagnose_job, render_attempts
 from ae.diagnose.bundle import write_bundle
 from ae.diagnose.collectives import request_dump
-from ae.diagnose.report import diagnose, render
+from ae.diagnose.report import render
 from ae.diagnose.run_files import DiagnoseError, find_run, resolve_logs_dir
 from ae.diagnose.watch import watch
 from ae.errors import UserError
@@ -100,11 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         elif args.bundle is not None:
             names = write_bundle(files, args.bundle)
             console.print(f"Bundle of run {files.ts}: {args.bundle} ({len(names)} files)")
-        elif args.json:
-            doc = diagnose(files, args.tail)
-            sys.stdout.write(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
         else:
-            render(diagnose(files, args.tail), console)
+            doc = diagnose_job(files, args.tail)
+            if args.json:
+                sys.stdout.write(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+            else:
+                render(doc, console)
+                render_attempts(doc["attempts"], console)
     except UserError as e:
         logger.error(f"ae-diagnose: {e.render()}")
         return e.exit_code

@@ -33,6 +33,8 @@ keys:
   until=N  slow: not from step N on (default: never stops)
   mb=M     grow: megabytes to allocate (required)
   size=K   desync: elements of the extra all-reduce (default 3)
+  attempt=A  only in attempt A of a job that restarts (`--max_restarts`; the first is 0;
+           default: every attempt), so a restarted job can get past a fault
 
 Examples::
 
@@ -44,6 +46,7 @@ Examples::
     AE_FAULT="slow@train:rank=1:ms=40:until=500"      rank 1's steps 0-499 take 40 ms longer
     AE_FAULT="grow@data:rank=1:step=2:mb=4000"       rank 1's worker grows by 4 GB at batch 2
     AE_FAULT="desync@train:rank=1:step=3"            rank 1 alone all-reduces 3 numbers
+    AE_FAULT="kill@train:rank=1:step=5:attempt=0"    rank 1 is killed once; the restart runs on
 
 Each fault but `slow` fires at most once per process. A `FAULT injected: ...` WARNING is logged
 first (once), so the fault is placed in the logs. With AE_FAULT unset, `fault_point` is one
@@ -65,8 +68,11 @@ from ae.log_lines import FAULT_INJECTED
 ACTIONS = ("sleep", "raise", "segv", "kill", "oom", "slow", "grow", "desync")
 KEYS = {
     "rank": int, "step": int, "secs": float, "ms": float, "until": int, "mb": float, "size": int,
+    "attempt": int,
 }  # fmt: skip
 POINTS = ("data", "train", "checkpoint", "sampling")
+# The attempt number of a job that restarts (`--max_restarts`), set by the launcher for its ranks.
+ATTEMPT_ENV = "AE_ATTEMPT"
 
 
 class InjectedFault(RuntimeError):
@@ -84,6 +90,7 @@ class Fault:
     until: int | None = None
     mb: float = 0.0
     size: int = 3
+    attempt: int | None = None
 
     def __str__(self) -> str:
         return f"{self.action}@{self.point}"
@@ -129,12 +136,15 @@ _fired: set[int] = set()
 
 
 def active_faults() -> list[Fault] | None:
-    """The faults of AE_FAULT, parsed on first use (None when unset); FaultSpecError when it is
-    malformed. The launcher calls this first, so a bad value stops the run before any rank."""
+    """The faults of AE_FAULT for this attempt, parsed on first use (None when unset);
+    FaultSpecError when it is malformed. The launcher calls this first, so a bad value stops the
+    run before any rank."""
     global _faults
     if _faults is _UNREAD:
         spec = os.environ.get("AE_FAULT")
-        _faults = parse_faults(spec) if spec else None
+        attempt = int(os.environ.get(ATTEMPT_ENV, 0))
+        mine = [f for f in parse_faults(spec) if f.attempt in (None, attempt)] if spec else []
+        _faults = mine or None
     return _faults
 
 

@@ -1,5 +1,8 @@
 """Per-rank stall watchdog: a daemon thread that watches `ae.forensics.progress` and reports stalls.
 
+With `--hang_timeout`, a rank stalled that long writes a final report and exits with its own
+code (`HANG_EXIT_CODE`), so that the launcher restarts the job or ends it with the verdict.
+
 When the rank makes no progress (no beat) for `stall_timeout` seconds, it logs a one-line
 `STALL detected` WARNING (also in train_<TS>.log) and a full `STALL report` in the rank's debug
 log: main-thread frame, collective-wait guess, process table (rank and workers), CUDA memory,
@@ -42,6 +45,9 @@ from ae.forensics.stall_report import (
 from ae.forensics.stragglers import Stragglers
 from ae.log_lines import (
     DUMP_REQUEST_FILE,
+    HANG_EXIT_CODE,
+    HANG_TIMEOUT,
+    RANK_EXIT,
     SHM_NEAR_FULL,
     STALL,
     STALL_REPORT,
@@ -54,6 +60,9 @@ MAX_REPORT_GAP_S = 3600.0
 # Phases that beat at every batch: no progress in them for STUCK_AFTER_S after a stop signal is a
 # hang. (A checkpoint save, sampling or teardown may legitimately take longer.)
 BEATING_PHASES = ("setup", "data loading", "training step", "validation")
+# A rank blocked in a collective at --hang_timeout is most likely waiting for the rank that hangs:
+# it gives that rank this long to leave first, so the verdict names the rank that hung.
+HANG_VICTIM_GRACE_S = 30.0
 SHM_NEAR_FULL_SHARE = 0.10  # /dev/shm with less than this share free, at a data-loading stall
 SHM_FIX = (
     "dataloader workers block or die (SIGBUS) putting batches there; fix: a larger /dev/shm "
@@ -72,9 +81,11 @@ class Watchdog(threading.Thread):
         cuda_device: int | None = None,
         stragglers: Stragglers | None = None,
         dump_request: Path | None = None,
+        hang_timeout: float = 0.0,
     ) -> None:
         super().__init__(name="ae-watchdog", daemon=True)
         self.timeout = timeout
+        self.hang_timeout = hang_timeout
         self.ctx = ctx
         self.heartbeat = heartbeat
         self.progress = progress
@@ -135,6 +146,8 @@ class Watchdog(threading.Thread):
             self._next_report_at += min(self._next_report_at, MAX_REPORT_GAP_S)
         if self.dump_request is not None:
             self._dump_if_requested(self.dump_request)
+        if self.hang_timeout and idle >= self.hang_timeout:
+            self._hang_exit(idle)
         due = time.monotonic() - self._last_heartbeat >= self.heartbeat_s
         if self.heartbeat is not None and due:
             if self.stragglers is not None:
@@ -150,6 +163,31 @@ class Watchdog(threading.Thread):
         if mtime != self._request_seen:
             self._request_seen = mtime
             flight_recorder.dump("requested")
+
+    def _hang_exit(self, idle: float) -> None:
+        """Stalled past --hang_timeout: the final STALL report, the HANG TIMEOUT line, the exit
+        line, then the process ends at once (its main thread is stuck: no `finally` can run).
+        The launcher restarts the job (`--max_restarts`) or ends it with the verdict."""
+        p = self.progress
+        frame = main_thread_frame()
+        waiting = collective_wait(frame) != "no"
+        del frame
+        if waiting and idle < self.hang_timeout + HANG_VICTIM_GRACE_S:
+            return
+        first = self._stall_beat is None
+        if first:
+            self._stall_beat, self._stall_where = p.last_beat, (p.phase, p.epoch, p.step)
+        self._report(idle, first)
+        logger.error(
+            HANG_TIMEOUT.format(
+                idle=f"{idle:.1f}", phase=self._stall_where[0], step=self._stall_where[2],
+                timeout=f"{self.hang_timeout:g}", code=HANG_EXIT_CODE,
+            )
+        )  # fmt: skip
+        logger.info(RANK_EXIT.format(code=HANG_EXIT_CODE, why="hang timeout"))
+        if self.heartbeat is not None:
+            self.write_heartbeat(state="failed")
+        os._exit(HANG_EXIT_CODE)
 
     def _redeliver_stop_signal(self, name: str) -> None:
         """The stop signal came while the rank was busy, and it has made no progress since: it
@@ -257,9 +295,11 @@ def start_watchdog(
     *,
     straggler_factor: float = 0.0,
     straggler_window: float = 60.0,
+    hang_timeout: float = 0.0,
 ) -> None:
     """Start this rank's watchdog (nothing when `--stall_timeout=0`); with a `straggler_factor`
-    it also looks for stragglers (several ranks only)."""
+    it also looks for stragglers (several ranks only); with a `hang_timeout` it ends the rank
+    stalled that long."""
     global _watchdog
     if stall_timeout <= 0:
         return
@@ -277,6 +317,7 @@ def start_watchdog(
     _watchdog = Watchdog(
         stall_timeout, ctx, heartbeat, cuda_device=cuda_device, stragglers=stragglers,
         dump_request=paths.logs_dir / DUMP_REQUEST_FILE.format(ts=run_ts),
+        hang_timeout=hang_timeout,
     )  # fmt: skip
     _watchdog.write_heartbeat()  # now, not one poll later: a rank may die in its first second
     _watchdog.start()

@@ -8,14 +8,14 @@ variables or SLURM), a run folder in use or holding an earlier run's checkpoints
 `--devices` (auto: all GPUs, else 2 CPU processes); under SLURM's one-task-per-process layout the
 launcher of each task runs its one rank itself. Stop signals are passed on (`ae.job.supervise`);
 the end is reported by `ae.job.outcome`: the checkpoint after a stop, the diagnosis after a
-failure.
+failure. With `--max_restarts`, a failed job starts again from its newest checkpoint, one torchrun
+per attempt, while the stop rules of `ae.job.restarts` allow.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,14 +33,15 @@ from ae.config.model_path import locate_class
 from ae.data.demo import with_demo_defaults
 from ae.data.spec import resolve_shards
 from ae.errors import UserError
-from ae.forensics.faults import active_faults
+from ae.forensics.faults import ATTEMPT_ENV, active_faults
 from ae.job.network import prepare_node
-from ae.job.outcome import preempted, report_failure, report_stop, stop_exit_code
+from ae.job.outcome import RESUME, preempted, report_failure, report_stop, stop_exit_code
 from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import check, launcher_needs
 from ae.job.processes import DEBUG_ENV, free_port, processes_per_node, rank_command
+from ae.job.restarts import RESTART_ENV, Restart, Restarts, requeue_job
 from ae.job.run_folder import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
-from ae.job.supervise import wait
+from ae.job.supervise import Stops, start_child, wait
 from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE, RESOURCE_TIGHT
 
@@ -155,17 +156,64 @@ def run(
     cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], n_train: int,
     specs: list[str | None],
 ) -> int:  # fmt: skip
+    """The job's attempts: the first, then, after a failure, a restart from the newest
+    checkpoint while `--max_restarts` and the stop rules allow (`ae.job.restarts`)."""
     logs = cfg.run.dir.logs
     logs.mkdir(parents=True, exist_ok=True)
+    restarts = Restarts(cfg.run.max_restarts, logs, cfg.run.dir.checkpoints)
+    if cfg.run.max_restarts and (topo.nnodes > 1 or topo.task is not None):
+        logger.warning(
+            "--max_restarts: restarts need one node under torchrun (docs/RUNS.md); this job "
+            "ends at its first failure"
+        )
+        restarts.max = 0
+    restart: Restart | None = None
+    while True:
+        rc, stops = attempt(
+            cfg, topo, nproc, ts, argv, specs, restart, len(restarts.failed), n_train
+        )
+        code = ending(cfg, topo, ts, rc, stops)
+        if code is None:
+            return 0
+        if code < 0:  # the job's exit code, said already (a stop signal, another node)
+            if stops.requeue and topo.leader:
+                requeue_job(os.environ)
+            return -code
+        if restarts.max == 0:
+            return report_failure(logs, ts, code)
+        try:
+            nxt = restarts.after_failure(ts, code)
+            if not isinstance(nxt, Restart):
+                code = report_failure(logs, ts, code)
+                return code if nxt is None else nxt
+            logger.warning(nxt.line)
+            restart = nxt
+            ts = unused_run_ts(logs, time.strftime("%Y%m%d_%H%M%S"))
+        except KeyboardInterrupt:  # Ctrl-C between two attempts: no rank runs, nothing to save
+            logger.warning(f"Interrupted between two attempts; {RESUME}")
+            return stop_exit_code(signal.SIGINT)
+
+
+def attempt(
+    cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], specs: list[str],
+    restart: Restart | None, number: int, n_train: int,
+) -> tuple[int, Stops]:  # fmt: skip
+    """One attempt of the job, as run TS `ts`: this node's child (torchrun, or a SLURM task's
+    rank), to its end; its exit code and the stops that came."""
+    logs = cfg.run.dir.logs
     launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
     extra = [f"--devices={nproc}", f"--num_nodes={topo.nnodes}"]
     extra += [f"--train_shards={specs[0]}"]
     if specs[1] is not None:  # None: held out of the train shards, by the ranks
         extra.append(f"--val_shards={specs[1]}")
-    cmd, env = child_command(cfg, topo, nproc, argv, extra, launcher_log)
+    cmd, env = child_command(cfg, topo, nproc, argv, extra + (restart.args if restart else []),
+                             launcher_log)  # fmt: skip
     env["AE_RUN_TS"] = ts
     env[LAUNCHER_ENV] = "1"
-    if topo.leader:
+    env[ATTEMPT_ENV] = str(number)
+    if restart is not None:
+        env[RESTART_ENV] = restart.line
+    if topo.leader and restart is None:
         where = f"node {topo.node_rank}/{topo.nnodes}, " if topo.nnodes > 1 else ""
         how = "one process per SLURM task" if topo.task else f"{nproc} process(es) per node"
         torchrun = "" if topo.task else f"\n  launcher  : {launcher_log} (torchrun's own output)"
@@ -177,11 +225,20 @@ def run(
             f"{torchrun}"
             f"\n  follow    : tail -f {logs}/debug_rank*_{ts}.log"
         )
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = start_child(cmd, env)
     # Another node that dies closes no connection: its heartbeats tell (`ae.job.peer_nodes`).
     rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
+    return rc, stops
+
+
+def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int | None:
+    """How an attempt ended: None when it ended well; -(the job's exit code) when it ends the
+    job and said so (a stop signal; a failure on another node than the first); else the child's
+    non-zero exit code (a failure that the caller reports, or restarts)."""
+    logs = cfg.run.dir.logs
     if stops.lost is not None:  # a failure, whatever the SIGKILLed torchrun returned
         rc = rc if rc > 0 else 1
+    rc = 128 - rc if rc < 0 else rc  # a child killed by signal N: 128 + N, as a shell says
     # Stopped by a signal (torchrun then fails; a SLURM task's one rank exits 0 after its save),
     # unless the run ended well just before.
     sig = stops.first
@@ -191,13 +248,13 @@ def run(
     # another node lost says it too (that node may be the first).
     if not topo.leader and stops.lost is None:
         if sig is not None:
-            return stop_exit_code(sig)
+            return -stop_exit_code(sig)
         if rc != 0 and topo.task is None:  # one line per node; tasks share srun's output
             logger.error(f"Training failed (exit {rc}); more: ae-diagnose {logs} --run {ts}")
-        return rc
+        return -rc or None
     if sig is not None:
-        return report_stop(logs, ts, sig, stops.killed)
+        return -report_stop(logs, ts, sig, stops.killed)
     if rc == 0:
         logger.info(f"Done. Logs: {logs}/ (run {ts})")
-        return 0
-    return report_failure(logs, ts, rc)
+        return None
+    return rc if topo.leader else -report_failure(logs, ts, rc)

@@ -7,6 +7,12 @@ rank, and the ranks save a checkpoint at their next step (`ae.training.preemptio
 job) goes the same way. A second Ctrl-C stops everything at once (SIGKILL to the child and all
 its descendants: the ranks run in sessions of their own, and their dataloader workers).
 
+SIGUSR1 (SLURM's `--signal=USR1@90`, `scancel --signal=USR1`) asks for a save and a requeue: it
+reaches the launcher, which passes SIGTERM on (the same save at the next step boundary; torchrun
+would die of a USR1) and requeues the job once the ranks have saved (`ae.job.restarts`). The
+child starts with USR1 ignored, inherited by torchrun, the ranks and their dataloader workers, so
+a USR1 that SLURM sends to every process of the step ends none of them.
+
 Signal handlers only record and forward (`os.kill`); what the user reads is logged from the wait
 loop, never from a handler.
 """
@@ -28,6 +34,7 @@ POLL_S = 0.2
 # After another node was lost: time for this node's ranks to log the SIGTERM, then SIGKILL.
 LOST_GRACE_S = 5.0
 KILL_WAIT_S = 5.0
+REQUEUE_SIGNAL = signal.SIGUSR1
 
 
 @dataclass
@@ -39,6 +46,17 @@ class Stops:
     ctrl_c: int = 0
     killed: bool = False  # a second Ctrl-C: everything SIGKILLed
     lost: str | None = None  # another node of the job was lost (`ae.job.peer_nodes`)
+    requeue: bool = False  # REQUEUE_SIGNAL came: save, then requeue the job
+
+
+def start_child(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """The child in a session of its own, REQUEUE_SIGNAL ignored in it and below it (an ignored
+    signal stays ignored across exec; a handler would not)."""
+    previous = signal.signal(REQUEUE_SIGNAL, signal.SIG_IGN)
+    try:
+        return subprocess.Popen(cmd, env=env, start_new_session=True)
+    finally:
+        signal.signal(REQUEUE_SIGNAL, previous)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -62,13 +80,17 @@ def stop_signals(proc: subprocess.Popen) -> Iterator[Stops]:
         sig = signal.Signals(signum)
         if sig == signal.SIGINT:
             stops.ctrl_c += 1
+        if sig == REQUEUE_SIGNAL:
+            stops.requeue = True
         if stops.first is None:
             stops.first = sig
-        if sig not in stops.forwarded and proc.poll() is None:
-            stops.forwarded.add(sig)
-            proc.send_signal(sig)
+        passed = signal.SIGTERM if sig == REQUEUE_SIGNAL else sig
+        if passed not in stops.forwarded and proc.poll() is None:
+            stops.forwarded.add(passed)
+            proc.send_signal(passed)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = (signal.SIGINT, signal.SIGTERM, REQUEUE_SIGNAL)
+    previous = {s: signal.signal(s, handler) for s in signals}
     try:
         yield stops
     finally:
@@ -104,7 +126,9 @@ def wait(
             elif stops.first is not None and not told:
                 told = True
                 ctrl_c = stops.first == signal.SIGINT
+                then = ", then the job is requeued" if stops.requeue else ""
                 logger.warning(
                     f"{'Ctrl-C' if ctrl_c else stops.first.name}: every rank saves a checkpoint "
                     f"at its next step, then stops{' (Ctrl-C again to stop at once)' * ctrl_c}"
+                    f"{then}"
                 )

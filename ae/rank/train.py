@@ -26,6 +26,7 @@ from ae.forensics.step_times import step_times
 from ae.forensics.watchdog import start_watchdog
 from ae.job.launch import LAUNCHER_ENV
 from ae.job.preflight import check, rank_needs
+from ae.job.restarts import RESTART_ENV
 from ae.log_lines import RESOURCE_TIGHT, main_log
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
@@ -53,7 +54,10 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     start_watchdog(
         obs.stall_timeout, cfg.run.accelerator, ctx, paths, run_ts,
         straggler_factor=obs.straggler_factor, straggler_window=obs.straggler_window,
+        hang_timeout=obs.hang_timeout,
     )  # fmt: skip
+    if ctx.rank == 0 and (restart := os.environ.get(RESTART_ENV)):
+        main_log.bind(console=False).warning(restart)  # the launcher printed it already
     log_rank_header(ctx, cfg.run.accelerator)
     train_urls, val_urls = resolve_shards(
         *with_demo_defaults(cfg.data.train_shards, cfg.data.val_shards)

@@ -1,8 +1,9 @@
 """When checkpoints are saved during training, and what goes into them.
 
-- every `--checkpointing_period` optimizer steps, after the last step of training, and on
-  preemption (`ae.training.preemption`): a step checkpoint, which `last.ckpt` then points at
-  (these are taken at the step boundary, `ae.training.step_boundary`);
+- every `--checkpointing_period` optimizer steps, at the first step `--checkpoint_minutes` after
+  the previous save, after the last step of training, and on preemption
+  (`ae.training.preemption`): a step checkpoint, which `last.ckpt` then points at (these are
+  taken at the step boundary, `ae.training.step_boundary`);
 - after a validation that lowers the val loss: `best.ckpt` (`--save_best`).
 Files, atomicity and retention are `ae.training.checkpoint_files`. Each checkpoint also carries the
 resolved config (`ae_config`), so a checkpoint says how it was trained.
@@ -11,7 +12,9 @@ All step checkpoints are saved at the end of a training batch: that is the state
 resumes exactly (a state saved once the fit loop has finished resumes into an empty epoch).
 Lightning's `trainer.save_checkpoint` is collective under DDP (every rank dumps its state, rank 0
 writes, all meet at a barrier), so every decision to save is taken identically on all ranks: step
-counts are equal on every rank, and the best-loss decision is rank 0's, broadcast.
+counts are equal on every rank, and the best-loss decision is rank 0's, broadcast. The clocks of
+the ranks are not: with `--checkpoint_minutes` one tiny all-reduce per step says whether any rank
+found the time up (none without it).
 """
 
 from __future__ import annotations
@@ -95,6 +98,8 @@ class Checkpointing(L.Callback):
         self.best_loss = math.inf
         self.best_step = -1
         self.saved_step = -1  # step of the newest step checkpoint of this run
+        self.clock = time.monotonic
+        self.saved_at = self.clock()  # of the newest step checkpoint, or of the train start
         self._resumed_from: dict[str, Any] | None = None
         self._changed: list[str] = []
 
@@ -123,6 +128,7 @@ class Checkpointing(L.Callback):
             self.store.prepare()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.saved_at = self.clock()
         if self._resumed_from is None:
             return
         # What ae did about the changes (the data module re-split the epoch's rest on restore;
@@ -154,6 +160,11 @@ class Checkpointing(L.Callback):
         step = trainer.global_step
         if self.cfg.checkpointing_period and step % self.cfg.checkpointing_period == 0:
             self.save_step(trainer, "periodic")
+        if self.saved_step != step and self.cfg.checkpoint_minutes:
+            due = self.clock() - self.saved_at >= self.cfg.checkpoint_minutes * 60
+            # any rank's clock decides: the save is collective, so all ranks take it together
+            if trainer.strategy.reduce_boolean_decision(due, all=False):
+                self.save_step(trainer, "timed")
         if self.saved_step != step and _last_step_of_training(trainer, idx):
             self.save_step(trainer, "final")
 
@@ -173,7 +184,7 @@ class Checkpointing(L.Callback):
         """Save the training state as a step checkpoint and point `last` at it (all ranks)."""
         path = self.store.step_path(trainer.global_step)
         self._save(trainer, path, reason)
-        self.saved_step = trainer.global_step
+        self.saved_step, self.saved_at = trainer.global_step, self.clock()
         if trainer.is_global_zero:
             for old in self.store.commit_step(path):
                 logger.info(f"Removed {old.name} (keeping {self.store.keep} step checkpoints)")

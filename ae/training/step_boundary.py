@@ -6,8 +6,8 @@ an optimizer step; `trainer.global_step` moves only then. `StepBoundary` is the 
 tells the two apart. After an optimizer step it runs, in this order:
 
 1. the EMA update (`ema.py`), so that what is saved or shown next includes this step;
-2. the checkpoint, every `--checkpointing_period` steps and after the last step
-   (`checkpointing.py`);
+2. the checkpoint, every `--checkpointing_period` steps, at the first step `--checkpoint_minutes`
+   after the previous save, and after the last step (`checkpointing.py`);
 3. the stop-signal check (`preemption.py`): one tiny all-reduce; on a signal every rank saves
    (unless step 2 already saved this step) and the fit stops;
 4. sampling, every `--sample_period` steps unless stopping (`sampling.py`): after the save, so

@@ -169,15 +169,17 @@ def test_a_second_ctrl_c_stops_at_once(make_shards, tmp_path: Path) -> None:
 
 def test_a_user_error_in_the_ranks_is_one_message(make_shards, tmp_path: Path) -> None:
     """Bad data that only the ranks can see (the val samples do not have the train samples'
-    shape): every rank raises the same DataError; the console shows it once."""
+    shape): every rank raises the same DataError; the console shows it once; no restart."""
     train = make_shards([16, 16], name="train")
     val = make_shards([8], name="val", dim=5)
     res = run_launcher(
         [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=4", "--num_workers=1",
-         "--max_steps=3"],
+         "--max_steps=3", "--max_restarts=2"],
         tmp_path / "run",
     )  # fmt: skip
     assert res.returncode == 2, res.output
+    assert "Not restarting: a user error" in res.output and "RESTART" not in res.output
+    assert len(res.log("train_*.log")) == 1
     lines = [line for line in res.output.splitlines()
              if "val_shards: no readable sample" in line and "expected (16,)" in line]  # fmt: skip
     assert len(lines) == 1, res.output

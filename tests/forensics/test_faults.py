@@ -119,3 +119,14 @@ def test_desync_parses_with_a_size_and_needs_a_positive_one() -> None:
     assert parse_faults("desync@train:size=3224")[0].size == 3224
     with pytest.raises(FaultSpecError, match="desync needs size"):
         parse_faults("desync@train:size=0")
+
+
+def test_attempt_picks_the_attempt_of_a_restarting_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AE_FAULT", "kill@train:step=5:attempt=0,raise@train:step=2")
+    for attempt, actions in (("0", ["kill", "raise"]), ("1", ["raise"])):
+        monkeypatch.setenv(fault_injection.ATTEMPT_ENV, attempt)
+        monkeypatch.setattr(fault_injection, "_faults", fault_injection._UNREAD)
+        assert [f.action for f in fault_injection.active_faults() or []] == actions
+    monkeypatch.setenv("AE_FAULT", "kill@train:attempt=0")
+    monkeypatch.setattr(fault_injection, "_faults", fault_injection._UNREAD)
+    assert fault_injection.active_faults() is None  # none of them in attempt 1: a no-op

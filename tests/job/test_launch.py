@@ -35,7 +35,7 @@ def test_demo_data_is_resolved_once_and_named_to_the_ranks(
 
     monkeypatch.setenv("AE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(demo, "demo_shard_specs", counted)
-    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    monkeypatch.setattr(subprocess, "Popen", popen)
     with pytest.raises(_Done):
         main([f"--output_dir={tmp_path / 'run'}", "--devices=2"])
     assert len(calls) == 1  # built/located once per launch, not once per use
@@ -58,7 +58,7 @@ def test_own_train_shards_without_val_shards_hand_the_ranks_no_val_spec(
         raise _Done
 
     monkeypatch.setattr(demo, "demo_shard_specs", lambda: pytest.fail("built the demo data"))
-    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    monkeypatch.setattr(subprocess, "Popen", popen)
     with pytest.raises(_Done):
         main([f"--output_dir={tmp_path / 'run'}", "--devices=2", f"--train_shards={shard}"])
     (cmd,) = started
@@ -71,7 +71,7 @@ def test_malformed_ae_fault_is_one_message(
 ) -> None:
     monkeypatch.setenv("AE_FAULT", "nap@data")
     monkeypatch.setattr(faults, "_faults", faults._UNREAD)
-    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
     assert main([f"--output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr()
     text = err.out + err.err
@@ -83,7 +83,7 @@ def test_16_mixed_without_a_gpu_is_refused_up_front(
 ) -> None:
     """Lightning would run bf16-mixed instead on a CPU while the console says 16-mixed."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # accelerator auto: no GPU visible
-    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
     assert main([f"--output_dir={tmp_path / 'run'}", "--precision=16-mixed"]) == 2
     text = "".join(capsys.readouterr())
     assert "precision: 16-mixed needs a GPU" in text and "--precision=32" in text

@@ -3,6 +3,7 @@ step, in which order, only on batches that end one, and which batches are valida
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -10,6 +11,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from ae.config import CheckpointConfig
+from ae.run_dir import RunDir
+from ae.training.checkpointing import Checkpointing
 from ae.training.step_boundary import TRAINER_VALIDATION_ARGS, StepBoundary
 
 
@@ -95,3 +99,27 @@ def test_a_stop_skips_sampling_and_validation(stop_at: int) -> None:
     assert calls[-1] == ("preemption", stop_at) and ("sampling", stop_at) not in calls
     assert validated == [3][: int(stop_at > 3)]
     assert trainer.global_step == stop_at
+
+
+def test_checkpoint_minutes_saves_at_the_first_step_after_m_minutes(tmp_path: Path) -> None:
+    """`--checkpoint_minutes=1` on a clock that moves 25 s a step: saves at steps 3, 6, 9 (the
+    first boundary 60 s or more after the previous save), besides the final one at 10."""
+    cfg = CheckpointConfig(checkpointing_period=0, checkpoints_total_limit=10, checkpoint_minutes=1)
+    checkpointing = Checkpointing(cfg, RunDir(tmp_path), {})
+    calls: list[tuple[str, int]] = []
+    boundary = StepBoundary(
+        ema=None, checkpointing=checkpointing,
+        preemption=Recorded("preemption", calls),  # type: ignore[arg-type]
+        sampling=Recorded("sampling", calls),  # type: ignore[arg-type]
+        val_interval=0,
+    )  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=10, callbacks=[boundary, checkpointing],
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+    )  # fmt: skip
+    checkpointing.clock = lambda: trainer.global_step * 25.0
+    data = torch.randn(16, 2)
+    trainer.fit(Tiny(), DataLoader(data, batch_size=1))
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*.ckpt"))
+    assert saved == [f"step-{s:08d}.ckpt" for s in (3, 6, 9, 10)]

@@ -1,0 +1,78 @@
+"""The attempts of a job that restarted (`--max_restarts`): each attempt is a run of its own (its
+own TS), and the first line of a restarted attempt's train log is the launcher's RESTART line,
+which names the run before it. Following those lines both ways from any attempt gives them all,
+each with its verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+
+from ae.diagnose.report import diagnose, verdict_lines
+from ae.diagnose.run_files import RunFiles, list_runs
+from ae.log_lines import RECORD_PATTERN, RESTART
+
+HEAD_BYTES = 64 * 1024  # the RESTART line is among a train log's first lines
+
+
+def restart_line(run: RunFiles) -> str | None:
+    """The RESTART message that opens this run's train log, or None."""
+    if not run.train_logs:
+        return None
+    with open(run.train_logs[0], "rb") as f:
+        head = f.read(HEAD_BYTES).decode(errors="replace")
+    for line in head.splitlines():
+        m = RECORD_PATTERN.match(line)
+        if m and RESTART.parse(m["message"]):
+            return m["message"]
+    return None
+
+
+def attempts(
+    files: RunFiles, doc: dict[str, Any], judge: Callable[[RunFiles], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The attempts of the job that run `files` (diagnosed as `doc`) belongs to, oldest first:
+    `{attempt, run, status, verdict, restart}` (`restart`: the RESTART line that started it).
+    `judge` diagnoses another attempt's run."""
+    runs = list_runs(files.logs_dir)
+    lines = {ts: line for ts, run in runs.items() if (line := restart_line(run))}
+    previous = {ts: RESTART.parse(line)["previous"] for ts, line in lines.items()}  # type: ignore[index]
+    following = {prev: ts for ts, prev in previous.items()}
+    chain = [files.ts]
+    while (prev := previous.get(chain[0])) in runs and prev not in chain:
+        chain.insert(0, prev)
+    while (nxt := following.get(chain[-1])) is not None and nxt not in chain:
+        chain.append(nxt)
+    out = []
+    for i, ts in enumerate(chain):
+        d = doc if ts == files.ts else judge(runs[ts])
+        out.append({"attempt": i, "run": ts, "status": d["status"], "verdict": verdict(d),
+                    "restart": lines.get(ts)})  # fmt: skip
+    return out
+
+
+def diagnose_job(files: RunFiles, tail: int = 0) -> dict[str, Any]:
+    """`ae-diagnose --json`: the run's diagnosis, with the attempts of its job."""
+    doc = diagnose(files, tail)
+    doc["attempts"] = attempts(files, doc, diagnose)
+    return doc
+
+
+def verdict(doc: dict[str, Any]) -> str:
+    """An attempt's verdict in one line: its first culprit (or the network), else its status."""
+    named = doc["culprits"] or doc.get("network") is not None
+    return verdict_lines(doc)[0] if named else doc["status"]
+
+
+def render_attempts(found: list[dict[str, Any]], console: Console) -> None:
+    """After the run's own table: the job's attempts, one verdict each (nothing for a job that
+    ran once)."""
+    if len(found) < 2:
+        return
+    console.print()
+    console.print(f"Attempts of this job: {len(found)}")
+    for a in found:
+        said = a["status"] if a["verdict"] == a["status"] else f"{a['status']}: {a['verdict']}"
+        console.print(f"  {a['attempt']}  run {a['run']}  {said}")

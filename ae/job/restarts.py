@@ -1,0 +1,173 @@
+"""Self-healing runs: after a failed attempt, judge it and either restart the job from its newest
+checkpoint or say why not.
+
+A loop around torchrun, not torchrun's own `--max-restarts`: between two attempts the launcher
+needs the failed attempt's verdict (`ae.diagnose`, read from that attempt's logs) to decide
+(a user error or the same failure twice ends the job) and to say why it restarts; and each
+attempt needs its own run TS, so that its logs are an attempt of their own, and its ranks need
+`--resume_from_checkpoint=last`, which torchrun would not add. torchrun's elastic restart would
+restart the workers with the same arguments, in the same logs, without a word to the launcher.
+
+Stop rules, in order: a stop signal (Ctrl-C, preemption) is never a failure; a user error (exit 2)
+or a full disk (28) in any rank ends the job, as without restarts; the same failure (the same
+culprit causes at the same step) in two attempts in a row ends it with `SAME_FAILURE_EXIT`; after
+`--max_restarts` restarts the last failure ends it.
+
+A SLURM job asked to save by SIGUSR1 (`ae.job.supervise`) is requeued once its ranks have saved
+(`requeue_job`): SLURM starts it again, and the recipe's `--resume_from_checkpoint=last` resumes it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from ae.diagnose.report import diagnose, verdict_lines
+from ae.diagnose.run_files import find_run
+from ae.errors import DiskFullError, UserError
+from ae.log_lines import RESTART, RESUMED, TRAIN_LOG_FILE
+
+# The RESTART line, for rank 0 of the new attempt to write first into its train log.
+RESTART_ENV = "AE_RESTART"
+# The job failed the same way twice in a row: a requeue would fail again (docs/RUNS.md).
+SAME_FAILURE_EXIT = 3
+# Failures no restart can help: the same mistake or the same full disk again.
+NO_RESTART = {UserError.exit_code: "a user error", DiskFullError.exit_code: "the disk is full"}
+SAME_FAILURE = "not restarting: the same failure at step {step} twice"
+_STEP_FILE = re.compile(r"^step-(\d+)\.ckpt$")
+LAST = "last.ckpt"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One failed attempt of a job, as its verdict says."""
+
+    ts: str
+    failed: str  # the verdict in one line: `rank 1 on node1, phase training step: exception: X`
+    step: int  # the step at which it failed
+    causes: tuple[str, ...]  # the culprits' causes: with `step`, what makes two failures the same
+    rank_exit_codes: tuple[int, ...]  # the non-zero exit codes the ranks logged
+
+
+@dataclass(frozen=True)
+class Restart:
+    """The next attempt: its RESTART line and the flags it adds to the ranks' command line."""
+
+    line: str
+    args: list[str]
+
+
+def judge(logs: Path, ts: str, rc: int) -> Attempt:
+    """The verdict of the attempt that ran as `ts` and ended with `rc` (its ranks' logs)."""
+    try:
+        doc: dict[str, Any] | None = diagnose(find_run(logs, ts))
+    except UserError:  # no rank wrote a log
+        doc = None
+    if doc is None or not doc["ranks"]:
+        return Attempt(ts, f"exit {rc} before any rank wrote a log", 0, (f"exit {rc}",), ())
+    head = verdict_lines(doc)[0]
+    steps = {r["rank"]: r["step"] for r in doc["ranks"]}
+    culprits = doc["culprits"]
+    if (net := doc.get("network")) is not None:
+        step, causes = net["step"], (net["cause"],)
+    elif culprits:
+        step = steps.get(culprits[0]["rank"])
+        causes = tuple(sorted(c["cause"] for c in culprits))
+    else:
+        step, causes = None, (f"exit {rc}",)
+    if step is None:
+        step = max((s for s in steps.values() if s is not None), default=0)
+    codes = tuple(sorted({r["exit_code"] for r in doc["ranks"] if r["exit_code"]}))
+    return Attempt(ts, head, step, causes, codes)
+
+
+def newest_checkpoint(checkpoints: Path) -> tuple[int, Path] | None:
+    """The step and file `--resume_from_checkpoint=last` reads: the step file that `last.ckpt`
+    is a hard link to (or, where it is a copy, the newest step file); None without one."""
+    last = checkpoints / LAST
+    if not last.is_file():
+        return None
+    steps = sorted(
+        (int(m[1]), p) for p in checkpoints.glob("step-*.ckpt") if (m := _STEP_FILE.match(p.name))
+    )
+    same = [(s, p) for s, p in steps if os.path.samefile(p, last)]
+    return (same or steps or [(0, last)])[-1]
+
+
+def _resumed_step(logs: Path, ts: str) -> int:
+    """The step an attempt resumed at (its RESUMED line), 0 for one that started afresh."""
+    train_log = logs / TRAIN_LOG_FILE.format(ts=ts)
+    text = train_log.read_text(errors="replace") if train_log.is_file() else ""
+    found = [int(m["step"]) for line in text.splitlines() if (m := RESUMED.parse(line))]
+    return found[-1] if found else 0
+
+
+class Restarts:
+    """The failed attempts of one job, and whether the next one starts."""
+
+    def __init__(self, max_restarts: int, logs: Path, checkpoints: Path) -> None:
+        self.max = max_restarts
+        self.logs = logs
+        self.checkpoints = checkpoints
+        self.failed: list[Attempt] = []
+
+    def after_failure(self, ts: str, rc: int) -> Restart | int | None:
+        """After attempt `ts` failed with `rc`: the next attempt; or the job's exit code when it
+        ends here with a line of its own; or None when it ends as a run without restarts does
+        (the caller reports the failure)."""
+        attempt = judge(self.logs, ts, rc)
+        self.failed.append(attempt)
+        for code in attempt.rank_exit_codes:
+            if code in NO_RESTART:
+                logger.info(f"Not restarting: {NO_RESTART[code]} (exit {code} from a rank)")
+                return None
+        if len(self.failed) >= 2:
+            before = self.failed[-2]
+            if (before.causes, before.step) == (attempt.causes, attempt.step):
+                logger.error(f"{SAME_FAILURE.format(step=attempt.step)}: {attempt.failed}")
+                return SAME_FAILURE_EXIT
+        n = len(self.failed)
+        if n > self.max:
+            logger.error(f"Not restarting: all {self.max} restart(s) used")
+            return None
+        found = newest_checkpoint(self.checkpoints)
+        if found is None:
+            resume, where, args = _resumed_step(self.logs, ts), "as the first attempt did", []
+        else:
+            resume, path = found
+            where = str(path)
+            args = ["--resume_from_checkpoint=last", "--overwrite=false"]
+        line = RESTART.format(
+            attempt=n, max=self.max, failed=attempt.failed, step=attempt.step, resume=resume,
+            checkpoint=where, redone=max(0, attempt.step - resume), previous=ts,
+        )  # fmt: skip
+        return Restart(line, args)
+
+
+def requeue_job(env: Mapping[str, str]) -> None:
+    """After SIGUSR1 and the ranks' save: `scontrol requeue` this SLURM job (an array job's
+    task as `ARRAYJOB_TASK`), which SLURM then starts again from the top of its script."""
+    job = env.get("SLURM_JOB_ID")
+    if job is None:
+        logger.warning("SIGUSR1 outside a SLURM job: saved and stopped; nothing to requeue")
+        return
+    if (array := env.get("SLURM_ARRAY_JOB_ID")) and (task := env.get("SLURM_ARRAY_TASK_ID")):
+        job = f"{array}_{task}"
+    try:
+        done = subprocess.run(
+            ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60
+        )
+        problem = (done.stderr.strip() or f"exit {done.returncode}") if done.returncode else None
+    except (OSError, subprocess.TimeoutExpired) as e:
+        problem = str(e)
+    if problem:
+        logger.error(f"Could not requeue SLURM job {job} (scontrol requeue {job}): {problem}")
+    else:
+        logger.warning(f"Requeued SLURM job {job}: it starts again, resuming from that checkpoint")

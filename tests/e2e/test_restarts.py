@@ -1,0 +1,172 @@
+"""End-to-end self-healing runs (`--max_restarts`): real 2-rank DDP runs (gloo, CPU) broken on
+purpose with AE_FAULT (`attempt=0`: only the first attempt), restarted from their newest
+checkpoint by the launcher; and the stop rules that end a job instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ae.job.restarts import SAME_FAILURE_EXIT, newest_checkpoint
+from ae.log_lines import HANG_TIMEOUT, RESTART
+from tests.support.runs import ROOT, RunResult, run_launcher
+
+pytestmark = pytest.mark.slow
+
+STEP_LOSS = re.compile(r"\] Training step (\d+), loss=(\S+?)[,\s]")
+
+
+def common(make_shards) -> list[str]:
+    train = make_shards([40, 40, 40, 40], name="train")  # 10 batches of 8 per rank per epoch
+    val = make_shards([16], name="val")
+    return [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=8",
+            "--num_workers=1", "--max_epochs=-1", "--max_steps=12", "--checkpointing_period=4",
+            "--debug=true", "--log_every_n_train_batches=1"]  # fmt: skip
+
+
+def step_losses(res: RunResult) -> list[dict[int, str]]:
+    """Per attempt (oldest first), rank 0's train loss at each step."""
+    out = []
+    for log in res.log("debug_rank0_*.log"):  # the TS sorts the attempts
+        out.append({int(s): loss for s, loss in STEP_LOSS.findall(log.read_text())})
+    return out
+
+
+def attempts_json(logs: Path) -> list[dict]:
+    res = subprocess.run(
+        [sys.executable, "-m", "ae.diagnose", str(logs), "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["attempts"]
+
+
+def test_a_killed_rank_restarts_the_job_exactly(make_shards, tmp_path: Path) -> None:
+    """Rank 1 SIGKILLed at step 6 (mid-epoch): the job restarts from step 4's checkpoint and
+    finishes all 12 steps with the same per-step losses as a run without the kill; the RESTART
+    line names the rank; ae-diagnose lists both attempts with their verdicts."""
+    args = common(make_shards)
+    plain = run_launcher(args, tmp_path / "plain")
+    assert plain.returncode == 0, plain.output
+    [expected] = step_losses(plain)
+    assert sorted(expected) == list(range(1, 13))
+
+    fault = {"AE_FAULT": "kill@train:rank=1:step=6:attempt=0"}
+    res = run_launcher([*args, "--max_restarts=2"], tmp_path / "healed", env=fault)
+    assert res.returncode == 0, res.output
+    restarts = [line for line in res.output.splitlines() if "RESTART " in line]
+    assert len(restarts) == 1, res.output
+    first, second = step_losses(res)
+    assert max(first) < 12 and min(second) == 5 and max(second) == 12
+    for step, loss in {**first, **second}.items():  # the second attempt's losses win
+        assert expected[step] == loss, (step, expected[step], loss)
+
+    train_logs = res.log("train_*.log")
+    assert len(train_logs) == 2
+    line = next(m for t in train_logs[1].read_text().splitlines() if (m := RESTART.parse(t)))
+    assert line["attempt"] == "1" and line["max"] == "2"
+    assert line["failed"].startswith("rank 1") and "killed" in line["failed"], line
+    assert line["resume"] == "4" and line["checkpoint"].endswith("step-00000004.ckpt")
+    assert int(line["redone"]) == int(line["step"]) - 4 >= 1
+    assert train_logs[0].name == f"train_{line['previous']}.log"
+    assert "Training finished at step 12" in train_logs[1].read_text()
+    assert RESTART.parse(restarts[0]) == line  # the console says what the train log says
+
+    attempts = attempts_json(res.logs)
+    assert [a["attempt"] for a in attempts] == [0, 1]
+    assert attempts[0]["run"] == line["previous"] and attempts[0]["status"] != "finished"
+    assert attempts[0]["verdict"].startswith("rank 1") and "killed" in attempts[0]["verdict"]
+    assert attempts[1]["status"] == "finished" and RESTART.parse(attempts[1]["restart"]) == line
+
+
+def test_a_hang_past_hang_timeout_restarts(make_shards, tmp_path: Path) -> None:
+    """Rank 0 sleeps in its training step 6: after --hang_timeout it writes its STALL report and
+    exits with its own code; the job restarts and finishes."""
+    fault = {"AE_FAULT": "sleep@train:rank=0:step=6:attempt=0:secs=600"}
+    args = [*common(make_shards), "--max_restarts=1", "--stall_timeout=2", "--hang_timeout=5"]
+    res = run_launcher(args, tmp_path / "run", env=fault)
+    assert res.returncode == 0, res.output
+    first = res.log("debug_rank0_*.log")[0].read_text()
+    assert "STALL report" in first
+    hang = next(m for t in first.splitlines() if (m := HANG_TIMEOUT.parse(t)))
+    assert hang["code"] == "124" and hang["phase"] == "training step"
+    assert "Rank exiting with code 124: hang timeout" in first
+    [restart] = [line for line in res.output.splitlines() if "RESTART " in line]
+    assert "RESTART 1/1 after rank 0" in restart and "hang timeout" in restart
+    assert "Training finished at step 12" in res.log("train_*.log")[-1].read_text()
+
+
+def test_the_same_failure_twice_stops(make_shards, tmp_path: Path) -> None:
+    """A deterministic exception at step 3 on rank 1: the restart fails the same way, and the
+    launcher stops there (1 of 5 restarts used) with a code that tells a scheduler not to
+    requeue."""
+    args = [*common(make_shards), "--max_restarts=5"]
+    res = run_launcher(args, tmp_path / "run", env={"AE_FAULT": "raise@train:rank=1:step=5"})
+    assert res.returncode == SAME_FAILURE_EXIT, res.output
+    assert len(res.log("train_*.log")) == 2  # two attempts, no more
+    assert res.output.count("RESTART 1/5 after rank 1") == 1, res.output
+    stop = [line for line in res.output.splitlines() if "not restarting: the same failure" in line]
+    assert len(stop) == 1 and "at step 5 twice" in stop[0], res.output
+    assert "InjectedFault" in stop[0]
+    assert "Training failed: rank 1" in res.output  # and the verdict
+
+
+def test_sigusr1_saves_requeues_and_the_requeued_job_resumes(make_shards, tmp_path: Path) -> None:
+    """What SLURM's `--signal=USR1@90` does to a batch script's launcher (`SLURM_JOB_ID`, no job
+    step: one node, torchrun): every rank saves at its next step and stops, the launcher runs
+    `scontrol requeue <job>` (a stand-in on PATH records the call here: no SLURM in this test),
+    and the job started again with the recipe's `--resume_from_checkpoint=last` resumes there
+    and finishes; two step checkpoints at most on disk throughout."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    out = tmp_path / "run"
+    args = [f"--output_dir={out}", *common(make_shards), "--max_steps=30",
+            "--checkpoints_total_limit=2", "--resume_from_checkpoint=last"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
+    env.update(SLURM_JOB_ID="4242", PATH=f"{bin_dir}:{env['PATH']}",
+               AE_CACHE_DIR=str(tmp_path / "cache"))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ae.cli.launch", *args], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        end = time.monotonic() + 180
+        while not any(
+            int(s) >= 6
+            for s, _ in STEP_LOSS.findall(
+                "".join(p.read_text() for p in (out / "logs").glob("debug_rank0_*.log"))
+            )
+        ):
+            assert proc.poll() is None and time.monotonic() < end, "never reached step 6"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGUSR1)
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGUSR1, output
+    m = re.search(r"Preempted \(SIGUSR1\) at step (\d+); checkpoint saved at ", output)
+    assert m, output
+    n = int(m[1])
+    assert 6 <= n < 30 and calls.read_text() == "requeue 4242\n"
+    assert "Requeued SLURM job 4242" in output and "Traceback" not in output
+    assert newest_checkpoint(out / "checkpoints") == (n, out / "checkpoints" / f"step-{n:08d}.ckpt")
+
+    res = run_launcher(args[1:], out, env={"SLURM_JOB_ID": "4242", "PATH": env["PATH"]})
+    assert res.returncode == 0, res.output
+    main = res.log("train_*.log")[-1].read_text()
+    assert re.search(rf"Resumed from .*last\.ckpt at step {n} ", main), main
+    assert "Training finished at step 30" in main
+    assert len(list((out / "checkpoints").glob("step-*.ckpt"))) <= 2
+    assert calls.read_text() == "requeue 4242\n"  # a job that finished is not requeued

@@ -1,0 +1,132 @@
+"""The restart decisions of `--max_restarts`, from the logs of failed attempts (synthetic, in the
+real line formats): the RESTART line, the stop rules, the checkpoint `last` names, and the
+attempts ae-diagnose lists."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ae.diagnose.attempts import diagnose_job
+from ae.diagnose.cli import main
+from ae.diagnose.run_files import find_run
+from ae.errors import UserError
+from ae.job.restarts import SAME_FAILURE_EXIT, Restart, Restarts, newest_checkpoint
+from ae.log_lines import RESTART, TRAIN_LOG_FILE
+from bench.synthetic_logs import T0, RankWriter, record, write_train_log
+
+TS1, TS2, TS3 = "20261121_120000", "20261121_120100", "20261121_120200"
+
+
+def failed_attempt(logs: Path, ts: str, step: int, exc: str = "InjectedFault") -> None:
+    """Rank 1 raises `exc` at `step`; rank 0 is stopped by torchrun."""
+    write_train_log(logs, 2, ts=ts)
+    w0, w1 = RankWriter(logs, 0, 2, ts=ts), RankWriter(logs, 1, 2, ts=ts)
+    for w in (w0, w1):
+        w.start(host=f"node{w.rank}")
+        w.log("========== EPOCH 0 TRAINING START ==========")
+        w.steps(1, step)
+    w1.fatal(exc, "boom", [("/x/model.py", "training_step")])
+    w0.log(f"Stop signal SIGTERM received in phase training step at step {step}", "WARNING")
+    for w in (w0, w1):
+        w.flush()
+
+
+def checkpoints(folder: Path, *steps: int) -> Path:
+    """Step files, `last.ckpt` a hard link to the newest (as ae.training writes them)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        (folder / f"step-{step:08d}.ckpt").write_bytes(b"x")
+    os.link(folder / f"step-{steps[-1]:08d}.ckpt", folder / "last.ckpt")
+    return folder
+
+
+def test_a_failure_restarts_from_the_newest_checkpoint(tmp_path: Path) -> None:
+    logs, ckpts = tmp_path / "logs", checkpoints(tmp_path / "checkpoints", 4, 8)
+    os.link(ckpts / "step-00000004.ckpt", ckpts / "best.ckpt")  # not what last names
+    failed_attempt(logs, TS1, 11)
+    nxt = Restarts(3, logs, ckpts).after_failure(TS1, 1)
+    assert isinstance(nxt, Restart)
+    assert nxt.args == ["--resume_from_checkpoint=last", "--overwrite=false"]
+    line = RESTART.parse(nxt.line)
+    assert line is not None and nxt.line.startswith("RESTART 1/3 after rank 1 on node1, phase ")
+    assert line["failed"].endswith("exception: InjectedFault")
+    assert (line["step"], line["resume"], line["redone"]) == ("11", "8", "3")
+    assert line["checkpoint"] == str(ckpts / "step-00000008.ckpt") and line["previous"] == TS1
+
+
+def test_without_a_checkpoint_the_restart_starts_as_the_first_attempt(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    failed_attempt(logs, TS1, 2)
+    nxt = Restarts(1, logs, tmp_path / "checkpoints").after_failure(TS1, 1)
+    assert isinstance(nxt, Restart) and nxt.args == []
+    assert "resuming from step 0 (as the first attempt did), 2 steps redone" in nxt.line
+
+
+def test_the_same_failure_twice_stops_another_goes_on(tmp_path: Path) -> None:
+    logs, ckpts = tmp_path / "logs", checkpoints(tmp_path / "checkpoints", 4)
+    restarts = Restarts(5, logs, ckpts)
+    failed_attempt(logs, TS1, 6)
+    assert isinstance(restarts.after_failure(TS1, 1), Restart)
+    failed_attempt(logs, TS2, 7)  # another step: not the same failure
+    assert isinstance(restarts.after_failure(TS2, 1), Restart)
+    failed_attempt(logs, TS3, 7)
+    assert restarts.after_failure(TS3, 1) == SAME_FAILURE_EXIT
+
+
+def test_restarts_used_up_and_a_user_error_end_the_job(tmp_path: Path) -> None:
+    logs, ckpts = tmp_path / "logs", checkpoints(tmp_path / "checkpoints", 4)
+    restarts = Restarts(1, logs, ckpts)
+    failed_attempt(logs, TS1, 6, "ValueError")
+    assert isinstance(restarts.after_failure(TS1, 1), Restart)
+    failed_attempt(logs, TS2, 9)
+    assert restarts.after_failure(TS2, 1) is None  # the caller reports the failure
+
+    logs = tmp_path / "user"
+    write_train_log(logs, 1, ts=TS1)
+    w = RankWriter(logs, 0, 1, ts=TS1)
+    w.start()
+    w.log("val_shards: no readable sample", "ERROR")
+    w.exit(UserError.exit_code, "DataError")
+    w.flush()
+    assert Restarts(3, logs, ckpts).after_failure(TS1, 1) is None
+
+
+def test_newest_checkpoint_follows_last(tmp_path: Path) -> None:
+    assert newest_checkpoint(tmp_path) is None
+    ckpts = checkpoints(tmp_path / "c", 4, 8)
+    (ckpts / "step-00000012.ckpt").write_bytes(b"x")  # newer, but not (yet) what last names
+    assert newest_checkpoint(ckpts) == (8, ckpts / "step-00000008.ckpt")
+
+
+def test_ae_diagnose_lists_the_attempts_of_a_job_from_any_of_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs, ckpts = tmp_path / "logs", checkpoints(tmp_path / "checkpoints", 4)
+    restarts = Restarts(2, logs, ckpts)
+    failed_attempt(logs, TS1, 6)
+    nxt = restarts.after_failure(TS1, 1)
+    assert isinstance(nxt, Restart)
+    # the second attempt: its rank 0 writes the RESTART line first, then trains to the end
+    write_train_log(logs, 2, ts=TS2)
+    with open(logs / TRAIN_LOG_FILE.format(ts=TS2), "a") as f:
+        f.write(record(T0 + 60, "WARNING", 0, 2, nxt.line) + "\n")
+    for rank in (0, 1):
+        w = RankWriter(logs, rank, 2, ts=TS2, t=T0 + 60)
+        w.start()
+        w.steps(5, 12)
+        w.exit()
+        w.flush()
+    failed_attempt(logs, "20261121_130000", 3)  # another job in the same folder
+    for ts in (TS1, TS2):
+        found = diagnose_job(find_run(logs, ts))["attempts"]
+        assert [(a["attempt"], a["run"]) for a in found] == [(0, TS1), (1, TS2)]
+        assert found[0]["verdict"].startswith("rank 1 on node1, phase ")
+        assert found[0]["restart"] is None and found[1]["restart"] == nxt.line
+        assert found[1]["status"] == "finished"
+    assert main([str(logs), "--run", TS1]) == 0
+    table = capsys.readouterr().out
+    assert "Attempts of this job: 2" in table and f"1  run {TS2}  finished\n" in table
+    assert f"0  run {TS1}  failed: rank 1 on node1, phase " in table
