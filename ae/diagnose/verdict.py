@@ -339,6 +339,33 @@ def network_partition(run: RunState) -> Network | None:
     return Network(hosts, steps.pop(), [s.evidence[0] for s in stalls if s is not None])
 
 
+def name_deaths(run: RunState, j: _Judge) -> None:
+    """Dead is dead: a rank whose process ended of a signal or a non-zero exit code without an
+    exit line or a failure of its own (torchrun's report, `ae.diagnose.launcher_log`) is named
+    for that, `killed (SIGKILL)` / `exited N`, also when it had stalled first (the stall moves
+    into the rule). The first rank torchrun saw end is a culprit even if it only waited: nothing
+    in the job killed it. A rank ended later (torchrun stopping the others) stays a victim."""
+    for r in run.ranks.values():
+        end = run.ends.get(r.rank)
+        if end is None or primary_crash(r) is not None:
+            continue
+        found = next((f for f in j.culprits if f.rank == r.rank), None)
+        if found is None and not end.first:
+            continue
+        if found is None:
+            j.victims = [v for v in j.victims if v.rank != r.rank]
+            found = Finding(r.rank, current_phase(r), "", "", [r.last.evidence] if r.last else [])
+            found.time = r.last_sign_of_life
+            j.culprits.append(found)
+        before = f"; before: {found.cause} ({found.rule})" if found.cause else ""
+        if found.cause == "killed without trace":
+            before = f"; {found.rule}"
+        found.rule = f"its process ended: {end.describe}, says torchrun{before}"
+        found.cause = end.describe
+        found.evidence = [*found.evidence, end.evidence]
+        j.states[r.rank] = "killed" if end.signal else "error exit"
+
+
 def judge(run: RunState) -> Verdict:
     if (net := network_partition(run)) is not None:
         j = _Judge(run)
@@ -361,6 +388,7 @@ def judge(run: RunState) -> Verdict:
         alive = r.heartbeat.alive if r.heartbeat else None
         default = "exited" if finished(r) else ("running" if alive is not False else "stopped")
         j.states.setdefault(r.rank, default)
+    name_deaths(run, j)
     all_done = not run.missing and all(finished(r) for r in run.ranks.values())
     if all_done and not j.culprits:
         status = "finished"
