@@ -293,7 +293,8 @@ HEARTBEAT_BASE_FIELDS = (
 # mb_per_s, batch_ms, batches}]; `stragglers`: the detecting rank's episodes, [{rank, score, cause,
 # since, line, resolved}] (`resolved`: null while it lasts, else the RESOLVED line); `resources`:
 # RESOURCE_FIELDS (`ae.forensics.resources`; MB, null where the kernel does not say); `main`: what
-# the main thread is in, `collective: <what>`, `data loading` or `code: <function (file:line)>`.
+# the main thread is in, `collective: <what>`, `data loading` or `code: <function (file:line)>`
+# (null in the last beat, written by the main thread itself).
 HEARTBEAT_FIELDS = (
     *HEARTBEAT_BASE_FIELDS, "timing", "data_workers", "stragglers", "resources", "main"
 )  # fmt: skip

@@ -78,10 +78,13 @@ def collective_wait(frame: FrameType | None) -> str:
     return "no"
 
 
-def main_thread_doing(phase: str) -> str:
+def main_thread_doing(phase: str) -> str | None:
     """What the main thread is in now, for the heartbeat (`ae-diagnose --watch`): `collective:
     <what>`, `data loading`, or `code: <function (file:line)>` (its innermost frame: the
-    user's model, a checkpoint write ...)."""
+    user's model, a checkpoint write ...); None when asked from the main thread itself (its
+    last heartbeat, on its way out)."""
+    if threading.current_thread() is threading.main_thread():
+        return None
     frame = main_thread_frame()
     try:
         wait = collective_wait(frame)
