@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from loguru import logger
@@ -39,10 +40,11 @@ from ae.job.outcome import preempted, report_failure, report_stop, stop_exit_cod
 from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import check, launcher_needs
 from ae.job.processes import DEBUG_ENV, free_port, processes_per_node, rank_command
+from ae.job.rank_lines import rank_lines
 from ae.job.run_folder import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.job.supervise import wait
 from ae.job.topology import Topology, topology
-from ae.log_lines import LAUNCHER_LOG_FILE, RESOURCE_TIGHT
+from ae.log_lines import LAUNCHER_LOG_FILE, RESOURCE_TIGHT, TRAIN_LOG_FILE
 
 RANK_MODULE = "ae.cli.rank_process"  # what runs in every rank (train_ae.py runs the same)
 TORCHRUN_MODULE = "ae.job.torchrun"  # torchrun, its own output into launcher_<TS>.log
@@ -177,7 +179,10 @@ def run(
         )
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     # Another node that dies closes no connection: its heartbeats tell (`ae.job.peer_nodes`).
-    rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
+    # The leader's console also says the other ranks' errors and stalls (`ae.job.rank_lines`).
+    peers_said = rank_lines(logs / TRAIN_LOG_FILE.format(ts=ts)) if topo.leader else nullcontext()
+    with peers_said:
+        rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
     if stops.lost is not None:  # a failure, whatever the SIGKILLed torchrun returned
         rc = rc if rc > 0 else 1
     # Stopped by a signal (torchrun then fails; a SLURM task's one rank exits 0 after its save),

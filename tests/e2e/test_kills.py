@@ -21,8 +21,10 @@ from typing import Any
 
 import pytest
 
+from ae.data.writer import write_shard
 from tests.support.live import diagnose, diagnose_json, wait_for
 from tests.support.runs import ROOT, run_processes
+from tests.support.shards import vector_samples
 
 pytestmark = pytest.mark.slow
 
@@ -158,14 +160,20 @@ def test_rank_1_sigkilled_at_nine_moments(make_shards, tmp_path: Path) -> None:
 
 
 def test_rank_killed_while_stalled(make_shards, tmp_path: Path) -> None:
-    """Rank 1 stalls in its training step (rank 0 waits in the gradient all-reduce): --watch
+    """Rank 1 reads a bad sample, then stalls in its training step (rank 0 waits in the
+    gradient all-reduce): the launcher's console says rank 1's error and STALL line; --watch
     names rank 1 the culprit, with what each main thread is in; then rank 1 is SIGKILLed: it is
     `killed (SIGKILL)` everywhere (not a hang), and --watch shows it dead and ends."""
     out = tmp_path / "run"
     logs = out / "logs"
-    proc, console = _start(
-        _args(make_shards, out, stall_timeout=2), out, "sleep@train:rank=1:step=3:secs=600"
-    )
+    args = _args(make_shards, out, stall_timeout=2)
+    # A sample that does not decode, in the shard only rank 1 reads in epoch 0 (the plan of 3
+    # shards of 80 on 2 ranks: rank 1 has train-000000 whole and half of train-000001).
+    shard = tmp_path / "shards" / "train-000000.tar"
+    samples = vector_samples(80, 16)
+    samples[2]["npy"] = b"\x93NUMPY broken"
+    write_shard(shard, samples)
+    proc, console = _start(args, out, "sleep@train:rank=1:step=3:secs=600")
     try:
         wait_for("rank 0 waiting, rank 1 stalled", lambda: (
             "collective wait: yes" in "".join(p.read_text() for p in logs.glob("debug_rank0_*"))
@@ -194,4 +202,11 @@ def test_rank_killed_while_stalled(make_shards, tmp_path: Path) -> None:
     assert re.search(r"│ dead(: killed \(SIGKILL\))? +│", last[1]), watched
     assert "CULPRIT" in last[1] and "CULPRIT" not in last[0], watched
     doc = _assert_killed(out, console, "while stalled")
+    # The console spoke for rank 1: its worker's data error, and its own STALL line (the
+    # culprit's; rank 0's console line is its collective wait).
+    text = console.read_text()
+    bad = f"rank 1 worker 0: Bad sample 00000002 in shard {shard}: cannot decode .npy"
+    assert bad in text and "rank 0 worker" not in text, text
+    assert re.search(r"rank 1: STALL detected: .* phase training step .*collective wait: no", text)
+    assert "Bad sample" not in _rank_log(logs, 0)  # only rank 1 read it
     assert "training step" in doc["culprits"][0]["rule"]  # the stall it had first
