@@ -340,21 +340,21 @@ def network_partition(run: RunState) -> Network | None:
 
 
 def name_deaths(run: RunState, j: _Judge) -> None:
-    """Dead is dead: a rank whose process ended of a signal or a non-zero exit code without an
-    exit line or a failure of its own (torchrun's report, `ae.diagnose.launcher_log`) is named
-    for that, `killed (SIGKILL)` / `exited N`, also when it had stalled first (the stall moves
-    into the rule). The first rank torchrun saw end, if a signal other than a stop signal killed
-    it, is a culprit even if it only waited: nothing in the job kills that way. A rank ended
-    later (torchrun stopping the others) stays a victim."""
+    """Dead is dead: the first rank torchrun saw end (`ae.diagnose.launcher_log`), of a signal or
+    a non-zero exit code without an exit line or a failure of its own, is named for that,
+    `killed (SIGKILL)` / `exited N`, also when it had stalled first (the stall moves into the
+    rule); if a signal other than a stop signal killed it, it is a culprit even if it only
+    waited: nothing in the job kills that way. Ranks that ended after it were stopped by
+    torchrun: their findings stay as the rules made them."""
     for r in run.ranks.values():
         end = run.ends.get(r.rank)
-        if end is None or primary_crash(r) is not None:
+        # Only the first end torchrun saw: after it, torchrun stops the other ranks itself.
+        if end is None or not end.first or primary_crash(r) is not None:
             continue
         found = next((f for f in j.culprits if f.rank == r.rank), None)
         # Only a kill from outside makes a culprit of a rank no rule named: a stop signal or an
-        # exit code may be the launcher's or torchrun's doing (the first it saw on its node).
-        killed = end.signal is not None and end.signal not in ("SIGTERM", "SIGINT")
-        if found is None and not (end.first and killed):
+        # exit code may be the launcher's doing (the first end torchrun saw on its node).
+        if found is None and end.signal in (None, "SIGTERM", "SIGINT"):
             continue
         if found is None:
             j.victims = [v for v in j.victims if v.rank != r.rank]
