@@ -19,6 +19,8 @@ Before rules 3-5: if every rank, on two or more hosts, stalled in a collective a
 and none failed of its own, no rank is stuck in its own work: the hosts cannot reach each other
 (`network`), and no rank is a culprit.
 A run where every rank wrote its exit line with code 0 and nothing failed has no culprits.
+Dead is dead (`name_deaths`): the first rank torchrun saw end, killed by a signal or exited
+without an exit line, is `killed (SIGKILL)` / `exited N`, whatever the rules said before.
 Last, a culprit whose failure a resource explains gets that resource as its cause
 (`ae.diagnose.resources`: disk full, shared memory, the OOM killer, open files).
 """
@@ -358,8 +360,8 @@ def name_deaths(run: RunState, j: _Judge) -> None:
             continue
         if found is None:
             j.victims = [v for v in j.victims if v.rank != r.rank]
-            found = Finding(r.rank, current_phase(r), "", "", [r.last.evidence] if r.last else [])
-            found.time = r.last_sign_of_life
+            last = [r.last.evidence] if r.last else []
+            found = Finding(r.rank, current_phase(r), "", "", last, r.last_sign_of_life)
             j.culprits.append(found)
         before = f"; before: {found.cause} ({found.rule})" if found.cause else ""
         if found.cause == "killed without trace":
