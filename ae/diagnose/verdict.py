@@ -350,8 +350,9 @@ def name_deaths(run: RunState, j: _Judge) -> None:
     torchrun: their findings stay as the rules made them."""
     for r in run.ranks.values():
         end = run.ends.get(r.rank)
-        # Only the first end torchrun saw: after it, torchrun stops the other ranks itself.
-        if end is None or not end.first or primary_crash(r) is not None:
+        # Only the first end torchrun saw: after it, torchrun stops the other ranks itself. A
+        # rank that got a stop signal left because of it (128 + the signal), whoever sent it.
+        if end is None or not end.first or primary_crash(r) is not None or r.sigterm:
             continue
         found = next((f for f in j.culprits if f.rank == r.rank), None)
         # Only a kill from outside makes a culprit of a rank no rule named: a stop signal or an

@@ -545,3 +545,20 @@ def test_a_rank_killed_while_stalled_is_killed(tmp_path: Path, killed_first: boo
         assert ranks[1]["state"] == "killed" and doc["status"] == "failed"
     else:
         assert culprits(doc) == [(1, "training step", "training step")]
+
+
+def test_a_stalled_rank_that_left_on_a_stop_signal_keeps_its_stall(tmp_path: Path) -> None:
+    """Torchrun's first end can be a stalled rank leaving on its SIGTERM (128 + 15, no exit
+    line): it was stopped, so its stall stays the cause."""
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.steps(1, 3)
+    w1.stall("training step", 3, 3.1)
+    w1.log(STOP_SIGNAL_STUCK.format(signal="SIGTERM", idle="20", phase="training step", step=3),
+           "WARNING")  # fmt: skip
+    w0.flush()
+    w1.flush()
+    _torchrun_report(tmp_path, (1, 143, 4_194_001), (0, 1, 4_194_000))
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(1, "training step", "training step")]
+    assert doc["ranks"][1]["exit_code"] == 143 and doc["ranks"][1]["signal"] is None
