@@ -125,8 +125,8 @@ MOMENTS = [
 def test_rank_1_sigkilled_at_nine_moments(make_shards, tmp_path: Path) -> None:
     """Nine kills (with the one below, ten): during a step, while its worker sleeps mid-batch,
     at an epoch's end. The runs of one kind of moment run side by side (a run mostly waits: for
-    its imports, for torchrun): on a busy 2-core machine the nine took 166 s so, 272 s one by
-    one."""
+    its imports, for torchrun): on a 2-core machine the nine took 81 s (166 s while it was busy
+    with other work, 272 s one by one then), the killed-while-stalled run 12 s."""
     for group in range(0, len(MOMENTS), GROUP):
         runs = []
         try:
