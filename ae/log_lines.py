@@ -20,6 +20,7 @@ from logging_cfg.formats import NATIVE_LOG_FILE as NATIVE_LOG_FILE
 from logging_cfg.formats import RECORD_FORMAT as RECORD_FORMAT
 from logging_cfg.formats import RECORD_PATTERN as RECORD_PATTERN
 from logging_cfg.formats import TRAIN_LOG_FILE as TRAIN_LOG_FILE
+from logging_cfg.formats import WORKER_ORPHANED as WORKER_ORPHANED
 from logging_cfg.formats import LineFormat
 
 # Records bound with main=True are summary lines: they also go to train_<TS>.log and the console.
@@ -171,8 +172,9 @@ SAMPLING_OOM = LineFormat(
     {"step": "int", "batch_size": "int", "error": "text", "at_failure": "text", "after": "text"},
 )
 # A stop signal (SIGTERM: preemption, `scancel`, torchrun stopping a failed job; SIGINT: Ctrl-C),
-# logged by the rank's watchdog thread within a second of its arrival -- never by the signal
-# handler itself.
+# with the phase and step the rank was in when it came (recorded by the handler), logged once by
+# whichever comes first: the rank's watchdog thread (within a second) or the step boundary that
+# acts on it -- never by the signal handler itself.
 STOP_SIGNAL = LineFormat(
     "Stop signal {signal} received in phase {phase} at step {step}",
     {"signal": "word", "phase": "text", "step": "int"},
@@ -279,6 +281,14 @@ HANG_TIMEOUT = LineFormat(
     {"idle": "float", "phase": "text", "step": "int", "timeout": "float", "code": "int"},
 )
 HANG_EXIT_CODE = 124  # as coreutils' `timeout`: distinct from an exception (1) and a user error (2)
+# A stall that ended without progress: the rank left it for teardown (a peer died, torchrun's
+# SIGTERM, an exception on its way out). INFO, debug log only: nothing was resolved, and the
+# stall stays what the rank was doing (`ae-diagnose` keeps it open).
+STALL_ENDED = LineFormat(
+    "STALL ended without progress after {idle}s in phase {phase} (epoch {epoch}, step {step}): "
+    "the rank tears down ({why})",
+    {"idle": "float", "phase": "text", "epoch": "int", "step": "int", "why": "text"},
+)
 # Written by ae.forensics.faults (tests, broken runs on purpose) right before acting.
 FAULT_INJECTED = LineFormat(
     "FAULT injected: {action}@{point} at step {step} (rank {rank})",
@@ -319,8 +329,12 @@ HEARTBEAT_BASE_FIELDS = (
 # data_ms, compute_ms, sync_ms} (per optimizer step) or null; `data_workers`: [{worker, pid, shard,
 # mb_per_s, batch_ms, batches}]; `stragglers`: the detecting rank's episodes, [{rank, score, cause,
 # since, line, resolved}] (`resolved`: null while it lasts, else the RESOLVED line); `resources`:
-# RESOURCE_FIELDS (`ae.forensics.resources`; MB, null where the kernel does not say).
-HEARTBEAT_FIELDS = (*HEARTBEAT_BASE_FIELDS, "timing", "data_workers", "stragglers", "resources")
+# RESOURCE_FIELDS (`ae.forensics.resources`; MB, null where the kernel does not say); `main`: what
+# the main thread is in, `collective: <what>`, `data loading` or `code: <function (file:line)>`
+# (null in the last beat, written by the main thread itself).
+HEARTBEAT_FIELDS = (
+    *HEARTBEAT_BASE_FIELDS, "timing", "data_workers", "stragglers", "resources", "main"
+)  # fmt: skip
 RESOURCE_FIELDS = (
     "shm_free_mb", "shm_total_mb", "disk_free_mb", "disk_total_mb", "mem_available_mb",
     "mem_total_mb", "cgroup_limit_mb", "oom_kills", "oom_kills_at_start", "open_fds", "fd_limit",

@@ -181,8 +181,8 @@ def write_heartbeat(logs: Path, rank: int, world: int, *, pid: int, t: float, ph
                     step: int, state: str = "running", stalled: bool = False,
                     last_progress: float | None = None, host: str | None = None,
                     ts: str = TS, timing: dict | None = None, data_workers: list | None = None,
-                    stragglers: list | None = None,
-                    resources: dict | None = None) -> Path:  # fmt: skip
+                    stragglers: list | None = None, resources: dict | None = None,
+                    main: str | None = None) -> Path:  # fmt: skip
     """`timing`: {"recent": ..., "epoch": ...} windows as ae.forensics.step_times writes them;
     `resources`: RESOURCE_FIELDS figures that differ from a roomy machine's."""
     beat = {
@@ -193,6 +193,7 @@ def write_heartbeat(logs: Path, rank: int, world: int, *, pid: int, t: float, ph
         "state": state, "timing": timing or {"recent": None, "epoch": None},
         "data_workers": data_workers or [], "stragglers": stragglers or [],
         "resources": {**ROOMY, **(resources or {})},
+        "main": main or ("data loading" if phase == "data loading" else "code: step (model.py:1)"),
     }  # fmt: skip
     assert tuple(beat) == HEARTBEAT_FIELDS
     path = logs / HEARTBEAT_FILE.format(rank=rank, ts=ts)

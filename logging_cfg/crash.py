@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import os
 import signal
 import sys
 import threading
@@ -15,8 +16,29 @@ from typing import Any
 
 from loguru import logger
 
-from logging_cfg.formats import FATAL
+from logging_cfg.formats import FATAL, WORKER_ORPHANED
 from logging_cfg.rank_context import worker_info
+
+_rank_pid: int | None = None  # the rank process; its forked dataloader workers inherit it
+_orphan_said = False
+
+
+def parent_gone() -> bool:
+    """In a dataloader worker forked from the rank: the rank process is gone (the worker was
+    reparented)."""
+    return _rank_pid is not None and os.getpid() != _rank_pid and os.getppid() != _rank_pid
+
+
+def _orphaned() -> bool:
+    """A worker left by its dead rank: says so once (never a FATAL line: the exception, a socket
+    to the rank reset, is only the rank's death seen from here)."""
+    global _orphan_said
+    if not parent_gone():
+        return False
+    if not _orphan_said:
+        _orphan_said = True
+        logger.info(WORKER_ORPHANED.format())
+    return True
 
 
 def _fatal(exc_type: type[BaseException], exc: BaseException, where: str) -> str:
@@ -25,11 +47,16 @@ def _fatal(exc_type: type[BaseException], exc: BaseException, where: str) -> str
 
 def install_exception_hooks() -> None:
     """Uncaught exceptions of the main thread and of other threads logged as FATAL (CRITICAL)
-    with their traceback; Ctrl-C as a WARNING."""
+    with their traceback; Ctrl-C as a WARNING. In a dataloader worker whose rank is gone, one
+    INFO line instead."""
+    global _rank_pid
+    _rank_pid = os.getpid()
 
     def excepthook(
         exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
     ) -> None:
+        if _orphaned():
+            return
         if issubclass(exc_type, KeyboardInterrupt):
             where, message = "main thread", "stopped by the user"
             logger.warning(FATAL.format(exc_type=exc_type.__name__, where=where, message=message))
@@ -37,7 +64,7 @@ def install_exception_hooks() -> None:
         logger.opt(exception=(exc_type, exc, tb)).critical(_fatal(exc_type, exc, "main thread"))
 
     def thread_hook(args: threading.ExceptHookArgs) -> None:
-        if args.exc_type is SystemExit:
+        if args.exc_type is SystemExit or _orphaned():
             return
         where = f"thread {args.thread.name if args.thread else '?'}"
         logger.opt(exception=(args.exc_type, args.exc_value, args.exc_traceback)).critical(
@@ -58,6 +85,8 @@ def log_worker_exceptions(iter_fn: Callable[..., Iterator[Any]]) -> Callable[...
         try:
             yield from iter_fn(*args, **kwargs)
         except Exception as e:
+            if _orphaned():
+                raise SystemExit(0) from None  # out of torch's worker loop, quietly
             if (w := worker_info()) is not None:
                 where = f"dataloader worker {w[0]}/{w[1]}"
                 logger.opt(exception=True).critical(_fatal(type(e), e, where))

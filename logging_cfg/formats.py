@@ -66,6 +66,9 @@ FATAL = LineFormat(
     "FATAL uncaught exception {exc_type} in {where}: {message}",
     {"exc_type": "word", "where": "text", "message": "text"},
 )
+# A dataloader worker whose rank process is gone (SIGKILL, the OOM killer): its sockets to the
+# rank reset, and that is no failure of its own. INFO, once, then the worker leaves.
+WORKER_ORPHANED = LineFormat("parent rank gone, worker exiting")
 # Files of a run in the logs folder (rotated ones get `.1`, `.2` ... appended).
 TRAIN_LOG_FILE = LineFormat("train_{ts}.log")
 DEBUG_LOG_FILE = LineFormat("debug_rank{rank}_{ts}.log", {"rank": "int"})

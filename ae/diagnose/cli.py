@@ -24,7 +24,7 @@ from ae.diagnose.watch import watch
 from ae.errors import UserError
 
 DEFAULT_LOGS = "runs/ae/logs"  # the logs of the default --output_dir
-WIDE = 200
+WIDE = 250
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -41,6 +41,7 @@ class Heartbeat:
     timing: RankTiming | None = None  # step times and workers' read rates
     stragglers: tuple[dict, ...] = ()  # the detecting rank's straggler episodes
     resources: dict | None = None  # RESOURCE_FIELDS (None: a heartbeat written before them)
+    main: str | None = None  # what the main thread is in (None: a heartbeat written before it)
 
     @property
     def rss_text(self) -> str:
@@ -91,6 +92,7 @@ def read_heartbeat(path: Path) -> Heartbeat | None:
             timing=RankTiming.from_heartbeat(raw),
             stragglers=tuple(e for e in raw.get("stragglers") or [] if isinstance(e, dict)),
             resources=raw["resources"] if isinstance(raw.get("resources"), dict) else None,
+            main=str(raw["main"]) if raw.get("main") else None,
         )
     except (TypeError, ValueError, AttributeError):
         return None

@@ -78,6 +78,7 @@ def _dump(d: Dump) -> dict[str, Any]:
 
 def _rank(run: RunState, r: RankLog, state: str, tail: int, score: float | None) -> dict[str, Any]:
     hb = r.heartbeat
+    end = run.ends.get(r.rank)
     out: dict[str, Any] = {
         "rank": r.rank,
         "state": state,
@@ -95,10 +96,11 @@ def _rank(run: RunState, r: RankLog, state: str, tail: int, score: float | None)
         "errors": r.errors,
         "warnings": r.warnings,
         "stall_reports": r.stall_reports,
-        "exit_code": r.exit_code,
+        "exit_code": r.exit_code if end is None else end.exit_code,
+        "signal": None if end is None else end.signal,
         "pid": hb.pid if hb else None,
         "host": r.host,
-        "alive": hb.alive if hb else None,
+        "alive": False if end is not None else hb.alive if hb else None,
         "resources": hb.resources if hb else None,
         "heartbeat_age_s": _round(run.reference - hb.time) if hb and run.reference else None,
         "score": None if score is None else round(score, 2),

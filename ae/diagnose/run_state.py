@@ -14,10 +14,11 @@ from pathlib import Path
 
 from ae.diagnose.collectives import Backend, Dump, backend_words, read_dump
 from ae.diagnose.heartbeats import read_heartbeat
+from ae.diagnose.launcher_log import ProcessEnd, read_launcher_logs
 from ae.diagnose.logscan import LogBytes, Record
-from ae.diagnose.rank_log import RankLog, read_rank
+from ae.diagnose.rank_log import Crash, RankLog, read_rank
 from ae.diagnose.run_files import RunFiles
-from ae.log_lines import RESOLVED_CONFIG, STRAGGLER, STRAGGLER_RESOLVED
+from ae.log_lines import RECORD_PATTERN, RESOLVED_CONFIG, STRAGGLER, STRAGGLER_RESOLVED
 
 _STALL_TIMEOUT = re.compile(r"^stall_timeout: (?P<value>\S+)$", re.M)
 
@@ -50,6 +51,8 @@ class RunState:
     reference: float | None  # newest of the lines and the heartbeat writes
     dumps: dict[int, Dump] = field(default_factory=dict)  # rank -> its Flight Recorder dump
     backend: dict[int, Backend] = field(default_factory=dict)  # rank -> its backend's words
+    # rank -> how its process ended, when torchrun's report says (no exit line of its own)
+    ends: dict[int, ProcessEnd] = field(default_factory=dict)
 
     def silent_s(self, rank: RankLog) -> float | None:
         if self.newest_line is None or rank.last_time is None:
@@ -90,12 +93,38 @@ def _stragglers(log: LogBytes, open_episodes: dict[int, Record]) -> None:
             open_episodes.pop(int(m["rank"]), None)
 
 
+def _worker_crash(c: Crash) -> bool:
+    m = RECORD_PATTERN.match(c.evidence[0].text) if c.evidence else None
+    return m is not None and m["worker"] is not None
+
+
+def process_ends(files: RunFiles, ranks: dict[int, RankLog]) -> dict[int, ProcessEnd]:
+    """Rank -> how its process ended (a signal, a non-zero exit code), for the ranks that wrote
+    no exit line of their own, from torchrun's report (by the heartbeat's pid, else the rank).
+    The dataloader workers of such a rank outlived it: their exceptions (a socket to the dead
+    rank reset) are dropped, never taken for the rank's own cause."""
+    report = read_launcher_logs(files.launcher_logs)
+    ends = {}
+    for rank, r in ranks.items():
+        hb = r.heartbeat
+        end = report.by_pid.get(hb.pid) if hb is not None else None
+        end = end or report.by_rank.get(rank)
+        if r.exit is not None or (end is not None and end.exit_code == 0):
+            continue
+        if end is not None:
+            ends[rank] = end
+        if end is not None or (hb is not None and hb.alive is False):
+            r.crashes = [c for c in r.crashes if not _worker_crash(c)]
+    return ends
+
+
 def read_run(files: RunFiles, max_shard_errors: int = 1000) -> RunState:
     ranks: dict[int, RankLog] = {}
     for rank in sorted(set(files.debug_logs) | set(files.heartbeats)):
         beat = read_heartbeat(files.heartbeats[rank]) if rank in files.heartbeats else None
         ranks[rank] = read_rank(rank, files.debug_logs.get(rank, []), beat, max_shard_errors)
     train = read_train_log(files.train_logs)
+    ends = process_ends(files, ranks)
     worlds = [r.world_size for r in ranks.values() if r.world_size] + [train.world_size or 0]
     world = max(worlds) or None
     expected = set(range(world)) if world else set()
@@ -115,4 +144,5 @@ def read_run(files: RunFiles, max_shard_errors: int = 1000) -> RunState:
         reference=max(lines + beats) if lines or beats else None,
         dumps=dumps,
         backend=backend_words(files.native_logs),
+        ends=ends,
     )

@@ -22,6 +22,8 @@ After rules 1-5: a collective mismatch (`ae.diagnose.collectives`: the ranks' Fl
 dumps disagree, or a rank's backend says so) names its rank(s) as the culprit, `collective
 mismatch`; the culprits the other rules named become its victims.
 A run where every rank wrote its exit line with code 0 and nothing failed has no culprits.
+Dead is dead (`name_deaths`): the first rank torchrun saw end, killed by a signal or exited
+without an exit line, is `killed (SIGKILL)` / `exited N`, whatever the rules said before.
 Last, a culprit whose failure a resource explains gets that resource as its cause
 (`ae.diagnose.resources`: disk full, shared memory, the OOM killer, open files).
 """
@@ -386,6 +388,38 @@ def network_partition(run: RunState) -> Network | None:
     return Network(hosts, steps.pop(), [s.evidence[0] for s in stalls if s is not None])
 
 
+def name_deaths(run: RunState, j: _Judge) -> None:
+    """Dead is dead: the first rank torchrun saw end (`ae.diagnose.launcher_log`), of a signal or
+    a non-zero exit code without an exit line or a failure of its own, is named for that,
+    `killed (SIGKILL)` / `exited N`, also when it had stalled first (the stall moves into the
+    rule); if a signal other than a stop signal killed it, it is a culprit even if it only
+    waited: nothing in the job kills that way. Ranks that ended after it were stopped by
+    torchrun: their findings stay as the rules made them."""
+    for r in run.ranks.values():
+        end = run.ends.get(r.rank)
+        # Only the first end torchrun saw: after it, torchrun stops the other ranks itself. A
+        # rank that got a stop signal left because of it (128 + the signal), whoever sent it.
+        if end is None or not end.first or primary_crash(r) is not None or r.sigterm:
+            continue
+        found = next((f for f in j.culprits if f.rank == r.rank), None)
+        # Only a kill from outside makes a culprit of a rank no rule named: a stop signal or an
+        # exit code may be the launcher's doing (the first end torchrun saw on its node).
+        if found is None and end.signal in (None, "SIGTERM", "SIGINT"):
+            continue
+        if found is None:
+            j.victims = [v for v in j.victims if v.rank != r.rank]
+            last = [r.last.evidence] if r.last else []
+            found = Finding(r.rank, current_phase(r), "", "", last, r.last_sign_of_life)
+            j.culprits.append(found)
+        before = f"; before: {found.cause} ({found.rule})" if found.cause else ""
+        if found.cause == "killed without trace":
+            before = f"; {found.rule}"
+        found.rule = f"its process ended: {end.describe}, says torchrun{before}"
+        found.cause = end.describe
+        found.evidence = [*found.evidence, end.evidence]
+        j.states[r.rank] = "killed" if end.signal else "error exit"
+
+
 def judge(run: RunState) -> Verdict:
     if (net := network_partition(run)) is not None:
         j = _Judge(run)
@@ -409,6 +443,7 @@ def judge(run: RunState) -> Verdict:
         alive = r.heartbeat.alive if r.heartbeat else None
         default = "exited" if finished(r) else ("running" if alive is not False else "stopped")
         j.states.setdefault(r.rank, default)
+    name_deaths(run, j)
     all_done = not run.missing and all(finished(r) for r in run.ranks.values())
     if all_done and not j.culprits:
         status = "finished"

@@ -5,8 +5,13 @@ this view keeps moving when the job does not: a rank whose `since progress` grow
 others' stay small is the one holding the job back. Steps/s is measured between two heartbeats
 of a rank. `own ms` is a rank's own time per step (data wait + compute, without waiting for its
 peers) over its recent window, `score` that over the other ranks' median; a rank the detector
-named a straggler shows its cause next to its score, in yellow. The view ends when every rank has
-exited (or after `count` refreshes, or Ctrl-C).
+named a straggler shows its cause next to its score, in yellow. `main thread` says what each
+rank's main thread is in (a collective and which, data loading, or the innermost frame of other
+code), from its heartbeat; `verdict` marks the ranks the verdict (`ae.diagnose.verdict`, on the
+logs as they are at that refresh) names as culprits, with their cause, in red. A rank whose
+process is gone shows `dead` (with the signal or exit code torchrun saw) at the next refresh.
+The view ends when every rank has ended (exited, failed, dead), after `count` refreshes, or on
+Ctrl-C. On a console that is not a terminal (piped, captured), each refresh prints its table.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ae.diagnose.heartbeats import Heartbeat, read_heartbeat
+from ae.diagnose.launcher_log import ProcessEnd
 from ae.diagnose.run_files import DiagnoseError, list_runs
+from ae.diagnose.run_state import read_run
+from ae.diagnose.verdict import Verdict, judge
 from ae.stragglers import scores
 
 
@@ -40,7 +48,22 @@ class _Rates:
         return self.rates.get(beat.rank)
 
 
-def watch_table(ts: str, beats: dict[int, Heartbeat | None], rates: _Rates, now: float) -> Table:
+def _ended(b: Heartbeat | None, ends: dict[int, ProcessEnd], rank: int) -> str | None:
+    """How the rank ended (`exited`, `failed`, `dead: killed (SIGKILL)` ...), or None while it
+    runs."""
+    if (dead := ends.get(rank)) is not None:
+        return f"dead: {dead.describe}"
+    if b is None:
+        return None
+    if b.alive is False and b.state == "running":
+        return "dead"
+    return None if b.state == "running" else b.state
+
+
+def watch_table(
+    ts: str, beats: dict[int, Heartbeat | None], rates: _Rates, now: float,
+    verdict: Verdict | None = None, ends: dict[int, ProcessEnd] | None = None,
+) -> Table:  # fmt: skip
     world = max((b.world_size for b in beats.values() if b), default=0)
     score = scores({r: b.timing for r, b in beats.items() if b and b.timing})
     slow = {
@@ -49,29 +72,33 @@ def watch_table(ts: str, beats: dict[int, Heartbeat | None], rates: _Rates, now:
         for e in b.stragglers if e.get("resolved") is None
     }  # fmt: skip
     table = Table(title=f"ae-diagnose --watch  run {ts}  {time.strftime('%H:%M:%S')}")
-    for name in ("rank", "host:pid", "state", "phase", "epoch", "step", "steps/s",
+    blamed = {f.rank: f.cause for f in verdict.culprits} if verdict is not None else {}
+    for name in ("rank", "host:pid", "state", "phase", "main thread", "epoch", "step", "steps/s",
                  "since progress s", "heartbeat age s", "own ms", "score", "RSS",
-                 "stalled"):  # fmt: skip
-        text = name in ("host:pid", "state", "phase")
+                 "stalled", "verdict"):  # fmt: skip
+        text = name in ("host:pid", "state", "phase", "main thread", "verdict")
         table.add_column(name, justify="left" if text else "right", no_wrap=True)
     for rank in sorted(set(beats) | set(range(world))):
         b = beats.get(rank)
         if b is None:
-            table.add_row(str(rank), "-", Text("no heartbeat", style="yellow"), *["-"] * 10)
+            table.add_row(str(rank), "-", Text("no heartbeat", style="yellow"), *["-"] * 12)
             continue
         rate = rates.update(b)
         since = now - b.last_progress
-        state_style = "green" if b.state == "exited" else "red" if b.state == "failed" else ""
+        state = _ended(b, ends or {}, rank) or b.state
+        state_style = "green" if state == "exited" else "" if state == "running" else "bold red"
+        culprit = Text(f"CULPRIT: {blamed[rank]}", style="bold red") if rank in blamed else ""
         recent = b.timing.recent if b.timing else None
         own = "-" if recent is None else f"{recent.own_ms:.1f}"
         mark = Text("-" if rank not in score else f"{score[rank]:.1f}x")
         if rank in slow:
             mark = Text(f"{mark.plain} STRAGGLER {slow[rank]}", style="bold yellow")
         table.add_row(
-            str(rank), f"{b.host}:{b.pid}", Text(b.state, style=state_style), b.phase,
-            str(b.epoch), str(b.step), "-" if rate is None else f"{rate:.2f}",
+            Text(str(rank), style="bold red" if rank in blamed else ""), f"{b.host}:{b.pid}",
+            Text(state, style=state_style), b.phase, b.main or "-", str(b.epoch), str(b.step),
+            "-" if rate is None else f"{rate:.2f}",
             Text(f"{since:.0f}", style="bold red" if b.stalled else ""), f"{now - b.time:.0f}",
-            own, mark, b.rss_text, Text("STALL", style="bold red") if b.stalled else "",
+            own, mark, b.rss_text, Text("STALL", style="bold red") if b.stalled else "", culprit,
         )  # fmt: skip
     return table
 
@@ -79,6 +106,15 @@ def watch_table(ts: str, beats: dict[int, Heartbeat | None], rates: _Rates, now:
 def read_beats(logs_dir: Path, ts: str) -> dict[int, Heartbeat | None]:
     run = list_runs(logs_dir).get(ts)
     return {} if run is None else {r: read_heartbeat(p) for r, p in run.heartbeats.items()}
+
+
+def _verdict(logs_dir: Path, ts: str) -> tuple[Verdict | None, dict[int, ProcessEnd]]:
+    """The verdict on the logs as they are now, and how the ranks that ended did."""
+    files = list_runs(logs_dir).get(ts)
+    if files is None:
+        return None, {}
+    run = read_run(files)
+    return judge(run), run.ends
 
 
 def watch(logs_dir: Path, ts: str, console: Console, interval: float, count: int = 0) -> None:
@@ -89,15 +125,28 @@ def watch(logs_dir: Path, ts: str, console: Console, interval: float, count: int
         )
     rates = _Rates()
     frames = 0
+    live = Live(console=console, auto_refresh=False) if console.is_terminal else None
     try:
-        with Live(console=console, auto_refresh=False) as live:
-            while True:
-                live.update(watch_table(ts, beats, rates, time.time()), refresh=True)
-                frames += 1
-                over = all(b is not None and b.state != "running" for b in beats.values())
-                if over or (count and frames >= count):
-                    return
-                time.sleep(interval)
-                beats = read_beats(logs_dir, ts)
+        if live is not None:
+            live.start()
+        while True:
+            verdict, ends = _verdict(logs_dir, ts)
+            table = watch_table(ts, beats, rates, time.time(), verdict, ends)
+            if live is not None:
+                live.update(table, refresh=True)
+            else:
+                console.print(table)
+            frames += 1
+            over = all(
+                b is not None and _ended(b, ends, rank) is not None
+                for rank, b in beats.items()
+            )  # fmt: skip
+            if over or (count and frames >= count):
+                return
+            time.sleep(interval)
+            beats = read_beats(logs_dir, ts)
     except KeyboardInterrupt:
         return
+    finally:
+        if live is not None:
+            live.stop()

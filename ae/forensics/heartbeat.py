@@ -19,6 +19,7 @@ from typing import Any
 from ae import atomic_files
 from ae.forensics.process_stats import RssReader
 from ae.forensics.progress import Progress
+from ae.forensics.stall_report import main_thread_doing
 from ae.forensics.step_times import StepTimes, step_times
 from ae.log_lines import HEARTBEAT_FIELDS, HEARTBEAT_FILE
 from logging_cfg import RankContext
@@ -41,7 +42,8 @@ def heartbeat_record(
 ) -> dict[str, Any]:
     """The HEARTBEAT_FIELDS of this rank now. `state`: `running`; at the end `exited`, or
     `failed` when the rank left with an exception. `stragglers`: the episodes of the detecting
-    rank (`ae.forensics.stragglers`), empty elsewhere; `resources`: a `ResourceReader` sample."""
+    rank (`ae.forensics.stragglers`), empty elsewhere; `resources`: a `ResourceReader` sample;
+    `main`: what the main thread is in (called from the watchdog thread)."""
     now = time.time()
     rss_mb, workers = rss.sample()
     record = {
@@ -62,6 +64,7 @@ def heartbeat_record(
         **times.heartbeat(),
         "stragglers": stragglers or [],
         "resources": resources,
+        "main": main_thread_doing(progress.phase),
     }
     assert tuple(record) == HEARTBEAT_FIELDS
     return record

@@ -49,6 +49,7 @@ class DebugCallback(L.Callback):
         self._batches = 0
         self._train_open = False
         self._global_step = 0  # at the previous batch end: tells an optimizer step
+        self._validated = False  # this training epoch ran a validation
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         time_gradient_allreduce(trainer.strategy.model)  # wrapped by DDP by now
@@ -58,6 +59,7 @@ class DebugCallback(L.Callback):
         self._epoch_t0 = self._last_t = time.perf_counter()
         self._batches = 0
         self._train_open = True
+        self._validated = False
         self._global_step = trainer.global_step
         step_times.new_epoch()
         progress.enter("data loading", epoch=trainer.current_epoch)
@@ -134,12 +136,27 @@ class DebugCallback(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._end_training(trainer)
         self._step_times_line(trainer, pl_module)
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-        shown = ", ".join(f"{k}={v:.5f}" for k, v in sorted(metrics.items()) if "/" in k)
+        planned = trainer.num_training_batches
+        whole = not isinstance(planned, int) or self._batches >= planned
+        how = "done" if whole else (
+            f"{'interrupted' if progress.stop_signal else 'stopped'} at batch {self._batches} "
+            f"of {planned}"
+        )  # fmt: skip
         main_log.info(
-            f"Epoch {trainer.current_epoch} done: {self._batches} batches in "
-            f"{time.perf_counter() - self._epoch_t0:.1f}s, step {trainer.global_step}; {shown}"
+            f"Epoch {trainer.current_epoch} {how}: {self._batches} batches in "
+            f"{time.perf_counter() - self._epoch_t0:.1f}s, step {trainer.global_step}; "
+            f"{self._epoch_metrics(trainer, whole)}"
         )
+
+    def _epoch_metrics(self, trainer: L.Trainer, whole: bool) -> str:
+        """This epoch's values only: the epoch's mean train loss (logged at its last batch: not
+        in an epoch cut short), and the val values if it validated. The step-cadence values
+        (`train/loss` ...) belong to the last logged step, the others to an earlier epoch."""
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        keep = {"train/loss_epoch"} if whole else set()
+        if self._validated:
+            keep |= {k for k in metrics if k.startswith("val/")}
+        return ", ".join(f"{k}={v:.5f}" for k, v in sorted(metrics.items()) if k in keep)
 
     @staticmethod
     def _step_times_line(trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -197,6 +214,7 @@ class DebugCallback(L.Callback):
         step_times.restart()  # validation is no part of the next training step
         if trainer.sanity_checking:
             return
+        self._validated = True
         logger.info(f"Validated {self._val_batches} batches")
         logger.info(epoch_marker(trainer.current_epoch, "VALIDATION", "END"))
 

@@ -78,6 +78,23 @@ def collective_wait(frame: FrameType | None) -> str:
     return "no"
 
 
+def main_thread_doing(phase: str) -> str | None:
+    """What the main thread is in now, for the heartbeat (`ae-diagnose --watch`): `collective:
+    <what>`, `data loading`, or `code: <function (file:line)>` (its innermost frame: the
+    user's model, a checkpoint write ...); None when asked from the main thread itself (its
+    last heartbeat, on its way out)."""
+    if threading.current_thread() is threading.main_thread():
+        return None
+    frame = main_thread_frame()
+    try:
+        wait = collective_wait(frame)
+        if wait != "no":
+            return f"collective: {wait.removeprefix('yes (').removesuffix(')')}"
+        return "data loading" if phase == "data loading" else f"code: {describe_frame(frame)}"
+    finally:
+        del frame  # a frame reference keeps the whole stack alive
+
+
 def thread_stacks(skip_ident: int | None = None) -> str:
     """Python stacks of every thread (main thread first), most recent call last."""
     frames = sys._current_frames()

@@ -50,9 +50,9 @@ from ae.log_lines import (
     RANK_EXIT,
     SHM_NEAR_FULL,
     STALL,
+    STALL_ENDED,
     STALL_REPORT,
     STALL_RESOLVED,
-    STOP_SIGNAL,
 )
 from logging_cfg import LogPaths, RankContext
 
@@ -106,7 +106,6 @@ class Watchdog(threading.Thread):
         self._next_report_at = timeout  # idle seconds of the next report
         self.reports = 0
         self._failed = False
-        self._signal_logged = False
         self._signal_redelivered = False
         self.dump_request = dump_request  # `ae-diagnose --dump` touches it: dump the collectives
         self._request_seen = 0
@@ -126,9 +125,8 @@ class Watchdog(threading.Thread):
 
     def check(self) -> None:
         p = self.progress
-        if p.stop_signal is not None and not self._signal_logged:
-            self._signal_logged = True
-            logger.warning(STOP_SIGNAL.format(signal=p.stop_signal, phase=p.phase, step=p.step))
+        if line := p.stop_line():
+            logger.warning(line)
         beat, idle = p.last_beat, p.idle_s()
         if p.stop_signal is not None and idle > STUCK_AFTER_S and p.phase in BEATING_PHASES:
             self._redeliver_stop_signal(p.stop_signal)
@@ -257,14 +255,20 @@ class Watchdog(threading.Thread):
     def _resolved(self, stall_s: float) -> None:
         phase, epoch, step = self._stall_where
         p = self.progress
+        self._stall_beat = None
+        self._next_report_at = self.timeout
+        if p.phase == "teardown":  # left for teardown, not resolved: a peer died, or a stop
+            why = f"stop signal {p.stop_signal}" if p.stop_signal else "a failure"
+            logger.info(STALL_ENDED.format(
+                idle=f"{stall_s:.1f}", phase=phase, epoch=epoch, step=step, why=why
+            ))  # fmt: skip
+            return
         logger.warning(
             STALL_RESOLVED.format(
                 idle=f"{stall_s:.1f}", phase=phase, epoch=epoch, step=step,
                 now=f"phase {p.phase}, step {p.step}",
             )
         )  # fmt: skip
-        self._stall_beat = None
-        self._next_report_at = self.timeout
 
     def stop(self, state: str = "exited") -> None:
         """Stop watching (a last check may log STALL RESOLVED); the heartbeat file gets its last

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from loguru import logger
@@ -39,11 +40,12 @@ from ae.job.outcome import RESUME, preempted, report_failure, report_stop, stop_
 from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import check, launcher_needs
 from ae.job.processes import DEBUG_ENV, free_port, processes_per_node, rank_command
+from ae.job.rank_lines import rank_lines
 from ae.job.restarts import RESTART_ENV, Restart, Restarts, requeue_job
 from ae.job.run_folder import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.job.supervise import Stops, start_child, wait
 from ae.job.topology import Topology, topology
-from ae.log_lines import LAUNCHER_LOG_FILE, RESOURCE_TIGHT
+from ae.log_lines import LAUNCHER_LOG_FILE, RESOURCE_TIGHT, TRAIN_LOG_FILE
 
 RANK_MODULE = "ae.cli.rank_process"  # what runs in every rank (train_ae.py runs the same)
 TORCHRUN_MODULE = "ae.job.torchrun"  # torchrun, its own output into launcher_<TS>.log
@@ -227,7 +229,10 @@ def attempt(
         )
     proc = start_child(cmd, env)
     # Another node that dies closes no connection: its heartbeats tell (`ae.job.peer_nodes`).
-    rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
+    # The leader's console also says the other ranks' errors and stalls (`ae.job.rank_lines`).
+    peers_said = rank_lines(logs / TRAIN_LOG_FILE.format(ts=ts)) if topo.leader else nullcontext()
+    with peers_said:
+        rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
     return rc, stops
 
 

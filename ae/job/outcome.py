@@ -41,7 +41,12 @@ def report_stop(logs: Path, ts: str, sig: signal.Signals, killed: bool) -> int:
     train_log = logs / TRAIN_LOG_FILE.format(ts=ts)
     saved = preempted(logs, ts)
     what = "Interrupted" if sig == signal.SIGINT else f"Preempted ({sig.name})"
-    if killed:
+    if killed and saved:  # the save was done when the second Ctrl-C came: say that, once
+        logger.warning(
+            f"{what} at step {saved['step']}; checkpoint saved at {saved['path']}, then stopped "
+            f"at once (second Ctrl-C); {RESUME}"
+        )
+    elif killed:
         logger.warning(
             f"{what}: stopped at once (second Ctrl-C), without a checkpoint of this moment; "
             f"{RESUME} continues from the newest one saved"

@@ -19,7 +19,6 @@ mid-batch and taking the rank's clean save with them (`ae.data.loader`).
 from __future__ import annotations
 
 import signal
-import time
 from typing import Any
 
 import lightning as L
@@ -53,9 +52,7 @@ def _on_stop_signal(signum: int, frame: Any) -> None:
     """Records the first stop signal in `progress` (plain stores; the watchdog thread logs it),
     and leaves a stuck rank. No logging and no collectives here: the handler runs between two
     bytecodes of whatever the main thread was doing, a log write included."""
-    if progress.stop_signal is None:
-        progress.stop_signal = signal.Signals(signum).name
-        progress.stop_signal_at = time.time()
+    progress.record_stop_signal(signal.Signals(signum).name)
     # Stuck when the signal comes -- or, when it came to a busy rank, when the watchdog delivers
     # it again after STUCK_AFTER_S without progress (`ae.forensics.watchdog`).
     if (idle := progress.idle_s()) > STUCK_AFTER_S:
@@ -86,6 +83,8 @@ class Preemption(L.Callback):
         # One tiny all-reduce per optimizer step: ranks may be signalled at different steps.
         if not trainer.strategy.reduce_boolean_decision(stop_signal_received(), all=False):
             return
+        if line := progress.stop_line():  # before the save, if the watchdog has not said it
+            logger.warning(line)
         ckpt = self.checkpointing
         path = ckpt.store.last if ckpt.saved_step == step else ckpt.save_step(trainer, "preemption")
         log = main_log if trainer.is_global_zero else logger

@@ -103,20 +103,36 @@ def test_table_names_the_culprit_with_evidence(tmp_path: Path, capsys) -> None:
     assert "Last lines of debug_rank0_" in out
 
 
+GONE_PID = 4_194_000  # above the default pid_max: no such process
+
+
 def test_watch_shows_every_rank_and_ends_with_the_job(tmp_path: Path) -> None:
     now = time.time()
     write_heartbeat(tmp_path, 0, 3, pid=os.getpid(), t=now, phase="training step", step=7)
     write_heartbeat(tmp_path, 1, 3, pid=os.getpid(), t=now, phase="data loading", step=6,
                     stalled=True, last_progress=now - 600)  # fmt: skip
-    console = Console(record=True, width=200, force_terminal=False)
+    console = Console(record=True, width=250, force_terminal=False)
     watch(tmp_path, TS, console, interval=0.01, count=2)
     text = console.export_text()
     assert "training step" in text and "STALL" in text and "no heartbeat" in text  # rank 2
     assert re.search(r" 60[01] ", text)  # seconds since rank 1's last progress
+    assert "code: step (model.py:1)" in text  # what rank 0's main thread is in
+    rows1 = [line for line in text.splitlines() if line.startswith("│    1 ")]
+    assert len(rows1) == 2  # not a terminal: each refresh printed
+    assert "CULPRIT: data loading" in rows1[-1]  # the verdict's culprit, on its row
+    # Rank 1's process dies: dead at the next refresh, and the watch ends (rank 0 exited).
+    write_heartbeat(tmp_path, 0, 2, pid=os.getpid(), t=now, phase="teardown", step=9,
+                    state="exited")  # fmt: skip
+    write_heartbeat(tmp_path, 1, 2, pid=GONE_PID, t=now, phase="data loading", step=6,
+                    stalled=True, last_progress=now - 600)  # fmt: skip
+    console = Console(record=True, width=250, force_terminal=False)
+    watch(tmp_path, TS, console, interval=60)  # returns at once: every rank ended
+    (row1,) = [line for line in console.export_text().splitlines() if line.startswith("│    1 ")]
+    assert "│ dead " in row1
     for rank in (0, 1):
         write_heartbeat(tmp_path, rank, 2, pid=os.getpid(), t=now, phase="teardown", step=9,
                         state="exited")  # fmt: skip
-    console = Console(record=True, width=200, force_terminal=False)
+    console = Console(record=True, width=250, force_terminal=False)
     watch(tmp_path, TS, console, interval=60)  # returns at once: every rank exited
     assert console.export_text().count("exited") == 2
 

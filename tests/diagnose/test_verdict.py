@@ -14,7 +14,7 @@ import pytest
 from ae.diagnose.report import diagnose
 from ae.diagnose.run_files import find_run
 from ae.log_lines import MARKER, STOP_SIGNAL, STOP_SIGNAL_STUCK
-from bench.synthetic_logs import RankWriter, write_heartbeat, write_train_log
+from bench.synthetic_logs import TS, RankWriter, write_heartbeat, write_train_log
 
 GLOO = (
     "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
@@ -499,3 +499,66 @@ def test_every_rank_waiting_across_hosts_is_the_network(tmp_path: Path) -> None:
                         phase="training step", step=127, state="failed", stalled=True)  # fmt: skip
     doc = run_diagnose(tmp_path)
     assert doc["network"] is None and len(doc["culprits"]) == 1
+
+
+def _torchrun_report(logs: Path, first: tuple[int, int, int], then: tuple[int, int, int]) -> None:
+    """launcher_<TS>.log with torchrun's report: (rank, exit code, pid) of its root cause (the
+    first end it saw) and of a rank it stopped after."""
+    blocks = []
+    for title, (rank, code, pid) in (("Failures:", then), ("Root Cause (first observed failure):",
+                                                            first)):  # fmt: skip
+        sig = "  (SIGKILL)" if code == -9 else ""
+        blocks += [title, "[0]:", f"  rank      : {rank} (local_rank: {rank})",
+                   f"  exitcode  : {code} (pid: {pid}){sig}"]  # fmt: skip
+    (logs / f"launcher_{TS}.log").write_text("\n".join(blocks) + "\n")
+
+
+@pytest.mark.parametrize("killed_first", [True, False])
+def test_a_rank_killed_while_stalled_is_killed(tmp_path: Path, killed_first: bool) -> None:
+    """Rank 1 stalls in its training step (rank 0 waits), then dies of SIGKILL. As torchrun's
+    first end, it is `killed (SIGKILL)`, the stall in the rule, alive/exit_code/signal in the
+    JSON; killed by torchrun after another rank's end, the stall stays its cause."""
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.log("========== EPOCH 0 TRAINING START ==========")
+        w.steps(1, 3)
+    w1.stall("training step", 3, 3.1)
+    w0.stall("training step", 3, 3.0, collective="yes (DDP gradient all-reduce in backward)",
+             frame="_engine_run_backward (torch/autograd/graph.py:979)")  # fmt: skip
+    w0.flush()
+    w1.flush()
+    killed, stopped = (1, -9, 4_194_001), (0, 1, 4_194_000)
+    _torchrun_report(tmp_path, *((killed, stopped) if killed_first else (stopped, killed)))
+    doc = run_diagnose(tmp_path)
+    ranks = {r["rank"]: r for r in doc["ranks"]}
+    assert (ranks[1]["alive"], ranks[1]["exit_code"], ranks[1]["signal"]) == (
+        False,
+        None,
+        "SIGKILL",
+    )
+    assert (ranks[0]["alive"], ranks[0]["exit_code"], ranks[0]["signal"]) == (False, 1, None)
+    if killed_first:
+        assert culprits(doc) == [(1, "training step", "killed (SIGKILL)")]
+        (culprit,) = doc["culprits"]
+        assert "before: training step (no progress" in culprit["rule"]
+        assert culprit["evidence"][-1]["text"] == "exitcode  : -9 (pid: 4194001)  (SIGKILL)"
+        assert ranks[1]["state"] == "killed" and doc["status"] == "failed"
+    else:
+        assert culprits(doc) == [(1, "training step", "training step")]
+
+
+def test_a_stalled_rank_that_left_on_a_stop_signal_keeps_its_stall(tmp_path: Path) -> None:
+    """Torchrun's first end can be a stalled rank leaving on its SIGTERM (128 + 15, no exit
+    line): it was stopped, so its stall stays the cause."""
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.steps(1, 3)
+    w1.stall("training step", 3, 3.1)
+    w1.log(STOP_SIGNAL_STUCK.format(signal="SIGTERM", idle="20", phase="training step", step=3),
+           "WARNING")  # fmt: skip
+    w0.flush()
+    w1.flush()
+    _torchrun_report(tmp_path, (1, 143, 4_194_001), (0, 1, 4_194_000))
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(1, "training step", "training step")]
+    assert doc["ranks"][1]["exit_code"] == 143 and doc["ranks"][1]["signal"] is None

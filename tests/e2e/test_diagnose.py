@@ -138,7 +138,7 @@ def test_rank_sigkilled_mid_epoch(make_shards, tmp_path: Path) -> None:
     )
     assert res.returncode != 0
     doc, _ = diagnose_json(res.logs)
-    assert culprits(doc) == [(0, "training step", "killed without trace")], doc
+    assert culprits(doc) == [(0, "training step", "killed (SIGKILL)")], doc  # torchrun's report
     assert (
         "Training step" in doc["culprits"][0]["evidence"][0]["text"]
         or "FAULT injected" in (doc["culprits"][0]["evidence"][0]["text"])

@@ -111,6 +111,14 @@ def test_ctrl_c_saves_and_a_folder_holds_one_run(make_shards, tmp_path: Path) ->
         assert f"PREEMPTED by SIGINT at step {n}: checkpoint" in text, text[-2000:]
         assert f"CHECKPOINT SAVE END ========== step {n} (preemption)" in text
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == n
+    # The cut epoch says so, with this epoch's values only (no val/ of the epoch before) ...
+    cut = re.search(rf"Epoch (\d+) interrupted at batch (\d+) of 8: .*step {n};(.*)", output)
+    assert cut and int(cut[2]) == n % 8 and "val/" not in cut[3], output
+    # ... and the stop line came with the phase the signal found, before the save.
+    rank0 = "".join(p.read_text() for p in logs.glob("debug_rank0_*.log"))
+    stop = re.search(r"Stop signal SIGINT received in phase (.+) at step (\d+)", rank0)
+    assert stop and stop[1] != "teardown" and int(stop[2]) <= n, rank0[-2000:]
+    assert stop.start() < rank0.index(f"CHECKPOINT SAVE START ========== step {n} (preemption)")
     assert not (out / "run.lock").exists()  # released on exit
     # --debug: c10d's and gloo's own lines went to the native logs, none to the console
     assert not C_LOG_LINE.search(output), output

@@ -123,6 +123,11 @@ def test_bad_data_is_logged_and_replaced(launch, make_shards, tmp_path: Path) ->
     assert "Bad shard pipe:cat" in main and "Bad sample 00000016" in main  # every ERROR there too
     summary = re.findall(r"WARNING .*Data errors train_shards: (\d+) bad samples, (\d+) bad", main)
     assert sum(int(s) + int(b) for s, b in summary) >= 4  # 2 bad samples + 1 bad read, x2 epochs
+    # The console speaks for every rank: the workers' ERROR lines, each rank's summary.
+    assert re.search(r"rank \d worker \d: Bad (sample|shard) ", res.output), res.output
+    for rank, line in re.findall(r"WARNING .*\[Rank (\d)/2\] (Data errors train_shards: .*)", main):
+        if rank != "0":  # rank 0's is its own console line
+            assert f"rank {rank}: {line}" in res.output, res.output
 
 
 def test_an_epoch_past_max_bad_fraction_stops_with_every_ranks_count(launch, make_shards) -> None:

@@ -19,7 +19,7 @@ from ae.forensics.process_stats import RssReader
 from ae.forensics.progress import STUCK_AFTER_S, Progress
 from ae.forensics.stall_report import collective_wait, describe_frame, thread_stacks
 from ae.forensics.watchdog import Watchdog
-from ae.log_lines import HEARTBEAT_FIELDS, STALL, STALL_RESOLVED, STOP_SIGNAL
+from ae.log_lines import HEARTBEAT_FIELDS, STALL, STALL_ENDED, STALL_RESOLVED, STOP_SIGNAL
 from logging_cfg import RankContext
 
 
@@ -110,16 +110,37 @@ def test_no_report_while_beating(records: list[str]) -> None:
 
 
 def test_stop_signal_is_logged_once_by_the_watchdog(records: list[str]) -> None:
-    """The signal handler only stores the signal; the watchdog thread writes the line."""
+    """The signal handler only stores the signal and where the rank was; the watchdog thread
+    writes the line with that phase and step, even when the rank has moved on since."""
     prog = Progress()
     prog.enter("training step", step=12)
     dog = Watchdog(60, RankContext(), progress=prog)
     dog.check()
-    prog.stop_signal, prog.stop_signal_at = "SIGTERM", time.time()
+    prog.record_stop_signal("SIGTERM")
+    prog.enter("teardown", step=13)
     dog.check()
     dog.check()
+    assert prog.stop_line() is None  # said once: the step boundary finds nothing left to say
     lines = [r for r in records if STOP_SIGNAL.prefix in r]
     assert lines == [STOP_SIGNAL.format(signal="SIGTERM", phase="training step", step=12)]
+
+
+def test_a_stall_left_for_teardown_is_not_resolved(records: list[str]) -> None:
+    """A rank waiting in a collective whose peer died leaves the stall for teardown: no STALL
+    RESOLVED (rank 0's console would print it), one INFO line saying what happened."""
+    prog = Progress()
+    prog.enter("training step", step=5)
+    dog = Watchdog(0.2, RankContext(), progress=prog)
+    prog.last_beat -= 1.0
+    dog.check()
+    assert any(r.startswith("STALL detected") for r in records)
+    prog.record_stop_signal("SIGTERM")
+    prog.enter("teardown")
+    dog.check()
+    assert not [r for r in records if r.startswith("STALL RESOLVED")]
+    (ended,) = [r for r in records if r.startswith("STALL ended")]
+    m = STALL_ENDED.parse(ended)
+    assert m is not None and m["phase"] == "training step" and m["why"] == "stop signal SIGTERM"
 
 
 def _frame_in(path: str, name: str):
@@ -196,7 +217,7 @@ def test_a_stop_signal_is_delivered_again_to_a_rank_that_stays_stuck() -> None:
             prog = Progress()
             prog.enter(phase, step=7)
             dog = Watchdog(60, RankContext(), progress=prog)
-            prog.stop_signal, prog.stop_signal_at = "SIGTERM", time.time()
+            prog.record_stop_signal("SIGTERM")
             dog.check()
             assert got == []  # just signalled: the rank may still reach its step
             prog.last_beat -= STUCK_AFTER_S + 1

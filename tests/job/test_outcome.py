@@ -94,4 +94,12 @@ def test_a_stop_names_the_checkpoint(
     ]
     said.clear()
     assert report_stop(tmp_path, TS, sig, killed=True) == code
-    assert "stopped at once (second Ctrl-C)" in said[0]
+    # The second Ctrl-C came after the save: the one line says both, never "without a checkpoint"
+    assert said == [
+        f"{what} at step 12; checkpoint saved at {ckpt}, then stopped at once (second Ctrl-C); "
+        "resume with --resume_from_checkpoint=last"
+    ]
+    said.clear()
+    (tmp_path / TRAIN_LOG_FILE.format(ts=TS)).write_text("")  # before any save
+    assert report_stop(tmp_path, TS, sig, killed=True) == code
+    assert "stopped at once (second Ctrl-C), without a checkpoint of this moment" in said[0]

@@ -75,6 +75,31 @@ def test_uncaught_exceptions_are_fatal_in_both_logs(tmp_path: Path) -> None:
         assert re.search(r"Traceback[^|]*line \d+, in deep", text, re.S)
 
 
+def test_a_process_whose_rank_is_gone_leaves_quietly(tmp_path: Path) -> None:
+    """A forked child (a dataloader worker) outlives its rank (SIGKILLed) and then fails on a
+    socket to it: one INFO line says so, no FATAL (issue: the worker's ConnectionResetError was
+    taken for the dead rank's cause)."""
+    proc = run_rank(
+        tmp_path,
+        """
+        rank_pid = os.getpid()
+        if os.fork() == 0:
+            while os.getppid() == rank_pid:  # until the rank is gone
+                time.sleep(0.01)
+            def in_thread():
+                raise BrokenPipeError(32, "Broken pipe")
+            t = threading.Thread(target=in_thread, name="pin")
+            t.start(); t.join()
+            raise ConnectionResetError(104, "Connection reset by peer")
+        os.kill(rank_pid, signal.SIGKILL)
+        """,
+    )
+    assert proc.returncode == -signal.SIGKILL
+    text = (tmp_path / "debug_rank1_TS.log").read_text()
+    assert "FATAL" not in text and "Traceback" not in text, text
+    assert text.count("INFO     | [Rank 1/2] parent rank gone, worker exiting") == 1, text
+
+
 def test_sigusr1_dumps_all_stacks_into_the_debug_log(tmp_path: Path) -> None:
     proc = run_rank(
         tmp_path,

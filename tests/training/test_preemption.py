@@ -17,7 +17,8 @@ from ae.training.preemption import SigtermWhileStuck
 
 @pytest.fixture
 def fresh_progress(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("stop_signal", "stop_signal_at", "last_beat", "phase", "step"):
+    for name in ("stop_signal", "stop_signal_at", "stop_phase", "stop_step", "_stop_said",
+                 "last_beat", "phase", "step"):  # fmt: skip
         monkeypatch.setattr(progress, name, getattr(progress, name))
     progress.stop_signal = progress.stop_signal_at = None
     yield
@@ -46,6 +47,7 @@ def _signal_during_a_log_write(idle_s: float, signum: int = signal.SIGTERM) -> l
 def test_handler_in_a_busy_rank_only_records(fresh_progress: None) -> None:
     assert _signal_during_a_log_write(idle_s=0.0) == []
     assert progress.stop_signal == "SIGTERM" and progress.stop_signal_at is not None
+    assert (progress.stop_phase, progress.stop_step) == ("data loading", 7)  # where it came
     assert preemption.stop_signal_received()
 
 

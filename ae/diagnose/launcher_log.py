@@ -1,0 +1,86 @@
+"""How each rank process ended, in torchrun's own words (`launcher_<TS>.log`).
+
+A rank killed by a signal (SIGKILL from the OOM killer or a user's `kill -9`) writes nothing: its
+log just stops. torchrun, its parent, saw it end and says how, in two places:
+
+    E1126 ... api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 25913) of binary: ...
+    ...
+      rank      : 1 (local_rank: 1)
+      exitcode  : -9 (pid: 25913)  (SIGKILL)
+
+A negative exit code is the signal that ended the process. The report's rank is the global rank;
+the pid ties a line to a rank's heartbeat. The block under `Root Cause (first observed failure)`
+is the rank torchrun saw end first, before it stopped the others.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from ae.diagnose.logscan import Evidence
+
+_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: \d+ \(pid: (?P<pid>\d+)\)")
+_BLOCK_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+) \(local_rank: \d+\)")
+_BLOCK_EXIT = re.compile(r"^\s*exitcode\s*: (?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
+_ROOT_CAUSE = "Root Cause (first observed failure)"
+
+
+@dataclass(frozen=True)
+class ProcessEnd:
+    """A rank process's end as its parent saw it: an exit code, or the signal that killed it."""
+
+    pid: int
+    exit_code: int | None  # None when a signal ended it
+    signal: str | None  # SIGKILL, SIGSEGV ...
+    evidence: Evidence
+    first: bool = False  # torchrun's root cause: the first rank it saw end
+
+    @property
+    def describe(self) -> str:
+        return f"killed ({self.signal})" if self.signal else f"exited {self.exit_code}"
+
+
+def _end(pid: int, code: int, evidence: Evidence, first: bool = False) -> ProcessEnd:
+    if code >= 0:
+        return ProcessEnd(pid, code, None, evidence, first)
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return ProcessEnd(pid, None, name, evidence, first)
+
+
+@dataclass
+class LauncherReport:
+    by_pid: dict[int, ProcessEnd]
+    by_rank: dict[int, ProcessEnd]  # from the report's blocks (global ranks)
+
+
+def read_launcher_logs(paths: list[Path]) -> LauncherReport:
+    out = LauncherReport({}, {})
+    for path in paths:
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        rank: int | None = None
+        root = False
+        for n, line in enumerate(lines, 1):
+            if _ROOT_CAUSE in line:
+                root = True
+            elif m := _FAILED.search(line):
+                pid = int(m["pid"])
+                out.by_pid.setdefault(pid, _end(pid, int(m["code"]), Evidence(path, n, line)))
+            elif m := _BLOCK_RANK.match(line):
+                rank = int(m["rank"])
+            elif (m := _BLOCK_EXIT.match(line)) and rank is not None:
+                pid = int(m["pid"])
+                end = _end(pid, int(m["code"]), Evidence(path, n, line.strip()), root)
+                if root or rank not in out.by_rank:
+                    out.by_rank[rank] = end
+                out.by_pid[pid] = end if root or pid not in out.by_pid else out.by_pid[pid]
+                rank = None
+    return out

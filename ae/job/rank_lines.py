@@ -1,0 +1,123 @@
+"""The console speaks for every rank: the launcher follows the train log while the job runs.
+
+Only rank 0's process writes to the console itself (`logging_cfg`); every rank's warnings and
+errors also go to `train_<TS>.log`, rank-tagged. A thread of the launcher reads what is new there
+every `POLL_S` and puts on the console, tagged `rank R` (`rank R worker W`), what rank 0 could
+not say: the ERROR lines of the other ranks and of every dataloader worker (rank 0's included),
+each rank's `Data errors` summary, and the first STALL line of each stall of the other ranks
+(the culprit's, not only the waiting rank 0's). Uncaught exceptions stay off: the launcher prints
+the diagnosis of the whole job at the end. To keep the console calm, each source shows at most
+`BURST` ERROR lines per `WINDOW_S`; the rest are counted, and the count is said when the window
+closes (and at the end).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loguru import logger
+
+from ae.log_lines import DATA_ERRORS, RECORD_PATTERN, STALL
+
+POLL_S = 0.5
+BURST = 3  # ERROR lines shown per source and window
+WINDOW_S = 60.0
+
+
+@dataclass
+class _Source:
+    window_start: float = 0.0
+    shown: int = 0
+    held: int = 0  # ERROR lines not shown in this window
+
+
+@dataclass
+class RankLines:
+    """Reads the train log from where it stopped; `poll` says the new lines worth saying."""
+
+    train_log: Path
+    offset: int = 0
+    partial: bytes = b""
+    sources: dict[str, _Source] = field(default_factory=dict)
+    stalls: dict[int, tuple[str, str, str]] = field(default_factory=dict)  # rank -> episode
+
+    def poll(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for line in self._new_lines():
+            self._line(line, now)
+        self._close_windows(now, final=False)
+
+    def finish(self) -> None:
+        self.poll()
+        self._close_windows(time.monotonic(), final=True)
+
+    def _new_lines(self) -> list[str]:
+        try:
+            with self.train_log.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        return [raw.decode("utf-8", "replace") for raw in lines]
+
+    def _line(self, line: str, now: float) -> None:
+        m = RECORD_PATTERN.match(line)
+        if m is None:
+            return
+        rank, worker, level, message = int(m["rank"]), m["worker"], m["level"], m["message"]
+        who = f"rank {rank}" + (f" worker {worker}" if worker is not None else "")
+        if worker is None and rank == 0:
+            return  # rank 0's own lines: on the console already
+        if level == "ERROR":
+            self._error(who, message, now)
+        elif worker is None and DATA_ERRORS.parse(message):
+            logger.warning(f"{who}: {message}")
+        elif worker is None and (s := STALL.parse(message)):
+            episode = (s["phase"], s["epoch"], s["step"])
+            if self.stalls.get(rank) != episode:  # its first report; the repeats stay in files
+                self.stalls[rank] = episode
+                logger.warning(f"{who}: {message}")
+
+    def _error(self, who: str, message: str, now: float) -> None:
+        src = self.sources.setdefault(who, _Source(window_start=now))
+        if src.shown < BURST:
+            src.shown += 1
+            logger.error(f"{who}: {message}")
+        else:
+            src.held += 1
+
+    def _close_windows(self, now: float, final: bool) -> None:
+        for who, src in self.sources.items():
+            if not final and now - src.window_start < WINDOW_S:
+                continue
+            if src.held:
+                logger.error(f"{who}: {src.held} more ERROR lines (all in {self.train_log.name})")
+            src.window_start, src.shown, src.held = now, 0, 0
+
+
+@contextmanager
+def rank_lines(train_log: Path) -> Iterator[RankLines]:
+    """Follow `train_log` on a thread while the block runs; the last lines are said at its end,
+    before whatever the launcher says next."""
+    follower = RankLines(train_log)
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(POLL_S):
+            follower.poll()
+
+    thread = threading.Thread(target=run, name="ae-rank-lines", daemon=True)
+    thread.start()
+    try:
+        yield follower
+    finally:
+        stop.set()
+        thread.join()
+        follower.finish()
