@@ -8,7 +8,9 @@ each rank's `Data errors` summary, and the first STALL line of each stall of the
 (the culprit's, not only the waiting rank 0's). Uncaught exceptions stay off: the launcher prints
 the diagnosis of the whole job at the end. To keep the console calm, each source shows at most
 `BURST` ERROR lines per `WINDOW_S`; the rest are counted, and the count is said when the window
-closes (and at the end).
+closes (and at the end). An ERROR line whose text rank 0 also logged (a user error every rank
+finds alike), or that another rank already said, is said once: the other ranks' ERROR lines wait
+`HOLD_S` for rank 0's own before they are shown.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ae.log_lines import DATA_ERRORS, RECORD_PATTERN, STALL
 POLL_S = 0.5
 BURST = 3  # ERROR lines shown per source and window
 WINDOW_S = 60.0
+HOLD_S = 2.0  # an ERROR of another rank waits this long for the same text from rank 0
 
 
 @dataclass
@@ -45,16 +48,28 @@ class RankLines:
     partial: bytes = b""
     sources: dict[str, _Source] = field(default_factory=dict)
     stalls: dict[int, tuple[str, str, str]] = field(default_factory=dict)  # rank -> episode
+    said: set[str] = field(default_factory=set)  # ERROR texts on the console already
+    held: list[tuple[float, str, str]] = field(default_factory=list)  # (due, who, message)
 
     def poll(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         for line in self._new_lines():
             self._line(line, now)
+        self._release(now)
         self._close_windows(now, final=False)
 
     def finish(self) -> None:
         self.poll()
+        self._release(float("inf"))  # every line of the run is read: rank 0's too
         self._close_windows(time.monotonic(), final=True)
+
+    def _release(self, now: float) -> None:
+        due = [h for h in self.held if h[0] <= now]
+        self.held = [h for h in self.held if h[0] > now]
+        for _, who, message in due:
+            if message not in self.said:
+                self.said.add(message)
+                self._error(who, message, now)
 
     def _new_lines(self) -> list[str]:
         try:
@@ -74,9 +89,11 @@ class RankLines:
         rank, worker, level, message = int(m["rank"]), m["worker"], m["level"], m["message"]
         who = f"rank {rank}" + (f" worker {worker}" if worker is not None else "")
         if worker is None and rank == 0:
+            if level == "ERROR":
+                self.said.add(message)
             return  # rank 0's own lines: on the console already
         if level == "ERROR":
-            self._error(who, message, now)
+            self.held.append((now + HOLD_S, who, message))
         elif worker is None and DATA_ERRORS.parse(message):
             logger.warning(f"{who}: {message}")
         elif worker is None and (s := STALL.parse(message)):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from loguru import logger
 
-from ae.job.rank_lines import BURST, WINDOW_S, RankLines
+from ae.job.rank_lines import BURST, HOLD_S, WINDOW_S, RankLines
 from ae.log_lines import BAD_SAMPLE, DATA_ERRORS, FATAL, STALL
 from bench.synthetic_logs import T0, record
 
@@ -44,16 +44,16 @@ def test_other_ranks_errors_summaries_and_stalls(tmp_path: Path, said: list[str]
     follower = RankLines(log)
     log.write_text("\n".join(lines) + "\n" + lines[0][:20])  # and half a line, still written
     follower.poll(now=0.0)
-    assert said == [
-        *[f"ERROR rank 1 worker 0: {b}" for b in bad[:BURST]],
-        f"WARNING rank 1: {_stall(5, 1)}",
-    ]
+    assert said == [f"WARNING rank 1: {_stall(5, 1)}"]  # the errors wait for rank 0's own
+    said.clear()
+    follower.poll(now=HOLD_S)
+    assert said == [f"ERROR rank 1 worker 0: {b}" for b in bad[:BURST]]
     said.clear()
     summary = DATA_ERRORS.format(split="train", bad_samples=5, bad_shards=0, replaced=5)
     with log.open("a") as f:  # the rest of the half line, then more
         f.write(lines[0][20:] + "\n" + record(T0, "WARNING", 1, 2, summary) + "\n")
         f.write(record(T0, "WARNING", 1, 2, _stall(9, 3)) + "\n")  # a new stall
-    follower.poll(now=WINDOW_S + 1)  # the window closed: the held lines are counted
+    follower.poll(now=HOLD_S + WINDOW_S + 1)  # the window closed: the held lines are counted
     assert said == [
         f"WARNING rank 1: {summary}",
         f"WARNING rank 1: {_stall(9, 3)}",
@@ -62,3 +62,22 @@ def test_other_ranks_errors_summaries_and_stalls(tmp_path: Path, said: list[str]
     said.clear()
     follower.finish()
     assert said == []
+
+
+def test_an_error_every_rank_logs_is_said_once(tmp_path: Path, said: list[str]) -> None:
+    """A user error found alike by every rank: rank 0 says it; the others' copies, whichever
+    comes first in the log, are not repeated; another rank's own error still is, once."""
+    log = tmp_path / "train_TS.log"
+    log.write_text(
+        "\n".join([
+            record(T0, "ERROR", 1, 3, "val_shards: no readable sample"),  # before rank 0's
+            record(T0, "ERROR", 2, 3, "rank 2 alone"),
+            record(T0, "ERROR", 0, 3, "val_shards: no readable sample"),
+            record(T0, "ERROR", 1, 3, "rank 2 alone"),
+        ]) + "\n"
+    )  # fmt: skip
+    follower = RankLines(log)
+    follower.poll(now=0.0)
+    assert said == []
+    follower.finish()
+    assert said == ["ERROR rank 2: rank 2 alone"]
