@@ -1,3 +1,4 @@
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -5,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ae.config import FIELDS, ConfigError, help_text, parse_config
+from ae.config import FIELDS, ConfigError, help_text, logger_names, parse_config
 
 
 def test_defaults_and_cli_forms() -> None:
@@ -222,3 +223,23 @@ def test_resampled_split_needs_epoch_samples_and_only_it_takes_them() -> None:
             parse_config(argv)
     cfg = parse_config(["--count_cache=off", "--write_index=never"])
     assert (cfg.data.count_cache, cfg.data.write_index) == ("off", "never")
+
+
+def test_logger_choices_and_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = parse_config([])
+    assert logger_names(cfg.obs.logger) == ["csv", "tensorboard"]  # the default
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--logger=csv,neptune"])
+    assert err.value.problems == [
+        "logger: unknown logger 'neptune'; choose from csv, tensorboard, wandb, mlflow"
+    ]
+    # A chosen logger whose package is missing names what installs it, before anything starts.
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--logger=csv,wandb"])
+    assert err.value.problems == [
+        "logger: wandb is not installed; install it with .venv/bin/pip install -e '.[wandb]'"
+    ]

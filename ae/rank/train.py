@@ -29,6 +29,7 @@ from ae.log_lines import RESOURCE_TIGHT, main_log
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
 from ae.training.checkpoint_files import resolve_resume
+from ae.training.metrics import resumed_logger_runs, start_loggers
 from ae.training.model import build_model, describe
 from ae.training.preemption import preempted_at
 from ae.training.run_info import log_model_summary, log_rank_header, log_run_setup
@@ -68,8 +69,11 @@ def fit(cfg: Config, ctx: RankContext) -> str:
         log_model_summary(model)
     preflight(cfg, ctx, batch_bytes=cfg.data.batch_size * math.prod(datamodule.spec.shape) * 4,
               model=model)  # fmt: skip
-    trainer = build_trainer(cfg, ctx, run_ts)
     ckpt = resolve_resume(cfg.checkpoints.resume_from_checkpoint, run_dir.checkpoints)
+    # Rank 0 alone writes metrics: it continues the logger runs of the checkpoint it resumes.
+    trainer = build_trainer(cfg, ctx, run_ts, resumed_logger_runs(ckpt) if ctx.rank == 0 else {})
+    if ctx.rank == 0:
+        start_loggers(trainer.loggers)  # one that cannot start stops the run now, exit 2
     # Our own checkpoints: they hold the config and loop state, not only tensors.
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
     if (step := preempted_at(trainer)) is not None:
