@@ -285,8 +285,10 @@ def draw_timeline(tl: Timeline, path: Path) -> None:
         key = f"{m.rank}:{m.kind}"
         if key not in seen:  # the first of each kind per lane carries its words
             seen.add(key)
-            ax.annotate(m.text, (x, y), xytext=(4, 6), textcoords="offset points", fontsize=8,
-                        color=colour, fontweight="bold", zorder=5)  # fmt: skip
+            right = x > 0.75 * (tl.end - tl.start)  # words to the left near the right edge
+            ax.annotate(m.text, (x, y), xytext=(-4 if right else 4, 6), textcoords="offset points",
+                        ha="right" if right else "left", fontsize=8, color=colour,
+                        fontweight="bold", zorder=5)  # fmt: skip
     labels = []
     for rank in tl.ranks:
         cause = tl.culprits.get(rank)
