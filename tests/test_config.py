@@ -229,9 +229,10 @@ def test_logger_choices_and_missing_packages(monkeypatch: pytest.MonkeyPatch) ->
     cfg = parse_config([])
     assert logger_names(cfg.obs.logger) == ["csv", "tensorboard"]  # the default
     with pytest.raises(ConfigError) as err:
-        parse_config(["--logger=csv,neptune"])
+        parse_config(["--logger=csv,neptune,csv"])
     assert err.value.problems == [
-        "logger: unknown logger 'neptune'; choose from csv, tensorboard, wandb, mlflow"
+        "logger: csv is listed twice",
+        "logger: unknown logger 'neptune'; choose from csv, tensorboard, wandb, mlflow",
     ]
     # A chosen logger whose package is missing names what installs it, before anything starts.
     real = importlib.util.find_spec

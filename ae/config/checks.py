@@ -28,7 +28,7 @@ def logger_problems(value: str) -> list[str]:
     names = logger_names(value)
     if not names:
         return [f"must name at least one of {', '.join(LOGGERS)}"]
-    problems = []
+    problems = [f"{name} is listed twice" for name in sorted(set(names)) if names.count(name) > 1]
     for name in names:
         if name not in LOGGERS:
             problems.append(f"unknown logger {name!r}; choose from {', '.join(LOGGERS)}")

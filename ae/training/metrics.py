@@ -26,6 +26,7 @@ import csv
 import math
 import os
 import secrets
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,14 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.loggers import (
+    CSVLogger,
+    Logger,
+    MLFlowLogger,
+    TensorBoardLogger,
+    WandbLogger,
+)
+from lightning.pytorch.utilities import rank_zero_only
 from PIL import Image
 
 from ae.config import ConfigError, ObservabilityConfig, logger_names
@@ -74,23 +82,33 @@ def _make_logger(
             default_hp_metric=False,
         )  # fmt: skip
     if name == "wandb":
-        from lightning.pytorch.loggers import WandbLogger  # an extra: imported only when chosen
-
         return WandbLogger(
             project=obs.experiment, save_dir=str(run_dir.root), name=run_dir.root.name,
             id=run_id or f"ae-{run_ts}-{secrets.token_hex(3)}", resume="allow",
         )  # fmt: skip
-    from lightning.pytorch.loggers import MLFlowLogger
-
     uri = obs.mlflow_tracking_uri
     if uri is None:
         uri = run_dir.mlruns.resolve().as_uri()
         # MLflow 3 keeps its file store in maintenance and refuses it unless this is set; a
         # store under the run folder, with no server, is what offline runs need.
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-    return MLFlowLogger(
+    return ResumableMLFlowLogger(
         experiment_name=obs.experiment, tracking_uri=uri, run_id=run_id, run_name=run_ts
     )
+
+
+class ResumableMLFlowLogger(MLFlowLogger):
+    """Lightning's MLFlowLogger, except that a resumed run logs only the hyperparameters its
+    MLflow run does not hold yet: MLflow refuses to change a logged parameter, and a resume may
+    change some (the LR scaled for another world size, a flag; the train log lists them as
+    `Settings changed since the checkpoint`)."""
+
+    @rank_zero_only
+    def log_hyperparams(self, params: dict[str, Any]) -> None:
+        held = self.experiment.get_run(self.run_id).data.params
+        fresh = {k: v for k, v in dict(params).items() if k not in held}
+        if fresh:
+            super().log_hyperparams(fresh)
 
 
 def _cannot_start(name: str, e: Exception) -> ConfigError:
@@ -99,10 +117,9 @@ def _cannot_start(name: str, e: Exception) -> ConfigError:
 
 
 def _logger_name(lg: Logger) -> str:
-    return {
-        "CSVLogger": "csv", "TensorBoardLogger": "tensorboard", "WandbLogger": "wandb",
-        "MLFlowLogger": "mlflow",
-    }.get(type(lg).__name__, type(lg).__name__)  # fmt: skip
+    kinds = ((CSVLogger, "csv"), (TensorBoardLogger, "tensorboard"), (WandbLogger, "wandb"),
+             (MLFlowLogger, "mlflow"))  # fmt: skip
+    return next((name for kind, name in kinds if isinstance(lg, kind)), type(lg).__name__)
 
 
 def start_loggers(loggers: list[Logger]) -> None:
@@ -174,6 +191,11 @@ class StepsDone(L.Callback):
     """Logs the `step` metric (optimizer steps done) with each set of metrics Lightning hands to
     the loggers, and sets their cadence for the run's length. Placed after `StepBoundary`: a stop
     decided there (preemption) makes Lightning log this batch too."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning suggests sync_dist for an epoch-level value logged without it; `step` is
+        # the same on every rank, and syncing it would cost a collective for nothing.
+        warnings.filterwarnings("ignore", message=r".*self\.log\('step', \.\.\., sync_dist")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         trainer.log_every_n_steps = log_cadence(trainer.estimated_stepping_batches)

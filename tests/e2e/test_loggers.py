@@ -87,8 +87,11 @@ def test_tensorboard_wandb_mlflow_and_a_resume_that_continues_them(
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert sorted(steps) == list(range(6, 61, 6))
 
-    # The resume continues the same three runs, its steps going on from the checkpoint's
-    resumed = launch([*args, "--max_steps=66", "--resume_from_checkpoint=last"], env=env)
+    # The resume continues the same three runs, its steps going on from the checkpoint's; a
+    # changed flag (the LR) changes a hyperparameter that MLflow already holds: no failure.
+    resumed = launch(
+        [*args, "--max_steps=66", "--resume_from_checkpoint=last", "--learning_rate=2e-3"], env=env
+    )
     assert resumed.returncode == 0, resumed.output
     assert [p.name for p in (out / "tensorboard").iterdir()] == [tb_dir.name]
     steps = [e.step for e in _tensorboard(tb_dir).Scalars("train/loss")]

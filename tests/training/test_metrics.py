@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ import pytest
 from ae.log_lines import HEARTBEAT_FILE
 from ae.training.metrics import log_cadence
 from ae.training.rank_series import rank_values, read_heartbeats
+from tests.support.runs import ROOT
 
 
 def test_short_runs_log_often_enough_for_a_train_line() -> None:
@@ -40,3 +44,16 @@ def test_rank_values_from_heartbeat_files(tmp_path: Path) -> None:
         "straggler_score/rank0": 0.5, "straggler_score/rank1": 2.0,
         "rss_mb/rank0": 400.0, "rss_mb/rank1": 310.0,
     }  # fmt: skip
+
+
+def test_rank_series_bench_quick_mode(tmp_path: Path) -> None:
+    """bench/rank_series_bench.py --quick runs and writes its record (figures: bench/README.md)."""
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.rank_series_bench", "--quick"],
+        cwd=ROOT, env={**os.environ, "AE_BENCH_RESULTS": str(tmp_path)},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    record = json.loads((tmp_path / "rank_series_quick.json").read_text())
+    assert record["quick"] is True
+    assert [(r["ranks"], r["series"]) for r in record["rows"]] == [(2, 8), (8, 32)]
