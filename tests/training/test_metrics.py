@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from ae.config import ConfigError, parse_config
 from ae.log_lines import HEARTBEAT_FILE
-from ae.training.metrics import log_cadence
+from ae.training.metrics import build_loggers, log_cadence
 from ae.training.rank_series import rank_values, read_heartbeats
 from tests.support.runs import ROOT
 
@@ -57,3 +58,19 @@ def test_rank_series_bench_quick_mode(tmp_path: Path) -> None:
     record = json.loads((tmp_path / "rank_series_quick.json").read_text())
     assert record["quick"] is True
     assert [(r["ranks"], r["series"]) for r in record["rows"]] == [(2, 8), (8, 32)]
+
+
+def test_a_logger_that_cannot_start_is_a_config_error(tmp_path: Path) -> None:
+    """Raised in the ranks before training: one message naming the logger, exit code 2 (the
+    launcher's handling of a rank's ConfigError: tests/e2e/test_runs.py)."""
+    pytest.importorskip(
+        "mlflow", reason="the mlflow extra is not installed: pip install -e '.[mlflow]'"
+    )
+    cfg = parse_config(
+        [f"--output_dir={tmp_path}", "--logger=csv,mlflow", "--mlflow_tracking_uri=nosuch://x"]
+    )
+    with pytest.raises(ConfigError) as err:
+        build_loggers(cfg.obs, cfg.run.dir, "20260101_000000", {})
+    (problem,) = err.value.problems
+    assert problem.startswith("logger: mlflow cannot start: ") and "nosuch://x" in problem
+    assert err.value.exit_code == 2
