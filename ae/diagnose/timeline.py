@@ -23,7 +23,7 @@ from pathlib import Path
 from ae.diagnose.logscan import LogBytes, Record
 from ae.diagnose.phases import marker_stage
 from ae.diagnose.rank_log import clock_offset
-from ae.diagnose.run_files import RunFiles
+from ae.diagnose.run_files import DiagnoseError, RunFiles
 from ae.diagnose.run_state import read_run
 from ae.diagnose.verdict import judge
 from ae.log_lines import (
@@ -223,7 +223,7 @@ def build_timeline(files: RunFiles) -> Timeline:
     starts = [lane.first for lane in lanes.values() if lane.first is not None]
     ends = [t for t in (run.reference, *(lane.last for lane in lanes.values())) if t]
     if not starts or not ends:
-        raise ValueError(f"run {files.ts}: no rank log lines to draw")
+        raise DiagnoseError(f"run {files.ts}: no debug_rank<N>_<TS>.log lines to draw a timeline")
     start, end = min(starts), max(ends)
     tl = Timeline(files.ts, sorted(set(lanes) | set(run.ranks)), start, end)
     for rank, lane in lanes.items():
