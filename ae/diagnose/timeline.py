@@ -7,8 +7,9 @@ marker, then the marker pairs (`EPOCH e TRAINING START/END`: `step`, `VALIDATION
 the moment it stopped progressing (the STALL line's time less its idle seconds) to its STALL
 RESOLVED or its end: `data wait` (stalled in data loading: waiting for its workers), `waiting`
 (blocked in a collective: waiting for a peer) or `stalled` (stuck in its own work). A rank that
-crashed or was killed is `dead` from its last line to the run's end. Marks: `STALL` (a rank's
-first report of an episode), `STRAGGLER` (the detector's line, on the slow rank's lane),
+crashed or was killed is `dead` from its last line to the run's end. Beside each rank, the share
+of its steps' own time spent waiting for data (its heartbeat's recent window). Marks: `STALL` (a
+rank's first report of an episode), `STRAGGLER` (the detector's line, on the slow rank's lane),
 `RESTART` (a new process header in a rank's log), `FATAL`, `KILLED`. The verdict's culprits get
 their lane highlighted. Lines are found with the formats of `ae/log_lines.py` (the writers'
 own) and the byte search of `logscan.py`; times are corrected by each rank's clock offset.
@@ -86,6 +87,8 @@ class Timeline:
     spans: list[Span] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     culprits: dict[int, str] = field(default_factory=dict)  # rank -> its cause
+    # rank -> its share of own time spent waiting for data, over its heartbeat's recent window
+    data_wait_pct: dict[int, float] = field(default_factory=dict)
     verdict: str = ""
 
 
@@ -239,6 +242,10 @@ def build_timeline(files: RunFiles) -> Timeline:
         tl.marks += lane.marks
     tl.marks += [m for m in _train_log_marks(files.train_logs) if m.rank in lanes]
     tl.culprits = {f.rank: f.cause for f in verdict.culprits}
+    for rank, r in run.ranks.items():
+        window = r.heartbeat.timing.recent if r.heartbeat and r.heartbeat.timing else None
+        if window is not None and window.steps > 0:
+            tl.data_wait_pct[rank] = window.data_pct
     if verdict.culprits:
         tl.verdict = "held back by " + ", ".join(
             f"rank {f.rank}: {f.cause}" for f in verdict.culprits
@@ -291,8 +298,12 @@ def draw_timeline(tl: Timeline, path: Path) -> None:
                         fontweight="bold", zorder=5)  # fmt: skip
     labels = []
     for rank in tl.ranks:
-        cause = tl.culprits.get(rank)
-        labels.append(f"rank {rank}\nculprit: {cause}" if cause else f"rank {rank}")
+        lines = [f"rank {rank}"]
+        if (cause := tl.culprits.get(rank)) is not None:
+            lines.append(f"culprit: {cause}")
+        if (pct := tl.data_wait_pct.get(rank)) is not None:  # the steps' own data wait
+            lines.append(f"data wait {pct:.0f}%")
+        labels.append("\n".join(lines))
     ax.set_yticks(range(lanes), labels)
     for tick, rank in zip(ax.get_yticklabels(), tl.ranks, strict=True):
         if rank in tl.culprits:
