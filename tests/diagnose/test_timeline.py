@@ -59,4 +59,11 @@ def test_timeline_png_and_trace_json_from_the_command_line(tmp_path: Path) -> No
     spans = [e for e in events if e["ph"] == "X"]
     assert {(e["tid"], e["name"]) for e in spans} >= {(1, "stalled"), (0, "waiting"), (0, "dead")}
     assert all(isinstance(e["ts"], int) and e["dur"] > 0 for e in spans)
+    for rank in (0, 1):  # on one thread, complete events nest or follow each other
+        open_ends: list[int] = []
+        for e in sorted((e for e in spans if e["tid"] == rank), key=lambda e: e["ts"]):
+            while open_ends and open_ends[-1] <= e["ts"]:
+                open_ends.pop()
+            assert not open_ends or e["ts"] + e["dur"] <= open_ends[-1], e
+            open_ends.append(e["ts"] + e["dur"])
     assert doc["otherData"]["verdict"] == "held back by rank 1: training step"
