@@ -43,5 +43,15 @@ class RunDir:
         return self.root / "tensorboard"
 
     @property
+    def wandb(self) -> Path:
+        """W&B's own folder (`--logger=wandb`; offline runs stay here until `wandb sync`)."""
+        return self.root / "wandb"
+
+    @property
+    def mlruns(self) -> Path:
+        """The MLflow file store of `--logger=mlflow` (unless --mlflow_tracking_uri)."""
+        return self.root / "mlruns"
+
+    @property
     def loss_curve(self) -> Path:
         return self.root / "loss_curve.png"

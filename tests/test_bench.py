@@ -33,6 +33,7 @@ BENCHES: dict[str, tuple[str, set[str]]] = {
         "preflight_bench",
         {"launcher_startup_s", "launcher_preflight_s", "rank_preflight_s", "heartbeat_resources_s"},
     ),
+    "rank_series_bench": ("rank_series", {"rows"}),
     "startup": ("startup", {"rows", "difference_s"}),
     "straggler_soak": ("straggler_soak", {"soak", "cost_us", "per_step_us", "overhead_pct"}),
     "trainer_overhead": ("trainer_overhead", {"steps", "timed_steps", "repeats", "rows"}),

@@ -1,3 +1,4 @@
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -5,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ae.config import FIELDS, ConfigError, help_text, parse_config
+from ae.config import FIELDS, ConfigError, help_text, logger_names, parse_config
 
 
 def test_defaults_and_cli_forms() -> None:
@@ -270,3 +271,24 @@ def test_val_shards_none_is_a_value_not_the_unset_default(tmp_path: Path) -> Non
     assert not parse_config([f"--config={path}"]).data.validates
     assert parse_config([]).data.validates and parse_config([]).data.val_shards is None
     assert parse_config(["--input_key=none"]).data.input_key is None
+
+
+def test_logger_choices_and_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = parse_config([])
+    assert logger_names(cfg.obs.logger) == ["csv", "tensorboard"]  # the default
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--logger=csv,neptune,csv"])
+    assert err.value.problems == [
+        "logger: csv is listed twice",
+        "logger: unknown logger 'neptune'; choose from csv, tensorboard, wandb, mlflow",
+    ]
+    # A chosen logger whose package is missing names what installs it, before anything starts.
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--logger=csv,wandb"])
+    assert err.value.problems == [
+        "logger: wandb is not installed; install it with .venv/bin/pip install -e '.[wandb]'"
+    ]

@@ -73,6 +73,7 @@ TOOL_FLAGS = {
     # sbatch/srun's, in the SLURM examples (docs/RUNS.md, README.md)
     "nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "job-name", "output",
     "signal", "full", "kill-on-bad-exit", "requeue",
+    "logdir", "backend-store-uri",  # tensorboard's and `mlflow ui`'s, to open a run's metrics
 }  # fmt: skip
 
 

@@ -11,11 +11,13 @@ This module imports no torch: the launcher validates flags in well under a secon
 worker process exists.
 """
 
+from ae.config.checks import logger_names
 from ae.config.parse import ConfigError, help_text, parse_config
 from ae.config.sections import (
     BUILTIN_MODELS,
     DOWNSAMPLE_FACTORS,
     FIELDS,
+    LOGGERS,
     NO_VALIDATION,
     PREFETCH_FACTOR,
     SECTIONS,
@@ -33,6 +35,7 @@ __all__ = [
     "BUILTIN_MODELS",
     "DOWNSAMPLE_FACTORS",
     "FIELDS",
+    "LOGGERS",
     "NO_VALIDATION",
     "PREFETCH_FACTOR",
     "SECTIONS",
@@ -46,5 +49,6 @@ __all__ = [
     "OptimConfig",
     "RunConfig",
     "help_text",
+    "logger_names",
     "parse_config",
 ]

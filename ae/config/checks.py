@@ -3,10 +3,41 @@ can express, run on the values that parsed."""
 
 from __future__ import annotations
 
+import importlib.util
 import types
 from pathlib import Path
 
-from ae.config.sections import BUILTIN_MODELS, DOWNSAMPLE_FACTORS, USER_MODEL, Config, show_value
+from ae.config.sections import (
+    BUILTIN_MODELS,
+    DOWNSAMPLE_FACTORS,
+    LOGGERS,
+    USER_MODEL,
+    Config,
+    show_value,
+)
+
+
+def logger_names(value: str) -> list[str]:
+    """`--logger=csv,tensorboard` -> ["csv", "tensorboard"]."""
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def logger_problems(value: str) -> list[str]:
+    """Unknown names, and loggers whose package is missing (named with the extra that installs
+    it): found by the launcher, before any process starts."""
+    names = logger_names(value)
+    if not names:
+        return [f"must name at least one of {', '.join(LOGGERS)}"]
+    problems = [f"{name} is listed twice" for name in sorted(set(names)) if names.count(name) > 1]
+    for name in names:
+        if name not in LOGGERS:
+            problems.append(f"unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
+        elif (need := LOGGERS[name]) and importlib.util.find_spec(need[0]) is None:
+            problems.append(
+                f"{name} is not installed; install it with .venv/bin/pip install -e '{need[1]}'"
+            )
+    return problems
+
 
 # Lightning runs bf16-mixed instead on a CPU, and says so only in the rank's log: refused (the
 # launcher also refuses it with --accelerator=auto where no GPU is visible).
@@ -110,6 +141,8 @@ def cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
         f"downsample {cfg.downsample} has {levels} resolutions, so it needs at least {levels} "
         f"channel multipliers; got {show_value(cfg.channel_mult)}",
     )
+    for problem in logger_problems(cfg.logger):
+        need(False, ("logger",), problem)
     resume = cfg.resume_from_checkpoint
     need(
         resume in (None, "last") or Path(resume).is_file(),

@@ -152,6 +152,14 @@ PREFETCH_FACTOR = 4
 # `package.module:ClassName`: a class of the user's, imported by path.
 USER_MODEL = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 DOWNSAMPLE_FACTORS = (2, 4, 8, 16)
+# `--logger` choices -> (the module that must be importable, what `pip install -e` installs it
+# with). csv needs nothing; tensorboard is a dependency of ae; wandb and mlflow are extras.
+LOGGERS: dict[str, tuple[str, str] | None] = {
+    "csv": None,
+    "tensorboard": ("tensorboard", "."),
+    "wandb": ("wandb", ".[wandb]"),
+    "mlflow": ("mlflow", ".[mlflow]"),
+}
 
 
 @dataclass(frozen=True)
@@ -268,6 +276,15 @@ class ObservabilityConfig:
     )
     sample_batch_size: int = _opt(16, "per-device batch for sampling", lo=1)
     num_sample_batches: int = _opt(1, "batches reconstructed per sampling", lo=1)
+    logger: str = _opt(
+        "csv,tensorboard",
+        "where metrics go, comma-separated: csv, tensorboard, wandb (pip install -e '.[wandb]'; "
+        "WANDB_MODE=offline keeps it local), mlflow (pip install -e '.[mlflow]')",
+    )
+    experiment: str = _opt("ae", "wandb: the project; mlflow: the experiment name")
+    mlflow_tracking_uri: str | None = _opt(
+        None, "mlflow: where runs are stored; default: a file store, <output_dir>/mlruns"
+    )
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""`ae-diagnose [LOGS_DIR] [--run TS] [--json] [--tail N] [--dump] [--watch] [--bundle OUT]`.
+"""`ae-diagnose [LOGS_DIR] [--run TS] [--json] [--tail N] [--dump] [--watch] [--bundle OUT.tar.gz]
+[--timeline OUT.png] [--trace OUT.json]`.
 
 Exit status: 0 when the run was read (whatever the verdict), 2 for a user mistake (no such
 folder, no run in it, unknown --run), with one message and no traceback.
@@ -20,6 +21,8 @@ from ae.diagnose.bundle import write_bundle
 from ae.diagnose.collectives import request_dump
 from ae.diagnose.report import render
 from ae.diagnose.run_files import DiagnoseError, find_run, resolve_logs_dir
+from ae.diagnose.timeline import build_timeline, draw_timeline
+from ae.diagnose.trace import write_trace
 from ae.diagnose.watch import watch
 from ae.errors import UserError
 
@@ -77,6 +80,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OUT.tar.gz",
         help="write logs, heartbeats, config, environment and tails for a bug report",
     )
+    p.add_argument(
+        "--timeline",
+        type=Path,
+        metavar="OUT.png",
+        help="draw every rank's phases over wall time, with stalls, stragglers and the culprit",
+    )
+    p.add_argument(
+        "--trace",
+        type=Path,
+        metavar="OUT.json",
+        help="the same events as a Chrome trace (Perfetto, chrome://tracing)",
+    )
     return p  # fmt: skip
 
 
@@ -101,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         elif args.bundle is not None:
             names = write_bundle(files, args.bundle)
             console.print(f"Bundle of run {files.ts}: {args.bundle} ({len(names)} files)")
+        elif args.timeline is not None or args.trace is not None:
+            timeline = build_timeline(files)
+            for path, write in ((args.timeline, draw_timeline), (args.trace, write_trace)):
+                if path is not None:
+                    write(timeline, path)
+                    console.print(f"Run {files.ts}: {path} ({len(timeline.ranks)} ranks)")
         else:
             doc = diagnose_job(files, args.tail)
             if args.json:

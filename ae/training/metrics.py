@@ -1,46 +1,224 @@
-"""Metrics of a run (rank 0): CSV always, TensorBoard when installed, a loss-curve PNG at the end.
+"""Metrics of a run (rank 0): the loggers of `--logger` (CSV, TensorBoard, W&B, MLflow, all
+Lightning's own), the run ids that let a resumed run continue the same logger runs, and the
+loss-curve PNG at the end.
 
-Files: `<output_dir>/metrics/<TS>/metrics.csv`, `<output_dir>/tensorboard/<TS>/`, and
-`<output_dir>/loss_curve.png`. The curve covers the whole history in the run folder: a resumed
-run continues the curve of the run it resumed from (a run that starts at step s replaces what
-earlier runs logged from step s on, since it branched from their checkpoint).
+Files: `<output_dir>/metrics/<TS>/metrics.csv`, `<output_dir>/tensorboard/<TS>/`,
+`<output_dir>/wandb/` (W&B's own folder; `WANDB_MODE=offline` keeps it there), the MLflow file
+store `<output_dir>/mlruns/` (unless `--mlflow_tracking_uri`), and `<output_dir>/loss_curve.png`.
+
+Steps: every metric is logged at the number of optimizer steps done (what the console, the
+checkpoint names and `global_step` say). Lightning hands its loggers that number minus one for
+the metrics that `self.log` collects (it counts the step only after handing them over), so
+`StepsDone` logs a `step` metric, which Lightning's logger connector takes in place of its own
+count (its documented use), with every batch of metrics: train, epoch and validation, of the
+built-in models and of a LightningModule of the user's alike.
+
+Resume: each checkpoint records the loggers' run ids (LOGGER_RUNS); a run resumed from it
+continues those runs (the same TensorBoard folder, W&B run id, MLflow run id), its steps going on
+from the checkpoint's. The CSV is per launch, and the loss curve joins them (a run that starts
+at step s replaces what earlier runs logged from step s on, since it branched from their
+checkpoint).
 """
 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
+import os
+import secrets
+import warnings
 from pathlib import Path
+from typing import Any
 
 import lightning as L
+import numpy as np
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.loggers import (
+    CSVLogger,
+    Logger,
+    MLFlowLogger,
+    TensorBoardLogger,
+    WandbLogger,
+)
+from lightning.pytorch.utilities import rank_zero_only
+from PIL import Image
 
+from ae.config import ConfigError, ObservabilityConfig, logger_names
 from ae.log_lines import main_log
 from ae.run_dir import RunDir
-from ae.training.plots import line_plot
+from ae.training.checkpoint_load import load
+from ae.training.plots import loss_plot
 
 SERIES = {"train/loss": "train loss", "val/loss": "val loss"}
+GRID_TAG = "samples/reconstructions"  # inputs above their reconstructions
+LOG_EVERY_N_STEPS = 10  # the loggers' cadence (Trainer log_every_n_steps), for runs of 100+ steps
+# The checkpoint's record of the loggers' runs: {logger name: run id}.
+LOGGER_RUNS = "ae_logger_runs"
 
 
-def tensorboard_available() -> bool:
-    return any(importlib.util.find_spec(m) is not None for m in ("tensorboard", "tensorboardX"))
-
-
-def build_loggers(run_dir: RunDir, run_ts: str) -> list[Logger]:
-    # CSVLogger(root, name, version) writes <root>/<name>/<version>/: run_dir.metrics/<TS>/.
-    loggers: list[Logger] = [CSVLogger(run_dir.root, name=run_dir.metrics.name, version=run_ts)]
-    if tensorboard_available():
-        tb = TensorBoardLogger(
-            run_dir.root, run_dir.tensorboard.name, version=run_ts, default_hp_metric=False
-        )
-        loggers.append(tb)
+def build_loggers(
+    obs: ObservabilityConfig, run_dir: RunDir, run_ts: str, runs: dict[str, str]
+) -> list[Logger]:
+    """The loggers of `--logger`, continuing the runs in `runs` (from the checkpoint resumed).
+    One that cannot be made (MLflow checks its URI here) is a ConfigError naming it."""
+    loggers = []
+    for name in logger_names(obs.logger):
+        try:
+            loggers.append(_make_logger(name, obs, run_dir, run_ts, runs.get(name)))
+        except Exception as e:  # any library's failure to start is the same user problem
+            raise _cannot_start(name, e) from None
     return loggers
 
 
+def _make_logger(
+    name: str, obs: ObservabilityConfig, run_dir: RunDir, run_ts: str, run_id: str | None
+) -> Logger:
+    if name == "csv":
+        # CSVLogger(root, name, version) writes <root>/<name>/<version>/: metrics/<TS>/.
+        return CSVLogger(run_dir.root, name=run_dir.metrics.name, version=run_ts)
+    if name == "tensorboard":
+        return TensorBoardLogger(
+            run_dir.root, run_dir.tensorboard.name, version=run_id or run_ts,
+            default_hp_metric=False,
+        )  # fmt: skip
+    if name == "wandb":
+        return WandbLogger(
+            project=obs.experiment, save_dir=str(run_dir.root), name=run_dir.root.name,
+            id=run_id or f"ae-{run_ts}-{secrets.token_hex(3)}", resume="allow",
+        )  # fmt: skip
+    uri = obs.mlflow_tracking_uri
+    if uri is None:
+        uri = run_dir.mlruns.resolve().as_uri()
+        # MLflow 3 keeps its file store in maintenance and refuses it unless this is set; a
+        # store under the run folder, with no server, is what offline runs need.
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return ResumableMLFlowLogger(
+        experiment_name=obs.experiment, tracking_uri=uri, run_id=run_id, run_name=run_ts
+    )
+
+
+class ResumableMLFlowLogger(MLFlowLogger):
+    """Lightning's MLFlowLogger, except that a resumed run logs only the hyperparameters its
+    MLflow run does not hold yet: MLflow refuses to change a logged parameter, and a resume may
+    change some (the LR scaled for another world size, a flag; the train log lists them as
+    `Settings changed since the checkpoint`)."""
+
+    @rank_zero_only
+    def log_hyperparams(self, params: dict[str, Any]) -> None:
+        held = self.experiment.get_run(self.run_id).data.params
+        fresh = {k: v for k, v in dict(params).items() if k not in held}
+        if fresh:
+            super().log_hyperparams(fresh)
+
+
+def _cannot_start(name: str, e: Exception) -> ConfigError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return ConfigError([f"logger: {name} cannot start: {type(e).__name__}: {first}"])
+
+
+def _logger_name(lg: Logger) -> str:
+    kinds = ((CSVLogger, "csv"), (TensorBoardLogger, "tensorboard"), (WandbLogger, "wandb"),
+             (MLFlowLogger, "mlflow"))  # fmt: skip
+    return next((name for kind, name in kinds if isinstance(lg, kind)), type(lg).__name__)
+
+
+def start_loggers(loggers: list[Logger]) -> None:
+    """Start each logger's run now (rank 0, before training): one that cannot (a bad tracking
+    URI, W&B not logged in and not offline) is a ConfigError naming it, not a failure mid-run."""
+    for lg in loggers:
+        try:
+            _ = lg.experiment
+        except Exception as e:  # any library's failure to start is the same user problem
+            raise _cannot_start(_logger_name(lg), e) from None
+
+
+def log_grid(loggers: list[Logger], image: Image.Image, step: int) -> None:
+    """A reconstruction grid into TensorBoard (its Images tab) and W&B (its media panel), at the
+    step it was made after; the CSV and MLflow keep only the PNG in samples/."""
+    array = np.asarray(image.convert("RGB"))
+    for lg in loggers:
+        name = _logger_name(lg)
+        if name == "tensorboard":
+            lg.experiment.add_image(GRID_TAG, array, global_step=step, dataformats="HWC")
+        elif name == "wandb":
+            lg.log_image(key=GRID_TAG, images=[array], step=step)  # type: ignore[attr-defined]
+
+
+def logger_runs(loggers: list[Logger]) -> dict[str, str]:
+    """{logger name: run id} of the loggers that a resumed run can continue."""
+    out = {}
+    for lg in loggers:
+        name = _logger_name(lg)
+        if name == "mlflow":
+            out[name] = str(lg.run_id)  # type: ignore[attr-defined]
+        elif name in ("tensorboard", "wandb") and lg.version is not None:
+            out[name] = str(lg.version)
+    return out
+
+
+def resumed_logger_runs(ckpt: str | None, *, trust: bool = False) -> dict[str, str]:
+    """The logger runs recorded in the checkpoint a run resumes from ({} without one), read by
+    the one checkpoint loader (safe unless `trust`)."""
+    if ckpt is None:
+        return {}
+    state = load(ckpt, trust=trust)
+    runs = state.get(LOGGER_RUNS) if isinstance(state, dict) else None
+    return dict(runs) if isinstance(runs, dict) else {}
+
+
+class LoggerRuns(L.Callback):
+    """Records the loggers' run ids in every checkpoint (rank 0's is the one written)."""
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if trainer.is_global_zero:
+            checkpoint[LOGGER_RUNS] = logger_runs(trainer.loggers)
+
+
+def log_cadence(total_steps: float) -> int:
+    """Optimizer steps between two logged train losses: 10, and fewer for runs under 100
+    steps (every step under 20), so that a short run's loss curve still has a train line."""
+    if not math.isfinite(total_steps):
+        return LOG_EVERY_N_STEPS
+    return max(1, min(LOG_EVERY_N_STEPS, int(total_steps) // 10))
+
+
+class StepsDone(L.Callback):
+    """Logs the `step` metric (optimizer steps done) with each set of metrics Lightning hands to
+    the loggers, and sets their cadence for the run's length. Placed after `StepBoundary`: a stop
+    decided there (preemption) makes Lightning log this batch too."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning suggests sync_dist for an epoch-level value logged without it; `step` is
+        # the same on every rank, and syncing it would cost a collective for nothing.
+        warnings.filterwarnings("ignore", message=r".*self\.log\('step', \.\.\., sync_dist")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.log_every_n_steps = log_cadence(trainer.estimated_stepping_batches)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        # Lightning's own test for handing this batch's metrics over, in steps done.
+        if trainer.global_step % trainer.log_every_n_steps == 0 or trainer.should_stop:
+            pl_module.log("step", float(trainer.global_step))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.log("step", float(trainer.global_step))
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.log("step", float(trainer.global_step))
+
+
 def metric_callbacks(run_dir: RunDir) -> list[L.Callback]:
-    return [LearningRateMonitor(logging_interval="step"), LossCurve(run_dir)]
+    """After `StepBoundary` in the trainer's callbacks (`StepsDone` reads its stop decision)."""
+    return [
+        LearningRateMonitor(logging_interval="step"),
+        LoggerRuns(),
+        StepsDone(),
+        LossCurve(run_dir),
+    ]
 
 
 def read_loss_history(metrics_dir: Path) -> dict[str, list[tuple[float, float]]]:
@@ -49,6 +227,7 @@ def read_loss_history(metrics_dir: Path) -> dict[str, list[tuple[float, float]]]
     for csv_path in sorted(metrics_dir.glob("*/metrics.csv")):  # <TS> folders sort by time
         with open(csv_path, newline="") as f:
             rows = [r for r in csv.DictReader(f) if r.get("step")]
+        rows = [r for r in rows if any(r.get(key) for key in SERIES)]
         if not rows:
             continue
         start = min(float(r["step"]) for r in rows)
@@ -76,5 +255,5 @@ class LossCurve(L.Callback):
         if not any(math.isfinite(y) for pts in history.values() for _, y in pts):
             return
         path = self.run_dir.loss_curve
-        line_plot(history, path, title="loss vs optimizer step")
+        loss_plot(history, path)
         main_log.info(f"Loss curve: {path}")

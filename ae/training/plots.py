@@ -1,4 +1,5 @@
-"""PNG pictures with Pillow alone: reconstruction grids and loss curves (no matplotlib needed)."""
+"""PNG pictures: reconstruction grids (Pillow: pixels pasted side by side) and the loss curve
+(matplotlib: axes, ticks and legend)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ from ae.training.checkpoint_files import atomic_write
 
 _BG = (255, 255, 255)
 _INK = (40, 40, 40)
-_GRID = (225, 225, 225)
-_COLORS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40)]
 
 
 def to_image(array: np.ndarray) -> Image.Image:
@@ -26,9 +25,10 @@ def to_image(array: np.ndarray) -> Image.Image:
 
 def reconstruction_grid(
     inputs: np.ndarray, outputs: np.ndarray, path: Path, per_row: int = 8, tile: int = 64
-) -> None:
+) -> Image.Image:
     """Inputs (N, C, H, W) in a row, their reconstructions in the row below, `per_row` per
-    pair of rows. Small images are scaled up (nearest neighbour) to about `tile` pixels."""
+    pair of rows. Small images are scaled up (nearest neighbour) to about `tile` pixels.
+    Written to `path`, and returned (for the loggers)."""
     n, _, h, w = inputs.shape
     scale = max(1, tile // max(h, w))
     th, tw, gap, label_w = h * scale, w * scale, 4, 34
@@ -48,56 +48,43 @@ def reconstruction_grid(
         canvas.paste(to_image(outputs[i]).resize((tw, th), Image.NEAREST), (x, y + th + gap))
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: canvas.save(f, format="PNG"), what="sample grid")
+    return canvas
 
 
-def line_plot(
-    series: dict[str, list[tuple[float, float]]],
-    path: Path,
-    title: str,
-    size: tuple[int, int] = (720, 420),
-) -> None:
-    """Lines of (x, y) points, y on a log scale when all y are positive (losses span decades)."""
-    points = [p for pts in series.values() for p in pts if math.isfinite(p[1])]
-    if not points:
+def loss_plot(series: dict[str, list[tuple[float, float]]], path: Path) -> None:
+    """Lines of (step, loss) points against the optimizer step, on a log scale when every value
+    is positive (losses span decades); each point marked while a line has few of them."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # only where a curve is drawn
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+
+    finite = {name: [(x, y) for x, y in pts if math.isfinite(y)] for name, pts in series.items()}
+    finite = {name: pts for name, pts in finite.items() if pts}
+    if not finite:
         return
-    log_y = all(y > 0 for _, y in points)
-
-    def fy(y: float) -> float:
-        return math.log10(y) if log_y else y
-
-    x0, x1 = min(x for x, _ in points), max(x for x, _ in points)
-    y0, y1 = min(fy(y) for _, y in points), max(fy(y) for _, y in points)
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
-    width, height = size
-    left, right, top, bottom = 70, 20, 30, 40
-    pw, ph = width - left - right, height - top - bottom
-    img = Image.new("RGB", size, _BG)
-    draw = ImageDraw.Draw(img)
-
-    def px(x: float, y: float) -> tuple[float, float]:
-        return left + (x - x0) / (x1 - x0) * pw, top + (1 - (fy(y) - y0) / (y1 - y0)) * ph
-
-    for i in range(5):  # grid lines with labels
-        fy_tick = y0 + (y1 - y0) * i / 4
-        ty = top + (1 - i / 4) * ph
-        draw.line([(left, ty), (left + pw, ty)], fill=_GRID)
-        label = f"{10**fy_tick:.3g}" if log_y else f"{fy_tick:.3g}"
-        draw.text((4, ty - 6), label, fill=_INK)
-        tx = left + pw * i / 4
-        draw.line([(tx, top), (tx, top + ph)], fill=_GRID)
-        draw.text((tx - 10, top + ph + 6), f"{x0 + (x1 - x0) * i / 4:.5g}", fill=_INK)
-    draw.rectangle([left, top, left + pw, top + ph], outline=_INK)
-    draw.text((left, 8), title, fill=_INK)
-    draw.text((left + pw - 30, top + ph + 22), "step", fill=_INK)
-    for k, (name, pts) in enumerate(series.items()):
-        color = _COLORS[k % len(_COLORS)]
-        xy = [px(x, y) for x, y in pts if math.isfinite(y)]
-        if len(xy) > 1:
-            draw.line(xy, fill=color, width=2)
-        for cx, cy in xy if len(xy) < 60 else []:
-            draw.ellipse([cx - 2, cy - 2, cx + 2, cy + 2], fill=color)
-        ly = top + 14 + 14 * k
-        draw.line([(left + pw - 160, ly), (left + pw - 140, ly)], fill=color, width=2)
-        draw.text((left + pw - 135, ly - 6), name, fill=color)
+    fig = Figure(figsize=(7.2, 4.2), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for name, pts in finite.items():
+        xs, ys = zip(*pts, strict=True)
+        ax.plot(xs, ys, label=name, linewidth=1.6, marker="o" if len(pts) < 60 else None,
+                markersize=3)  # fmt: skip
+    log_y = all(y > 0 for pts in finite.values() for _, y in pts)
+    if log_y:
+        ax.set_yscale("log")
+        # Plain numbers (0.15, not 1.5x10^-1). A range under a decade and a half has few
+        # decade ticks, so the minor ticks (2x, 3x, ... 10^k) get labels too.
+        values = [y for pts in finite.values() for _, y in pts]
+        plain = FuncFormatter(lambda v, _: f"{v:.3g}")
+        ax.yaxis.set_major_formatter(plain)
+        narrow = math.log10(max(values) / min(values)) < 1.5
+        ax.yaxis.set_minor_formatter(plain if narrow else NullFormatter())
+    ax.set_ylabel("loss (log scale)" if log_y else "loss")
+    ax.set_xlabel("optimizer steps done")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 35.25
+    ax.grid(True, which="major", alpha=0.35)
+    ax.grid(True, which="minor", alpha=0.12)
+    ax.set_title("loss vs optimizer step")
+    ax.legend(loc="upper right")
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: img.save(f, format="PNG"), what="loss curve")
+    atomic_write(path, lambda f: fig.savefig(f, format="png"), what="loss curve")

@@ -34,6 +34,7 @@ from ae.forensics.progress import in_phase, progress
 from ae.log_lines import SAMPLING_END, SAMPLING_OOM, SAMPLING_START, main_log
 from ae.run_dir import RunDir
 from ae.training.ema import averaged_weights
+from ae.training.metrics import log_grid
 from ae.training.model import has_codec
 from ae.training.plots import reconstruction_grid
 
@@ -138,7 +139,8 @@ class Sampling(L.Callback):
                 )
                 if trainer.is_global_zero and inputs.dim() == 4:
                     path = self.out_dir / f"step_{step:08d}.png"
-                    reconstruction_grid(inputs.numpy(), recon.numpy(), path)
+                    grid = reconstruction_grid(inputs.numpy(), recon.numpy(), path)
+                    log_grid(trainer.loggers, grid, step)
                     outcome += f", grid {path}"
             seconds = f"{time.perf_counter() - t0:.2f}"
             logger.info(

@@ -12,7 +12,9 @@ tells the two apart. After an optimizer step it runs, in this order:
    (unless step 2 already saved this step) and the fit stops;
 4. sampling, every `--sample_period` steps unless stopping (`sampling.py`): after the save, so
    that an out-of-memory error there can cost no checkpoint;
-5. whether this batch is validated: after every `--val_interval`-th step and at the last batch
+5. the per-rank series to the loggers, on rank 0 at their cadence (`rank_series.py`: read from
+   the heartbeats, no collective);
+6. whether this batch is validated: after every `--val_interval`-th step and at the last batch
    of an epoch, unless stopping (a preempted rank has no time for it).
 
 Validation itself is Lightning's: the trainer asks after every batch (`val_check_interval=1`,
@@ -40,6 +42,7 @@ import lightning as L
 from ae.training.checkpointing import Checkpointing
 from ae.training.ema import EMA
 from ae.training.preemption import Preemption
+from ae.training.rank_series import RankSeries
 from ae.training.sampling import Sampling
 
 # What the validation gate needs of the Trainer: ask after every batch, not once per epoch.
@@ -54,12 +57,14 @@ class StepBoundary(L.Callback):
         checkpointing: Checkpointing,
         preemption: Preemption,
         sampling: Sampling,
+        rank_series: RankSeries | None = None,
         val_interval: int,
     ) -> None:
         self.ema = ema
         self.checkpointing = checkpointing
         self.preemption = preemption
         self.sampling = sampling
+        self.rank_series = rank_series
         self.val_interval = val_interval
         self.val_limit: int | float = 1.0  # the run's limit_val_batches, read at train start
         self.seen_step = -1  # global_step after the previous batch
@@ -88,6 +93,8 @@ class StepBoundary(L.Callback):
             self.preemption.after_step(trainer)
             if not trainer.should_stop:
                 self.sampling.after_step(trainer, pl_module)
+            if self.rank_series is not None:
+                self.rank_series.after_step(trainer)
         due = not trainer.should_stop and (
             idx + 1 >= trainer.num_training_batches  # the epoch's last batch
             or (stepped and self.val_interval > 0 and step % self.val_interval == 0)

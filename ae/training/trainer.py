@@ -19,8 +19,9 @@ from ae.forensics.loop_tracer import DebugCallback
 from ae.training.checkpointing import AtomicCheckpointIO, Checkpointing
 from ae.training.clock import ClockOffset
 from ae.training.ema import EMA
-from ae.training.metrics import build_loggers, metric_callbacks
+from ae.training.metrics import LOG_EVERY_N_STEPS, build_loggers, metric_callbacks
 from ae.training.preemption import Preemption
+from ae.training.rank_series import RankSeries
 from ae.training.sampling import Sampling
 from ae.training.step_boundary import TRAINER_VALIDATION_ARGS, StepBoundary
 from logging_cfg import RankContext
@@ -47,7 +48,7 @@ def check_precision(run: RunConfig, accelerator: str) -> None:
         )
 
 
-def build_callbacks(cfg: Config, ctx: RankContext) -> list[L.Callback]:
+def build_callbacks(cfg: Config, ctx: RankContext, run_ts: str) -> list[L.Callback]:
     """What happens after an optimizer step (EMA, checkpoint, stop signal, sampling, whether to
     validate) is `StepBoundary`'s, in its code order; the callbacks it drives keep only their
     other hooks (setup, resume, epoch ends, validation, their state in the checkpoint), which
@@ -75,6 +76,7 @@ def build_callbacks(cfg: Config, ctx: RankContext) -> list[L.Callback]:
             checkpointing=checkpointing,
             preemption=preemption,
             sampling=sampling,
+            rank_series=RankSeries(cfg.run.dir.logs, run_ts),
             val_interval=cfg.run.val_interval,
         ),
         *metric_callbacks(cfg.run.dir),
@@ -84,7 +86,10 @@ def build_callbacks(cfg: Config, ctx: RankContext) -> list[L.Callback]:
     return callbacks
 
 
-def build_trainer(cfg: Config, ctx: RankContext, run_ts: str) -> L.Trainer:
+def build_trainer(
+    cfg: Config, ctx: RankContext, run_ts: str, logger_runs: dict[str, str]
+) -> L.Trainer:
+    """`logger_runs`: the logger runs to continue (those of the checkpoint a run resumes)."""
     run, optim = cfg.run, cfg.optim
     accelerator = resolve_accelerator(run)
     check_precision(run, accelerator)
@@ -97,7 +102,7 @@ def build_trainer(cfg: Config, ctx: RankContext, run_ts: str) -> L.Trainer:
             # than the 30 minutes of Lightning's default.
             timeout=timedelta(seconds=cfg.obs.pg_timeout),
         )
-    callbacks = build_callbacks(cfg, ctx)
+    callbacks = build_callbacks(cfg, ctx, run_ts)
     plugins: list = [AtomicCheckpointIO()]
     if ctx.world_size > 1 and "RANK" in os.environ:
         # The process is described by RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (torchrun,
@@ -122,11 +127,11 @@ def build_trainer(cfg: Config, ctx: RankContext, run_ts: str) -> L.Trainer:
         limit_val_batches=1.0 if cfg.data.validates else 0,  # --val_shards=none
         use_distributed_sampler=False,  # the shard plan already splits the data per rank
         num_sanity_val_steps=0,
-        logger=build_loggers(run.dir, run_ts),
+        logger=build_loggers(cfg.obs, run.dir, run_ts, logger_runs),
         callbacks=callbacks,
         enable_checkpointing=False,  # ae.training.checkpointing saves instead of ModelCheckpoint
         enable_progress_bar=any(isinstance(c, RichProgressBar) for c in callbacks),
         enable_model_summary=False,  # train_ae.py logs it to the train log instead
         default_root_dir=run.output_dir,
-        log_every_n_steps=10,
+        log_every_n_steps=LOG_EVERY_N_STEPS,  # fewer for short runs: metrics.StepsDone
     )

@@ -105,7 +105,10 @@ def test_recipe_run(launch, make_shards, tmp_path: Path) -> None:
     with open(metrics_csv) as f:
         rows = list(csv.DictReader(f))
     assert any(r.get("val/loss") for r in rows) and any(r.get("lr-AdamW/encoder") for r in rows)
-    assert [r["step"] for r in rows if r.get("train/loss")] == ["9"]  # log_every_n_steps=10
+    # A 10-step run logs every step (metrics.log_cadence), numbered as steps done (1..10, the
+    # checkpoint's numbering); validation at the steps it ran after.
+    assert [r["step"] for r in rows if r.get("train/loss")] == [str(s) for s in range(1, 11)]
+    assert sorted({int(r["step"]) for r in rows if r.get("val/loss")}) == [3, 4, 6, 8, 9]
     assert (out / "loss_curve.png").stat().st_size > 0
 
 

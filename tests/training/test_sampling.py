@@ -22,7 +22,7 @@ from ae.forensics import faults as fault_injection
 from ae.training.ema import EMA, averaged_weights
 from ae.training.metrics import read_loss_history
 from ae.training.model import AutoEncoder
-from ae.training.plots import line_plot, reconstruction_grid
+from ae.training.plots import loss_plot, reconstruction_grid
 from ae.training.sampling import Sampling, is_oom, reconstruct
 from tests.support.shards import image_decoder
 
@@ -42,7 +42,7 @@ def _fake_trainer(spec: str, out: Path, tar_reader: str = "fast") -> SimpleNames
     )  # fmt: skip
     return SimpleNamespace(
         datamodule=SimpleNamespace(val_set=val), precision_plugin=Precision(), global_step=2,
-        global_rank=0, is_global_zero=True, should_stop=False,
+        global_rank=0, is_global_zero=True, should_stop=False, loggers=[],
     )  # fmt: skip
 
 
@@ -125,9 +125,10 @@ def test_loss_history_of_a_resumed_run_continues_the_curve(tmp_path: Path) -> No
     history = read_loss_history(tmp_path)
     assert history["train loss"] == [(0, 1.0), (4, 0.8), (5, 0.75), (10, 0.5)]
     assert history["val loss"] == [(4, 0.9), (10, 0.55)]
-    line_plot(history, tmp_path / "curve.png", "loss")
-    assert (tmp_path / "curve.png").stat().st_size > 0
-    line_plot({"x": []}, tmp_path / "none.png", "empty")  # nothing to draw: no file
+    loss_plot(history, tmp_path / "curve.png")
+    with Image.open(tmp_path / "curve.png") as img:
+        assert img.format == "PNG" and img.size == (720, 420)
+    loss_plot({"x": []}, tmp_path / "none.png")  # nothing to draw: no file
     assert not (tmp_path / "none.png").exists()
 
 

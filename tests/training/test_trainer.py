@@ -18,6 +18,6 @@ def test_16_mixed_on_a_cpu_is_refused_not_replaced_by_bf16() -> None:
 def test_val_shards_none_builds_a_trainer_that_never_validates(tmp_path) -> None:
     """Validation off: Lightning's own switch at 0, so no val loss and no best.ckpt."""
     base = [f"--output_dir={tmp_path}", "--accelerator=cpu"]
-    off = build_trainer(parse_config([*base, "--val_shards=none"]), RankContext(), "TS")
+    off = build_trainer(parse_config([*base, "--val_shards=none"]), RankContext(), "TS", {})
     assert off.limit_val_batches == 0
-    assert build_trainer(parse_config(base), RankContext(), "TS").limit_val_batches == 1.0
+    assert build_trainer(parse_config(base), RankContext(), "TS", {}).limit_val_batches == 1.0
