@@ -55,7 +55,14 @@ def job_state(job_id: str) -> str:
 
 def wait_for_job_end(job_id: str, timeout: float = 180) -> str:
     end = time.monotonic() + timeout
-    while (state := job_state(job_id)) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+    waiting = (
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "REQUEUED",
+    )  # REQUEUED: begins again
+    while (state := job_state(job_id)) in waiting:
         assert time.monotonic() < end, f"job {job_id} still {state} after {timeout}s"
         time.sleep(0.5)
     return state
