@@ -179,6 +179,10 @@ def run(
             return 0
         if code < 0:  # the job's exit code, said already (a stop signal, another node)
             if stops.requeue and topo.leader:
+                # `scontrol requeue` ends this job step with SIGTERM at once; the ranks have
+                # saved and stopped, so this launcher ignores it, to release the run folder and
+                # exit 138 rather than die with the lock file left behind.
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 requeue_job(os.environ)
             return -code
         if restarts.max == 0:

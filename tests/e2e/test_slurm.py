@@ -2,7 +2,8 @@
 `srun ./train_ae.sh` (the README's recipe: one task per node, torchrun inside) trains until
 `scancel` stops it, saving on every rank; then
 `srun -N1 -n2` -- one task per process -- trains ONE job of world size 2 from that checkpoint,
-until `scancel` stops it as well."""
+until `scancel` stops it as well. And `scancel --signal=USR1` to the same recipe: saved,
+requeued, the requeued job resumed by itself and finished, the checkpoints bounded."""
 
 from __future__ import annotations
 
@@ -25,7 +26,18 @@ pytestmark = pytest.mark.slow
 
 def env() -> dict[str, str]:
     drop = ("AE_RUN_TS", "MASTER_PORT", "MASTER_ADDR")
-    return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
+    # A job's own variables are dropped; SLURM_CONF (a cluster found without /etc/slurm) is not.
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in drop and (k == "SLURM_CONF" or not k.startswith("SLURM_"))
+    }
+
+
+def scontrol_show(job_id: str) -> str:
+    return subprocess.run(
+        ["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30
+    ).stdout
 
 
 def step_of(logs: Path) -> int:
@@ -126,3 +138,83 @@ def test_sbatch_trains_scancel_saves_and_srun_tasks_resume(
         assert f"[Rank {rank}/2]" in text and f"Training step {n + 1}," in text
         assert f"PREEMPTED by SIGTERM at step {n2}: checkpoint" in text
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == n2
+
+
+def test_usr1_saves_requeues_and_the_requeued_job_resumes_and_finishes(
+    slurm: None, make_shards, tmp_path: Path
+) -> None:
+    """`scancel --signal=USR1` (what `#SBATCH --signal=USR1@90` sends before the time limit) to
+    the README's recipe: every rank saves at its next step, the launcher requeues the job, SLURM
+    starts the script again and `--resume_from_checkpoint=last` finishes the run, with the
+    checkpoints folder bounded by `--checkpoints_total_limit`."""
+    train = make_shards([40, 40, 30, 20], name="train")  # 8 batches of 8 per rank per epoch
+    val = make_shards([24], name="val")
+    out = tmp_path / "run"
+    logs = out / "logs"
+    args = [f"--output_dir={out}", f"--train_shards={train}", f"--val_shards={val}",
+            "--batch_size=8", "--num_workers=1", "--max_steps=30", "--warmup_steps=5",
+            "--checkpointing_period=4", "--checkpoints_total_limit=2", "--debug=true",
+            "--resume_from_checkpoint=last", "--max_restarts=3"]  # fmt: skip
+    script = tmp_path / "train.sbatch"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --job-name=ae-requeue --nodes=1 --ntasks-per-node=1 --requeue\n"
+        f"srun ./train_ae.sh {shlex.join(args)}\n"
+    )
+    slurm_out = tmp_path / "slurm.out"
+    # Each step slowed, so that the signal lands mid-run; both runs of the job (the requeued
+    # one starts the script again, with the environment of the submission).
+    job_env = {**env(), "AE_CACHE_DIR": str(tmp_path), "AE_FAULT": "slow@train:ms=150"}
+    job = subprocess.run(
+        ["sbatch", "--parsable", f"--chdir={ROOT}", f"--output={slurm_out}", "--open-mode=append",
+         str(script)],
+        capture_output=True, text=True, timeout=60, env=job_env,
+    )  # fmt: skip
+    assert job.returncode == 0, job.stderr
+    job_id = job.stdout.strip().split(";")[0]
+    try:
+        end = time.monotonic() + 240
+        while step_of(logs) < 6:
+            state = job_state(job_id)
+            assert state in ("PENDING", "CONFIGURING", "RUNNING"), (state, slurm_out.read_text())
+            assert time.monotonic() < end, "the sbatch job never reached step 6"
+            time.sleep(0.2)
+        subprocess.run(["scancel", "--signal=USR1", job_id], timeout=60, check=True)
+        # The requeued job starts again once its old credential expires (15 s on the test
+        # cluster: `cred_expire` in slurm_cluster.sh).
+        state = wait_for_job_end(job_id, timeout=240)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=60)
+    output = slurm_out.read_text()  # both runs of the job (--open-mode=append)
+    assert state == "COMPLETED", (state, output)
+    show = scontrol_show(job_id)
+    assert "Restarts=1" in show and "ExitCode=0:0" in show, show
+    assert "SIGUSR1: every rank saves a checkpoint at its next step, then stops, then the job is " \
+        "requeued" in output  # fmt: skip
+    m = re.search(r"Preempted \(SIGUSR1\) at step (\d+); checkpoint saved at ", output)
+    assert m, output
+    n = int(m[1])
+    assert 6 <= n < 30
+    assert f"Requeued SLURM job {job_id}: it starts again" in output
+    # The launcher released the run folder and exited 138, though the requeue SIGTERMs it.
+    assert "task 0: Exited with exit code 138" in output, output
+    assert "Took over" not in output and not (out / "run.lock").exists()
+    assert output.count("Training on 2 process(es) per node") == 2
+    first, second = sorted(p.name[len("train_") : -len(".log")] for p in logs.glob("train_*.log"))
+    for rank in (0, 1):
+        text = (logs / f"debug_rank{rank}_{first}.log").read_text()
+        assert f"PREEMPTED by SIGTERM at step {n}: checkpoint" in text
+    main = (logs / f"train_{second}.log").read_text()
+    assert re.search(rf"Resumed from .*last\.ckpt at step {n} \(epoch 0,", main), main
+    assert "Training finished at step 30" in main
+    assert f"Done. Logs: {logs}/ (run {second})" in output
+    # Every planned step once: 1..n before the requeue, n+1..30 after it.
+    for ts, steps in ((first, range(1, n + 1)), (second, range(n + 1, 31))):
+        text = (logs / f"debug_rank0_{ts}.log").read_text()
+        assert [int(s) for s in re.findall(r"Training step (\d+),", text)] == list(steps)
+    # --checkpoints_total_limit=2 across the requeue: the newest two step files, nothing else.
+    ckpts = out / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("step-*.ckpt")) == [
+        "step-00000028.ckpt",
+        "step-00000030.ckpt",
+    ]
+    assert torch.load(ckpts / "last.ckpt", weights_only=False)["global_step"] == 30

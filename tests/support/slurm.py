@@ -12,6 +12,8 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).with_name("slurm_cluster.sh")
 START_TIMEOUT_S = 60  # it starts in about 5 s
+# A job in these states has yet to end (REQUEUED: it starts again).
+NOT_ENDED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED")
 
 
 def sinfo_answers() -> bool:
@@ -55,7 +57,7 @@ def job_state(job_id: str) -> str:
 
 def wait_for_job_end(job_id: str, timeout: float = 180) -> str:
     end = time.monotonic() + timeout
-    while (state := job_state(job_id)) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+    while (state := job_state(job_id)) in NOT_ENDED:
         assert time.monotonic() < end, f"job {job_id} still {state} after {timeout}s"
         time.sleep(0.5)
     return state

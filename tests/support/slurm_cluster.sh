@@ -136,7 +136,9 @@ SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$MUNGE_SOCK
+# cred_expire: also how long SLURM holds a requeued job (default 120 s) before it may start again
+# (slurmd refuses the job until its revoked credential expires); short, for the requeue test.
+AuthInfo=socket=$MUNGE_SOCK,cred_expire=15
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
 SlurmctldPidFile=$DIR/run/slurmctld.pid
