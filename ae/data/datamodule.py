@@ -187,11 +187,12 @@ class ShardDataModule(L.LightningDataModule):
         return self.decoder.spec
 
     def first_samples(self, n: int = 2) -> torch.Tensor:
-        """The first `n` (or fewer) decodable validation samples, as a batch, read again from
-        the start of the first shards: the real batch the model check before training runs
-        through the model (`ae.training.model.latent_shape`)."""
+        """The first `n` (or fewer) decodable validation samples (train samples when validation
+        is held out of them or off), as a batch, read again from the start of the first shards:
+        the real batch the model check before training runs through the model
+        (`ae.training.model.latent_shape`)."""
         found: list[np.ndarray] = []
-        for url in self.val_urls:
+        for url in self.val_urls or self.train_urls:
             try:
                 for sample in iter_samples(url):
                     try:

@@ -60,6 +60,9 @@ def test_first_samples_are_the_first_decodable_validation_samples(tmp_path: Path
         batch, torch.from_numpy(np.stack([np.load(io.BytesIO(s["npy"])) for s in good[:2]]))
     )
     assert dm.first_samples(5).shape == (3, 6)  # all there are
+    # validation held out of the train shards (no --val_shards): the train shards' samples
+    held_out = ShardDataModule(DataConfig(), [str(train)], None, seed=0)
+    assert held_out.first_samples(2).shape == (2, 6)
 
 
 def test_the_heartbeat_reports_the_train_workers_the_rank_configured(tmp_path: Path) -> None:
