@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.live import wait_for
+from tests.support.live import diagnose, wait_for
 from tests.support.runs import ROOT, run_launcher
 
 pytestmark = pytest.mark.slow
@@ -41,15 +41,6 @@ def user_call_site() -> str:
     return f"tests/support/desync_models.py:{n}"
 
 
-def ae_diagnose(logs: Path, *flags: str) -> str:
-    res = subprocess.run(
-        [sys.executable, "-m", "ae.diagnose", str(logs), *flags],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    return res.stdout
-
-
 def test_users_extra_collective_the_size_of_the_bucket_hangs(make_shards, tmp_path: Path) -> None:
     out, site = tmp_path / "run", user_call_site()
     logs = out / "logs"
@@ -69,7 +60,7 @@ def test_users_extra_collective_the_size_of_the_bucket_hangs(make_shards, tmp_pa
                 "a collectives dump of each rank",
                 lambda: len(list(logs.glob("collectives_rank*"))) == 2,
             )
-            doc = json.loads(ae_diagnose(logs, "--dump", "--json"))
+            doc = json.loads(diagnose(logs, "--dump", "--json"))
             assert doc["status"] == "hung", doc["culprits"]
             assert [(c["rank"], c["cause"]) for c in doc["culprits"]] == [
                 (1, "collective mismatch")
@@ -81,7 +72,7 @@ def test_users_extra_collective_the_size_of_the_bucket_hangs(make_shards, tmp_pa
             assert (call["op"], call["sizes"], call["seq"]) == ("all_reduce", [[BUCKET]], m["seq"])
             assert call["site"] == f"{site} (loss)"
             assert m["others"][0]["site"].startswith("torch/autograd/graph.py")  # DDP's
-            table = ae_diagnose(logs)
+            table = diagnose(logs)
             assert "rank 1 on " in table and ": collective mismatch" in table
             assert f"all_reduce [{BUCKET}] Float at {site} (loss)" in table
             launcher.wait(timeout=180)  # dead: --pg_timeout ends the hang
@@ -104,7 +95,7 @@ def test_injected_extra_collective_of_three_numbers_aborts(make_shards, tmp_path
     assert "ae/forensics/faults.py:" in res.output  # the call site, from the fatal-signal stack
     assert "(_injected_desync) called all_reduce while rank 0 was in #" in res.output
     assert f"all_reduce [{BUCKET}] Float" in res.output
-    doc = json.loads(ae_diagnose(res.logs, "--json"))
+    doc = json.loads(diagnose(res.logs, "--json"))
     (c,) = doc["culprits"]
     assert (c["rank"], c["cause"]) == (1, "collective mismatch")
     assert any("collective mismatch in your code?" in e["text"] for e in c["evidence"])
