@@ -177,7 +177,7 @@ def run_ae(steps: int, world: int, logs: Path) -> dict[str, float]:
             return DataLoader(_batches(steps, ctx.rank), batch_size=None)
 
     datamodule = PremadeBatches(cfg.data, urls, urls, seed=cfg.run.seed)
-    trainer = build_trainer(cfg, ctx, "bench")
+    trainer = build_trainer(cfg, ctx, "bench", {})
     timer = _timer(steps)
     trainer.callbacks.append(timer)
     trainer.fit(_model(), datamodule=datamodule)

@@ -123,7 +123,7 @@ def fit(
     try:
         dm = ShardDataModule(cfg.data, *urls, seed=cfg.run.seed, debug=cfg.obs.debug)
         model, _ = build_model(dm.spec, cfg.model, cfg.optim, ctx.world_size)
-        trainer = build_trainer(cfg, ctx, "bench")
+        trainer = build_trainer(cfg, ctx, "bench", {})
         watch = spy(trainer)
         trainer.callbacks.append(watch)
         trainer.fit(model, datamodule=dm)
