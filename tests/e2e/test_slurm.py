@@ -204,7 +204,8 @@ def test_usr1_saves_requeues_and_the_requeued_job_resumes_and_finishes(
         text = (logs / f"debug_rank{rank}_{first}.log").read_text()
         assert f"PREEMPTED by SIGTERM at step {n}: checkpoint" in text
     main = (logs / f"train_{second}.log").read_text()
-    assert re.search(rf"Resumed from .*last\.ckpt at step {n} \(epoch 0,", main), main
+    # (epoch 1 when the signal lands on the last step of epoch 0, 8 steps an epoch)
+    assert re.search(rf"Resumed from .*last\.ckpt at step {n} \(epoch {n // 8},", main), main
     assert "Training finished at step 30" in main
     assert f"Done. Logs: {logs}/ (run {second})" in output
     # Every planned step once: 1..n before the requeue, n+1..30 after it.
