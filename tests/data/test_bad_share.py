@@ -12,7 +12,8 @@ import torch
 
 import ae.data.stream as dataset
 from ae.config import DataConfig
-from ae.data.datamodule import BadDataBound, DataError, ShardDataModule, bad_share_problem
+from ae.data.bad_share import BadDataBound, bad_share_problem
+from ae.data.datamodule import DataError, ShardDataModule
 from ae.data.writer import npy_bytes, write_shard
 from tests.support.shards import image_samples, vector_samples
 
