@@ -4,7 +4,7 @@ The layout is the architecture; imports go one way (tests/test_architecture.py e
 
     logging_cfg/        sinks, hooks, record and file-name formats (imports nothing from ae)
     ae/ core            config (flags, in typed sections), errors (UserError), log_lines
-                        (every greppable line), run_dir (every path of a run folder)
+                        (every greppable line), run_paths (every path of a run folder)
     ae/forensics/       what a rank is doing and what it leaves behind: progress, watchdog,
                         heartbeat, stall reports, process stats, fault injection, loop tracer
     ae/data/            shards -> batches: specs, tar reading, decoding, counting, the even

@@ -13,26 +13,76 @@ the final name sees the previous content or the new one, never a part.
   survives a power loss once the call returns. Files rewritten every few seconds (heartbeats) or
   cheap to remake pass False: an fsync there would cost the hot path for nothing.
 - Any failure (ENOSPC, an exception from the writer callback, KeyboardInterrupt) removes the
-  temporary file and re-raises the exception unchanged, the target as it was: callers that name a
-  full disk (`ae.training.checkpoint_files`) see the real error.
+  temporary file and re-raises the exception, the target as it was: unchanged, or, for a write
+  that names its file (`what=`: checkpoints, the run config, plots), a full disk as DiskFullError
+  with the filesystem's free space (`ae.rank.exit` says it in one line).
 - A process killed mid-write (SIGKILL) cannot clean up: `leftovers(folder)` lists its temporary
   files for whoever owns the folder.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
 import shutil
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, TypeVar
 
+from ae.errors import DiskFullError
+
 _T = TypeVar("_T")
 _TEMP = re.compile(r"^\..+\.\d+-[0-9a-f]{8}\.tmp$")
+# errno of a write that found its filesystem full (EDQUOT: a quota, the same to the user)
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# Free bytes below which a failed write is taken for a full filesystem (torch.save reports
+# ENOSPC as a RuntimeError that has lost the errno).
+FULL_BYTES = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class Space:
+    free: int  # bytes an unprivileged writer can still use
+    total: int
+
+
+def fs_space(path: Path) -> Space | None:
+    """Free and total bytes of the filesystem holding `path` (or its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return Space(st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
+
+
+def disk_full_error(exc: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT OSError behind `exc` (itself, or its cause or context), or None."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def human_size(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.2f} GB"
 
 
 def _temp_name(path: Path) -> Path:
@@ -134,15 +184,39 @@ def write(
     data: bytes | Callable[[BinaryIO], object],
     *,
     durable: bool = True,
+    what: str | None = None,
     on_failure: Callable[[], object] | None = None,
 ) -> None:
     """Replace `path` with `data`: bytes, or a callback that writes into the open binary file
-    (`torch.save`, a PNG encoder, a tar writer). See `AtomicFile` for `on_failure`."""
-    with AtomicFile(path, durable=durable, on_failure=on_failure) as f:
-        if isinstance(data, bytes):
-            f.write(data)
-        else:
-            data(f)
+    (`torch.save`, a PNG encoder, a tar writer). See `AtomicFile` for `on_failure`.
+
+    `what` (`checkpoint`, `config`, `sample grid`) names the file for its reader: a write that
+    fails on a full filesystem then raises DiskFullError with the free space, measured before the
+    clean-up frees the partial file's bytes (a torch.save that fails on a full disk raises a
+    RuntimeError with no errno: only the free space tells). Without it, or for any other failure,
+    the error is raised as it is."""
+    path = Path(path)
+    spaces: list[Space | None] = []
+
+    def failed() -> None:
+        if what is not None:
+            spaces.append(fs_space(path.parent))
+        if on_failure is not None:
+            on_failure()
+
+    try:
+        with AtomicFile(path, durable=durable, on_failure=failed) as f:
+            if isinstance(data, bytes):
+                f.write(data)
+            else:
+                data(f)
+    except Exception as e:
+        space = spaces[0] if spaces else None
+        full = space is not None and space.free < FULL_BYTES
+        if what is not None and (full or disk_full_error(e) is not None):
+            free, total = (space.free, space.total) if space else (None, None)
+            raise DiskFullError(what, str(path), free, total) from e
+        raise
 
 
 def link(src: Path, dst: Path, *, durable: bool = True) -> None:

@@ -269,6 +269,13 @@ STALL_RESOLVED = LineFormat(
 # `ae-diagnose --dump` leaves the request file (the watchdog looks for it at every check).
 COLLECTIVES_FILE = LineFormat("collectives_rank{rank}_{ts}.json", {"rank": "int"})
 DUMP_REQUEST_FILE = LineFormat("dump_request_{ts}")
+# A rank on a torch whose Flight Recorder records NCCL's collectives only
+# (ae.forensics.flight_recorder).
+OLD_TORCH_RECORDER = LineFormat(
+    "torch {version} is older than {floor}: its Flight Recorder does not record gloo collectives, "
+    "so ae-diagnose cannot name a collective mismatch on gloo (NCCL's are recorded)",
+    {"version": "word", "floor": "word"},
+)
 COLLECTIVES_DUMPED = LineFormat(
     "Collectives dumped ({reason}): {entries} entries to {file}",
     {"reason": "text", "entries": "int", "file": "text"},

@@ -1,4 +1,5 @@
-"""Straggler scores: which rank is slow, by how much, and whether it waits for data or computes.
+"""Shared rules: straggler scores, applied by the writer (`ae.forensics.stragglers`) and the
+reader (`ae.diagnose.stragglers`): which rank is slow, by how much, whether it waits for data.
 
 Each rank measures, per optimizer step, its *own time*: the time it waits for its next batch
 (data) plus the time of its own work (compute), without the time it waits for the other ranks in

@@ -1,7 +1,7 @@
 """The package layout is the architecture: imports go one way, and the launcher stays light.
 
 Layers, lowest first (a module may import its own package and any lower layer, never a higher one):
-    logging_cfg  <-  ae core (config, errors, log_lines, run_dir, atomic_files)  <-  ae.forensics
+    logging_cfg  <-  ae core (config, errors, log_lines, run_paths, atomic_files)  <-  ae.forensics
     <-  ae.data  <-  ae.training | ae.job  <-  ae.rank  <-  ae.cli
 `ae.diagnose` sits on the core alone (torch-free: it reads the logs of dead runs anywhere).
 `ae.job`, the launcher, sits beside `ae.training` and never imports it, torch or Lightning: it
@@ -165,7 +165,7 @@ def test_the_checks_catch_an_injected_back_edge() -> None:
 def test_top_level_of_ae_stays_small() -> None:
     entries = [p for p in ROOT.joinpath("ae").iterdir() if p.name != "__pycache__"]
     # 7 packages and 7 modules: the core holds what forensics and diagnose share (config, errors,
-    # log_lines, run_dir, stragglers: the straggler rules both the detector and ae-diagnose apply)
+    # log_lines, run_paths, stragglers: the straggler rules both the detector and ae-diagnose apply)
     # and atomic_files (the one write-to-temp-then-rename of every layer)
     assert len(entries) <= 14, sorted(p.name for p in entries)
 
@@ -331,36 +331,158 @@ def _is_project(module: str | None) -> bool:
     return module is not None and module.split(".")[0] in ("ae", "logging_cfg")
 
 
+def _class_attrs(cls: ast.ClassDef) -> set[str]:
+    """The names a class defines: its methods and class-level names, and what its methods set
+    on `self`/`cls`."""
+    attrs: set[str] = set()
+    for stmt in cls.body:
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            attrs.add(stmt.name)
+        elif isinstance(stmt, ast.Assign | ast.AnnAssign):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            attrs.update(t.id for t in targets if isinstance(t, ast.Name))
+    for node in ast.walk(cls):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
+            attrs.add(node.attr)
+    return attrs
+
+
+def _base_names(cls: ast.ClassDef) -> list[str]:
+    return [b.id if isinstance(b, ast.Name) else b.attr for b in cls.bases
+            if isinstance(b, ast.Name | ast.Attribute)]  # fmt: skip
+
+
+def _type_names(annotation: ast.expr | None) -> set[str]:
+    """The class names an annotation names (`A`, `"A"`, `A | None`, `m.A`)."""
+    if annotation is None:
+        return set()
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        try:
+            annotation = ast.parse(annotation.value, mode="eval").body
+        except SyntaxError:
+            return set()
+    return {
+        n.id if isinstance(n, ast.Name) else n.attr
+        for n in ast.walk(annotation)
+        if isinstance(n, ast.Name | ast.Attribute)
+    }
+
+
+def _typed_names(node: ast.AST, cls: ast.ClassDef | None) -> list[tuple[str, set[str]]]:
+    """The names a statement gives a class: `x: A`, `x = A(...)` (`cls(...)` in a class),
+    `isinstance(x, A)`."""
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [(node.target.id, _type_names(node.annotation))]
+    if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+        func = node.value.func
+        made = {cls.name} if cls and isinstance(func, ast.Name) and func.id == "cls" else set()
+        made |= {func.id} if isinstance(func, ast.Name) and func.id != "cls" else set()
+        return [(t.id, made) for t in node.targets if isinstance(t, ast.Name)]
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "isinstance"
+        and len(node.args) == 2
+        and isinstance(node.args[0], ast.Name)
+    ):
+        return [(node.args[0].id, _type_names(node.args[1]))]
+    return []
+
+
+class _Owners:
+    """Which private names an object's known type has: the project's classes by name, with the
+    names of their project base classes."""
+
+    def __init__(self, trees: dict[str, ast.Module]) -> None:
+        self.classes: dict[str, tuple[set[str], list[str]]] = {}
+        for tree in trees.values():
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    attrs, bases = self.classes.get(node.name, (set(), []))
+                    self.classes[node.name] = (
+                        attrs | _class_attrs(node),
+                        bases + _base_names(node),
+                    )
+
+    def has(self, cls: str, name: str, seen: frozenset[str] = frozenset()) -> bool:
+        if cls not in self.classes or cls in seen:
+            return False
+        attrs, bases = self.classes[cls]
+        return name in attrs or any(self.has(b, name, seen | {cls}) for b in bases)
+
+
+def _scopes(tree: ast.Module) -> dict[ast.AST, tuple[ast.ClassDef | None, dict[str, set[str]]]]:
+    """For each node: its innermost class, and the annotated types of the names in scope (the
+    function's annotated arguments and variables)."""
+    out: dict[ast.AST, tuple[ast.ClassDef | None, dict[str, set[str]]]] = {}
+
+    def visit(node: ast.AST, cls: ast.ClassDef | None, types: dict[str, set[str]]) -> None:
+        if isinstance(node, ast.ClassDef):
+            cls = node
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            types = dict(types)
+            a = node.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+                if arg is not None and arg.arg not in ("self", "cls"):
+                    types[arg.arg] = _type_names(arg.annotation)
+            if not isinstance(node, ast.Lambda):
+                for sub in ast.walk(node):
+                    for name, named in _typed_names(sub, cls):
+                        types[name] = types.get(name, set()) | named
+        out[node] = (cls, types)
+        for child in ast.iter_child_nodes(node):
+            visit(child, cls, types)
+
+    visit(tree, None, {})
+    return out
+
+
+def _known(
+    obj: ast.expr, name: str, at: ast.AST, scopes: dict, modules: set[str], owners: _Owners
+) -> bool:
+    """Whether `obj` is an object whose class (or module) is the project's and has `name`."""
+    cls, types = scopes[at]
+    if isinstance(obj, ast.Call) and isinstance(obj.func, ast.Name) and obj.func.id == "super":
+        return cls is not None and any(owners.has(b, name) for b in _base_names(cls))
+    if not isinstance(obj, ast.Name):
+        return False
+    if obj.id in ("self", "cls"):
+        return cls is not None and owners.has(cls.name, name)
+    if obj.id in types:
+        return any(owners.has(t, name) for t in types[obj.id])
+    return obj.id in modules or owners.has(obj.id, name)
+
+
 def private_access(sources: dict[str, str]) -> list[str]:
-    """`file:line: code` for each use of a private name (`_x`, not `__x__`) that no source
-    defines: `obj._x`, `getattr(obj, "_x")` (and set/has/delattr), `from lib import _x`, `import
-    lib._x`. A name the project defines (a function, a class, a variable, an attribute set on
-    `self`/`cls`, an argument) is its own; any other one is a library's private attribute."""
+    """`file:line: code` for each use of a private name (`_x`, not `__x__`) on an object ae did
+    not define: `obj._x` and `getattr(obj, "_x")` (and set/has/delattr) pass only where `obj`
+    is `self`/`cls` (or `super()`) in a class of the project that has `_x` (itself or a project
+    base class), an argument or variable annotated with such a class, such a class, or a module
+    of the project; `from lib import _x` and `import lib._x` pass only for the project's own
+    modules. That ae has a `_step` of its own does not make `trainer._step` its own."""
     trees = {path: ast.parse(text) for path, text in sources.items()}
-    own: set[str] = set()
-    for tree in trees.values():
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                own.add(node.name)
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                own.add(node.id)
-            elif isinstance(node, ast.arg):
-                own.add(node.arg)
-            elif (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.ctx, ast.Store)
-                and isinstance(node.value, ast.Name)
-                and node.value.id in ("self", "cls")
-            ):
-                own.add(node.attr)
-            elif isinstance(node, ast.ImportFrom) and (node.level or _is_project(node.module)):
-                own.update(a.asname or a.name for a in node.names)
+    owners = _Owners(trees)
     found = []
     for path, tree in trees.items():
+        allowed = PRIVATE_ALLOWED | PRIVATE_ALLOWED_IN.get(path, set())
+        scopes = _scopes(tree)
+        modules = {  # names bound to the project's modules in this file
+            a.asname or a.name.split(".")[0]
+            for node in ast.walk(tree)
+            for a in getattr(node, "names", [])
+            if (isinstance(node, ast.Import) and _is_project(a.name))
+            or (isinstance(node, ast.ImportFrom) and _is_project(node.module) and a.name.islower())
+        }
+
         for node in ast.walk(tree):
-            names: list[str] = []
+            uses: list[tuple[str, bool]] = []  # (private name, on an object ae defined)
             if isinstance(node, ast.Attribute):
-                names = [node.attr]
+                uses = [(node.attr, _known(node.value, node.attr, node, scopes, modules, owners))]
             elif (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
@@ -369,16 +491,16 @@ def private_access(sources: dict[str, str]) -> list[str]:
                 and isinstance(node.args[1], ast.Constant)
                 and isinstance(node.args[1].value, str)
             ):
-                names = [node.args[1].value]
+                name = node.args[1].value
+                uses = [(name, _known(node.args[0], name, node, scopes, modules, owners))]
             elif isinstance(node, ast.ImportFrom) and not (node.level or _is_project(node.module)):
-                names = [*(node.module or "").split("."), *(a.name for a in node.names)]
+                uses = [(n, False) for n in [*(node.module or "").split("."),
+                                             *(a.name for a in node.names)]]  # fmt: skip
             elif isinstance(node, ast.Import):
                 libraries = [a.name for a in node.names if not _is_project(a.name)]
-                names = [part for name in libraries for part in name.split(".")]
-            for name in names:
-                allowed = PRIVATE_ALLOWED | PRIVATE_ALLOWED_IN.get(path, set())
-                if _is_private(name) and name not in own and name not in allowed:
-                    found.append(f"{path}:{node.lineno}: {ast.unparse(node)[:100]}")
+                uses = [(part, False) for name in libraries for part in name.split(".")]
+            if any(_is_private(n) and not ok and n not in allowed for n, ok in uses):
+                found.append(f"{path}:{node.lineno}: {ast.unparse(node)[:100]}")
     return found
 
 
@@ -403,8 +525,32 @@ def test_no_private_attribute_of_a_library() -> None:
         "    return loader._iterator, getattr(trainer, '_logger_connector')\n",
         "ae/y.py": "from ae.x import _helper\nclass A:\n"
         "    def __init__(self):\n        self._own = 1\n"
-        "    def g(self, other):\n        return other._own, _helper, self.__class__\n",
+        "    def g(self, other: A):\n        return other._own, _helper, self.__class__\n",
     }
     found = private_access(injected)
     assert [f.split(":")[1] for f in found] == ["1", "2", "4", "5", "5"], found
     assert all(f.startswith("ae/x.py:") for f in found)
+
+
+def test_a_private_name_ae_defines_elsewhere_is_not_ae_s_on_a_library_object() -> None:
+    """ae has a `_step` of its own (here `Loop._step`): that does not make a Lightning trainer's
+    `_step` ae's. Only an object whose class ae wrote (self, a typed argument, one it built)
+    may be reached into; an untyped argument is anyone's."""
+    sources = {
+        "ae/loop.py": "class Loop:\n"
+        "    def _step(self):\n        return self._count\n"
+        "    def run(self, other: Loop, trainer):\n"
+        "        self._count = 0\n"
+        "        made = Loop()\n"
+        "        return self._step(), other._step(), made._step(), trainer._step()\n"
+        "def hook(trainer, module):\n"
+        "    trainer._step()\n"
+        "    if isinstance(module, Loop):\n        module._count += 1\n"
+        "    return getattr(module, '_count'), module._other\n",
+    }
+    found = sorted(private_access(sources))
+    assert found == [
+        "ae/loop.py:12: module._other",
+        "ae/loop.py:7: trainer._step",
+        "ae/loop.py:9: trainer._step",
+    ], found

@@ -3,6 +3,7 @@ kind of file `ae` writes on a real full filesystem."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from ae import atomic_files
-from tests.support.limits import in_namespace
+from ae.atomic_files import disk_full_error, fs_space, human_size
+from tests.support.limits import in_namespace, namespace_problem
 from tests.support.runs import ROOT
 
 
@@ -199,3 +201,75 @@ def test_every_kind_of_file_on_a_full_disk_leaves_nothing_partial(tmp_path: Path
         "shard_closing": {"raised": enospc, "kept": True, "files": []},
         "heartbeat": {"raised": enospc, "kept": True, "files": ["heartbeat_rank0_TS.json"]},
     }  # fmt: skip
+
+
+def test_a_named_write_failing_not_for_space_raises_its_own_error(tmp_path: Path) -> None:
+    target = tmp_path / "a.ckpt"
+    atomic_files.write(target, b"old", what="checkpoint")
+
+    def broken(f) -> None:
+        f.write(b"half of the new")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_files.write(target, broken, what="checkpoint")
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt"]
+
+
+def test_human_size() -> None:
+    assert [human_size(n) for n in (12, 2048, 3 * 2**20, 5 * 2**30)] == [
+        "12 B", "2.0 KB", "3.0 MB", "5.00 GB"]  # fmt: skip
+
+
+def test_space_of_a_path_not_yet_made_is_its_parents(tmp_path: Path) -> None:
+    made, later = fs_space(tmp_path), fs_space(tmp_path / "not" / "yet")
+    assert made is not None and later is not None and made.total == later.total
+
+
+def test_disk_full_error_is_found_behind_a_chain() -> None:
+    full = OSError(errno.ENOSPC, "No space left on device", "/x/ckpt.tmp")
+    try:
+        try:
+            raise full
+        except OSError as e:
+            raise RuntimeError("file write failed") from e
+    except RuntimeError as outer:
+        assert disk_full_error(outer) is full
+    assert disk_full_error(RuntimeError("other")) is None
+    assert disk_full_error(OSError(errno.EACCES, "denied")) is None
+
+
+FULL_DISK_SCRIPT = """
+import sys
+from pathlib import Path
+from ae.errors import DiskFullError
+from ae import atomic_files
+target = Path(sys.argv[1]) / "grid.png"
+atomic_files.write(target, b"old", what="sample grid")
+try:
+    atomic_files.write(target, b"x" * 2 * 2**20, what="sample grid")
+except DiskFullError as e:
+    files = sorted(p.name for p in target.parent.iterdir())
+    print(e.what, e.errno, e.filename, e.free < 2**20, e.total, files, target.read_bytes())
+"""
+
+
+def test_a_named_write_on_a_full_disk_is_disk_full_and_leaves_no_part(
+    tmp_path: Path,
+) -> None:
+    """A real ENOSPC (a 1 MB tmpfs in a private mount namespace): DiskFullError with what was
+    written and the figures, no `.tmp` left, the previous file intact."""
+    if (problem := namespace_problem()) is not None:
+        pytest.skip(problem)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    res = subprocess.run(
+        ["unshare", "-m", "bash", "-c",
+         f'mount -t tmpfs -o size=1m tmpfs {mnt} && "{sys.executable}" -c "$SCRIPT" {mnt}'],
+        cwd=ROOT, env={**os.environ, "SCRIPT": FULL_DISK_SCRIPT}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    expected = f"sample grid 28 {mnt}/grid.png True 1048576 ['grid.png'] b'old'"
+    assert res.stdout.strip() == expected

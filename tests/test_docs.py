@@ -22,7 +22,7 @@ from pathlib import Path
 from ae import log_lines
 from ae.config import FIELDS
 from ae.diagnose.attempts import diagnose_job
-from ae.diagnose.run_files import find_run
+from ae.diagnose.log_files import find_run
 from ae.log_lines import BAD_SAMPLE, COLLECTIVES_FILE, RECORD_PATTERN, LineFormat, epoch_marker
 from bench.synthetic_logs import TS, RankWriter, write_heartbeat, write_train_log
 from tests.support.runs import ROOT

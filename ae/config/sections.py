@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import yaml
 
-from ae.run_dir import RunDir
+from ae.run_paths import RunDir
 
 
 def show_value(value: Any) -> str:

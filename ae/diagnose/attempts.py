@@ -10,8 +10,8 @@ from typing import Any
 
 from rich.console import Console
 
+from ae.diagnose.log_files import RunFiles, list_runs
 from ae.diagnose.report import diagnose, verdict_lines
-from ae.diagnose.run_files import RunFiles, list_runs
 from ae.log_lines import RECORD_PATTERN, RESTART
 
 HEAD_BYTES = 64 * 1024  # the RESTART line is among a train log's first lines

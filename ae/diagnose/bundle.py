@@ -24,10 +24,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ae.diagnose.evidence import read_run
+from ae.diagnose.log_files import DiagnoseError, RunFiles
 from ae.diagnose.logscan import LogBytes
 from ae.diagnose.report import render, to_json
-from ae.diagnose.run_files import DiagnoseError, RunFiles
-from ae.diagnose.run_state import read_run
 from ae.diagnose.verdict import judge
 
 TAIL_LINES = 100

@@ -18,9 +18,9 @@ from rich.console import Console
 import logging_cfg
 from ae.diagnose.attempts import diagnose_job, render_attempts
 from ae.diagnose.bundle import write_bundle
-from ae.diagnose.collectives import request_dump
+from ae.diagnose.flight_recorder import request_dump
+from ae.diagnose.log_files import DiagnoseError, find_run, resolve_logs_dir
 from ae.diagnose.report import render
-from ae.diagnose.run_files import DiagnoseError, find_run, resolve_logs_dir
 from ae.diagnose.timeline import build_timeline, draw_timeline
 from ae.diagnose.trace import write_trace
 from ae.diagnose.watch import watch

@@ -1,9 +1,8 @@
 """Collective mismatches: the ranks' Flight Recorder dumps aligned, and the backend's own words.
 
-Each rank's `collectives_rank<N>_<TS>.json` (written by `ae.forensics.flight_recorder`, parsed
-here without torch) lists its recent collectives: process group, sequence id, op, sizes, dtypes
-and the Python frames that issued each. Per process group the ranks are aligned by sequence id;
-the first id where they differ names the rank at fault:
+Each rank's dump (`ae.diagnose.flight_recorder`) lists its recent collectives: process group,
+sequence id, op, sizes, dtypes and the Python frames that issued each. Per process group the
+ranks are aligned by sequence id; the first id where they differ names the rank at fault:
 
 - `extra`: a rank issued a collective the others did not: its call site appears nowhere in the
   others' record (up to a few ids before the first difference: an extra call with the right
@@ -20,25 +19,16 @@ site; the peers' dumps give the collective they were in.
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ae.diagnose.heartbeats import read_heartbeat
+from ae.diagnose.flight_recorder import COLLECTIVE_CODE, LIBRARY, Call, Dump, short_path
 from ae.diagnose.logscan import Evidence, LogBytes
-from ae.diagnose.run_files import RunFiles
-from ae.log_lines import COLLECTIVES_FILE, DUMP_REQUEST_FILE, RECORD_PATTERN
+from ae.log_lines import RECORD_PATTERN
 
-# A library's frame, skipped when looking for the call site in the user's code (`<frozen runpy>`:
-# the interpreter's own).
-_LIBRARY = re.compile(
-    r"^<|(site|dist)-packages/|/lib/python3[.\d]*/|(^|/)(torch|lightning|ae|logging_cfg)/"
-)
-_COLLECTIVE_CODE = ("torch/distributed/", "torch/nn/parallel/")
 # The backend says the ranks disagree (gloo), or a collective timed out (NCCL's watchdog).
 _BACKEND = (
     b"Is there a distributed collective mismatch",
@@ -53,94 +43,6 @@ _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<fu
 TRACE_LINES = 400  # lines of a fatal-signal dump read
 SHIFT_CHECKED = 3  # later calls compared when testing "one extra call"
 LOOKBACK = 8  # ids before the first difference searched for an extra call (2 DDP steps)
-DUMP_WAIT_S = 10.0  # --dump: a watchdog looks every second; its first dump takes about one
-
-
-@dataclass(frozen=True)
-class Call:
-    """One recorded collective of one rank."""
-
-    rank: int
-    pg: str
-    seq: int
-    op: str  # `all_reduce` (the backend prefix dropped)
-    sizes: list[list[int]]
-    dtypes: list[str]
-    frames: tuple[tuple[str, str, int], ...]  # (function, file, line), innermost first
-
-    @property
-    def shape(self) -> str:
-        """`all_reduce [3224] Float`."""
-        sizes = ", ".join(f"[{', '.join(map(str, s))}]" for s in self.sizes) or "[]"
-        return f"{self.op} {sizes} {', '.join(self.dtypes)}".strip()
-
-    def key(self) -> tuple[Any, ...]:
-        """What two ranks' calls at the same sequence id must share. Not the frames: ranks may
-        call the same collective from different lines (`if rank == 0: ... else: ...`)."""
-        return self.op, str(self.sizes), tuple(self.dtypes)
-
-    def site(self) -> str:
-        """`file:line (function)` of the call: the innermost frame of the user's code, else the
-        innermost one outside torch.distributed (DDP's gradient all-reduce: autograd)."""
-        user = [f for f in self.frames if not _LIBRARY.search(f[1].replace("\\", "/"))]
-        outside = [f for f in self.frames if not any(c in f[1] for c in _COLLECTIVE_CODE)]
-        frames = user or outside or list(self.frames)
-        if not frames:
-            return "no Python frames"
-        func, path, line = frames[0]
-        return f"{_short(path)}:{line} ({func})"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "seq": self.seq, "op": self.op, "sizes": self.sizes,
-                "dtypes": self.dtypes, "site": self.site()}  # fmt: skip
-
-
-def _short(path: str) -> str:
-    """A frame's file without the site-packages or the project folder before it."""
-    path = path.replace("\\", "/")
-    _, sep, rest = path.rpartition("-packages/")
-    if sep:
-        return rest
-    for anchor in ("/tests/", "/ae/", "/bench/"):  # the project's own folders
-        if (i := path.find(anchor)) >= 0:
-            return path[i + 1 :]
-    return path
-
-
-@dataclass
-class Dump:
-    rank: int
-    path: Path
-    reason: str
-    time: float
-    calls: dict[str, dict[int, Call]]  # process group -> sequence id -> call
-
-    def last(self, pg: str) -> Call | None:
-        calls = self.calls.get(pg)
-        return calls[max(calls)] if calls else None
-
-
-def read_dump(path: Path, rank: int) -> Dump | None:
-    """A rank's dump; None for a file that is not one (torn, foreign)."""
-    try:
-        doc = json.loads(path.read_bytes())
-        entries = doc["entries"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    calls: dict[str, dict[int, Call]] = {}
-    for e in entries:
-        if not isinstance(e, dict) or e.get("is_p2p") or e.get("collective_seq_id") is None:
-            continue
-        pg = str(e.get("pg_id", "?"))
-        op = str(e.get("profiling_name", "?")).rsplit(":", 1)[-1]
-        frames = tuple(
-            (str(f.get("name")), str(f.get("filename")), int(f.get("line") or 0))
-            for f in e.get("frames") or []
-        )
-        call = Call(rank, pg, int(e["collective_seq_id"]), op, e.get("input_sizes") or [],
-                    [str(d) for d in e.get("input_dtypes") or []], frames)  # fmt: skip
-        calls.setdefault(pg, {})[call.seq] = call
-    return Dump(rank, path, str(doc.get("reason", "?")), float(doc.get("time") or 0), calls)
 
 
 @dataclass
@@ -301,14 +203,14 @@ def _collective_caller(
     path: Path, block: list[tuple[int, re.Match[str]]]
 ) -> tuple[str, Evidence] | None:
     """A thread's frames (innermost first): the collective, and who called it."""
-    collective = [b for b in block if any(c in b[1]["path"] for c in _COLLECTIVE_CODE)]
+    collective = [b for b in block if any(c in b[1]["path"] for c in COLLECTIVE_CODE)]
     if not collective:
         return None
-    callers = [b for b in block if not _LIBRARY.search(b[1]["path"])]
-    outside = [b for b in block if not any(c in b[1]["path"] for c in _COLLECTIVE_CODE)]
+    callers = [b for b in block if not LIBRARY.search(b[1]["path"])]
+    outside = [b for b in block if not any(c in b[1]["path"] for c in COLLECTIVE_CODE)]
     at, m = (callers or outside or block)[0]
     return collective[0][1]["func"], Evidence(
-        path, at, f"{_short(m['path'])}:{m['line']} ({m['func']})"
+        path, at, f"{short_path(m['path'])}:{m['line']} ({m['func']})"
     )
 
 
@@ -374,30 +276,3 @@ def _call_evidence(m: Mismatch, dumps: dict[int, Dump]) -> list[Evidence]:
     }.get(m.kind, "")
     mine = [Evidence(dumps[c.rank].path, 0, _describe(c, note)) for c in m.calls]
     return mine + [Evidence(dumps[c.rank].path, 0, _describe(c)) for c in m.others]
-
-
-def request_dump(files: RunFiles, wait_s: float = DUMP_WAIT_S) -> tuple[list[int], list[int]]:
-    """`--dump`: ask the live ranks of the run for their collectives (the request file their
-    watchdogs look for; no signal, so nothing else a rank or its launcher handles is touched)
-    and wait for their files. Returns the ranks that answered and those that did not; a rank
-    whose heartbeat says its process is gone is not asked."""
-    request = files.logs_dir / DUMP_REQUEST_FILE.format(ts=files.ts)
-    request.write_text(f"{time.time()}\n")
-    asked_at = request.stat().st_mtime
-    asked = sorted(
-        rank for rank, path in files.heartbeats.items()
-        if (hb := read_heartbeat(path)) is not None and hb.alive is not False
-    )  # fmt: skip
-
-    def answered(rank: int) -> bool:
-        path = files.logs_dir / COLLECTIVES_FILE.format(rank=rank, ts=files.ts)
-        try:
-            return path.stat().st_mtime >= asked_at
-        except FileNotFoundError:
-            return False
-
-    end = time.monotonic() + wait_s
-    while not all(map(answered, asked)) and time.monotonic() < end:
-        time.sleep(0.2)
-    done = [r for r in asked if answered(r)]
-    return done, [r for r in asked if r not in done]

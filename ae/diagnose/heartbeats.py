@@ -1,4 +1,4 @@
-"""A rank's heartbeat file (written by ae.forensics.heartbeat), and whether its process lives.
+"""Reader: a rank's heartbeat file (`ae.forensics.heartbeat` writes it), whether its process lives.
 
 The file is replaced atomically, so a read sees a whole record; a file that does not parse, or
 lacks HEARTBEAT_BASE_FIELDS, is treated as absent (heartbeats written before the step times have

@@ -1,4 +1,5 @@
-"""How each rank process ended, in torchrun's own words (`launcher_<TS>.log`).
+"""Reader: how each rank process ended, in torchrun's own words (`launcher_<TS>.log`, which
+`ae.job.torchrun` writes).
 
 A rank killed by a signal (SIGKILL from the OOM killer or a user's `kill -9`) writes nothing: its
 log just stops. torchrun, its parent, saw it end and says how, in two places:

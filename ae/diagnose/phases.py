@@ -1,4 +1,4 @@
-"""Which phase (ae.forensics.progress.PHASES) a rank was in, from what its log shows.
+"""Reader: which phase (`ae.forensics.progress.PHASES`, the writer's) a rank was in, from its log.
 
 The heartbeat and STALL lines name the phase directly. Without them there are two clues: the
 last marker (`========== EPOCH 0 TRAINING START ==========`, `CHECKPOINT SAVE START` ...) and, for

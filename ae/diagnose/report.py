@@ -12,13 +12,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ae.diagnose.collectives import Dump
+from ae.diagnose.evidence import RunState, read_run
+from ae.diagnose.findings import Finding
+from ae.diagnose.flight_recorder import Dump
+from ae.diagnose.log_files import RunFiles
 from ae.diagnose.logscan import Evidence, LogBytes
 from ae.diagnose.rank_log import RankLog, shard_of
-from ae.diagnose.run_files import RunFiles
-from ae.diagnose.run_state import RunState, read_run
+from ae.diagnose.rank_status import current_phase
 from ae.diagnose.stragglers import StragglerFinding, find_stragglers, rank_scores
-from ae.diagnose.verdict import Finding, Verdict, current_phase, judge
+from ae.diagnose.verdict import Verdict, judge
 from ae.log_lines import RECORD_PATTERN
 
 TEXT_LIMIT = 400  # characters of a log line kept in the JSON (FATAL messages can be huge)

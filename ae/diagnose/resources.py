@@ -1,4 +1,5 @@
-"""A culprit's cause named as the resource that ran out: `disk full`, `shared memory exhausted`,
+"""Reader of the heartbeat's `resources` (`ae.forensics.resources` writes them): a culprit's
+cause named as the resource that ran out: `disk full`, `shared memory exhausted`,
 `out of memory (OOM killer)`, `too many open files` -- from the culprit's own lines and its
 heartbeat's `resources` figures (`ae.forensics.resources`), which become evidence.
 
@@ -16,23 +17,15 @@ heartbeat's `resources` figures (`ae.forensics.resources`), which become evidenc
 from __future__ import annotations
 
 import re
-from typing import Any, Protocol
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
 
+from ae.diagnose.findings import Finding
 from ae.diagnose.heartbeats import Heartbeat
 from ae.diagnose.logscan import Evidence
-from ae.diagnose.rank_log import Crash, RankLog
-
-
-class Finding(Protocol):
-    """What `ae.diagnose.verdict` finds about a culprit (its `Finding`)."""
-
-    rank: int
-    phase: str | None
-    cause: str
-    rule: str
-    evidence: list[Evidence]
-    time: float | None
-
+from ae.diagnose.rank_log import RankLog
+from ae.diagnose.tracebacks import Crash
 
 DISK_FULL = "disk full"
 SHM_EXHAUSTED = "shared memory exhausted"
@@ -143,14 +136,16 @@ def _cause(f: Finding, r: RankLog) -> tuple[str, str, list[Evidence]] | None:
     return None
 
 
-def name_resources(culprits: list[Finding], ranks: dict[int, RankLog]) -> None:
-    """Give each culprit that a resource explains that resource as its cause (in place), the
+def name_resources(culprits: Iterable[Finding], ranks: dict[int, RankLog]) -> list[Finding]:
+    """The culprits, each that a resource explains with that resource as its cause, the
     heartbeat's figures appended to its evidence; the former cause moves into the rule."""
+    named = []
     for f in culprits:
         r = ranks.get(f.rank)
-        if r is None or (found := _cause(f, r)) is None:
-            continue
-        cause, rule, extra = found
-        f.rule = f"{rule} (was: {f.cause})"
-        f.cause = cause
-        f.evidence = [*f.evidence, *extra]
+        if r is not None and (found := _cause(f, r)) is not None:
+            cause, rule, extra = found
+            f = replace(
+                f, cause=cause, rule=f"{rule} (was: {f.cause})", evidence=[*f.evidence, *extra]
+            )
+        named.append(f)
+    return named

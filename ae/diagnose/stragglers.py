@@ -1,4 +1,5 @@
-"""Stragglers of a run: each rank's score from its heartbeat, and the ranks named slow.
+"""Reader: the stragglers of a run, each rank's score from its heartbeat, the ranks named slow
+(the lines `ae.forensics.stragglers` writes).
 
 A rank is a straggler while the detector's `STRAGGLER` line for it (train log) has no
 `STRAGGLER RESOLVED` after it: the detector alone applies `--straggler_window`. Scores and causes
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ae.diagnose.evidence import RunState
 from ae.diagnose.logscan import Evidence
-from ae.diagnose.run_state import RunState
 from ae.log_lines import STRAGGLER
 from ae.stragglers import RankTiming, judge, scores
 

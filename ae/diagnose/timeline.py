@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from ae.diagnose.evidence import read_run
+from ae.diagnose.log_files import DiagnoseError, RunFiles
 from ae.diagnose.logscan import LogBytes, Record
 from ae.diagnose.phases import marker_stage
 from ae.diagnose.rank_log import clock_offset
-from ae.diagnose.run_files import DiagnoseError, RunFiles
-from ae.diagnose.run_state import read_run
 from ae.diagnose.verdict import judge
 from ae.log_lines import (
     FATAL,

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ae import atomic_files
 from ae.diagnose.timeline import Timeline
 
 PID = 1  # one process in the trace: the run
@@ -53,4 +54,4 @@ def trace_events(tl: Timeline) -> dict[str, Any]:
 
 def write_trace(tl: Timeline, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(trace_events(tl), indent=None) + "\n")
+    atomic_files.write(path, (json.dumps(trace_events(tl), indent=None) + "\n").encode())

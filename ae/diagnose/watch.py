@@ -24,10 +24,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from ae.diagnose.evidence import read_run
 from ae.diagnose.heartbeats import Heartbeat, read_heartbeat
 from ae.diagnose.launcher_log import ProcessEnd
-from ae.diagnose.run_files import DiagnoseError, list_runs
-from ae.diagnose.run_state import read_run
+from ae.diagnose.log_files import DiagnoseError, list_runs
 from ae.diagnose.verdict import Verdict, judge
 from ae.stragglers import scores
 

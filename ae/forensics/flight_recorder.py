@@ -1,4 +1,5 @@
-"""PyTorch's Flight Recorder in every rank, and its dump to `logs/collectives_rank<N>_<TS>.json`.
+"""Writer: PyTorch's Flight Recorder in every rank, and its dump to
+`logs/collectives_rank<N>_<TS>.json` (`ae.diagnose.flight_recorder` reads it).
 
 The Flight Recorder keeps the last `TORCH_FR_BUFFER_SIZE` collectives of the process in a ring
 buffer (process group, sequence id, op, sizes, dtypes, state, and the Python frames that issued
@@ -18,20 +19,26 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from loguru import logger
 
 from ae import atomic_files
-from ae.log_lines import COLLECTIVES_DUMPED, COLLECTIVES_FILE
+from ae.log_lines import COLLECTIVES_DUMPED, COLLECTIVES_FILE, OLD_TORCH_RECORDER
 
 # Entries kept: several hundred steps of DDP (a gradient all-reduce per bucket and the stop
 # check per step). Recording one costs a few microseconds (bench/flight_recorder.py).
 BUFFER_ENTRIES = 2000
 BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+# The first torch whose Flight Recorder records gloo's collectives: 2.8 has the generic recorder in
+# libtorch_cpu that ProcessGroupGloo writes to, and `_dump_fr_trace`; 2.7 has NCCL's alone. The
+# floor of pyproject.toml; an older (pinned) torch runs, with a warning.
+GLOO_RECORDED_SINCE = (2, 8)
 
 
 _target: tuple[Path, int] | None = None  # (file, rank) once enabled
@@ -42,9 +49,19 @@ def enable(logs_dir: Path, rank: int, run_ts: str) -> None:
     user set is kept), and say where `dump` writes. Python frames are recorded with each entry;
     C++ stacks stay off (costly)."""
     global _target
+    if (warning := old_torch_warning(torch.__version__)) is not None:
+        logger.warning(warning)
     if not any(os.environ.get(name) for name in BUFFER_ENV):
         os.environ[BUFFER_ENV[0]] = str(BUFFER_ENTRIES)
     _target = (collectives_path(logs_dir, rank, run_ts), rank)
+
+
+def old_torch_warning(version: str) -> str | None:
+    """The one-line warning for a torch whose Flight Recorder does not record gloo, else None."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None or (int(m[1]), int(m[2])) >= GLOO_RECORDED_SINCE:
+        return None
+    return OLD_TORCH_RECORDER.format(version=version, floor=".".join(map(str, GLOO_RECORDED_SINCE)))
 
 
 def collectives_path(logs_dir: Path, rank: int, run_ts: str) -> Path:
@@ -52,10 +69,13 @@ def collectives_path(logs_dir: Path, rank: int, run_ts: str) -> Path:
 
 
 def _recorders() -> dict[str, bytes]:
-    """Each recorder's pickled dump, by name; the NCCL one only in builds that have it."""
+    """Each recorder's pickled dump, by name: the generic one (gloo's) from torch 2.8 on, the
+    NCCL one only in builds that have it."""
     import torch._C._distributed_c10d as c10d  # private: see the module docstring
 
-    out = {"generic": c10d._dump_fr_trace()}
+    out = {}
+    if hasattr(c10d, "_dump_fr_trace"):
+        out["generic"] = c10d._dump_fr_trace()
     if hasattr(c10d, "_dump_nccl_trace"):
         out["nccl"] = c10d._dump_nccl_trace()
     return out

@@ -1,4 +1,5 @@
-"""Heartbeat file of a rank: `<logs>/heartbeat_rank<N>_<TS>.json`, what the rank is doing now.
+"""Writer: the heartbeat file of a rank, `<logs>/heartbeat_rank<N>_<TS>.json`, what it does now
+(`ae.diagnose.heartbeats` reads it).
 
 The watchdog thread rewrites it every few seconds, so a live job can be inspected (`cat`, or
 `ae-diagnose`) while every rank is blocked. Each write goes to a temporary file in the same

@@ -1,4 +1,5 @@
-"""What this rank is doing right now: a phase and a step, updated by cheap beats.
+"""Writer: what this rank is doing right now, a phase and a step, updated by cheap beats (the
+heartbeat and STALL lines carry it; `ae.diagnose.phases` reads it back).
 
 Training code calls `progress.enter(phase)` when it moves to another phase and `progress.beat()`
 when it makes progress (a batch fetched, a step done). The watchdog thread and the heartbeat file

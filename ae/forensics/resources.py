@@ -1,4 +1,5 @@
-"""The machine's limits as one rank sees them, cheaply: free `/dev/shm`, free disk of the output
+"""Writer: the machine's limits as one rank sees them, for its heartbeat's `resources` (read by
+`ae.diagnose.resources`) and the preflight, cheaply: free `/dev/shm`, free disk of the output
 folder, available host memory, the cgroup's memory limit and OOM-kill count, open descriptors.
 
 Read by the preflight (`ae.job.preflight`) and every heartbeat (`resources` field); each figure is
@@ -9,37 +10,17 @@ Torch-free: the launcher reads them too. A figure the kernel does not expose is 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import resource
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ae.atomic_files import Space, fs_space
 
 SHM = Path("/dev/shm")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _MB = 2**20
 _NO_LIMIT = 2**60  # cgroup v1 writes ~2^63 for "no limit"
-# errno of a write that found its filesystem full (EDQUOT: a quota, the same to the user)
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-
-
-@dataclass(frozen=True)
-class Space:
-    free: int  # bytes an unprivileged writer can still use
-    total: int
-
-
-def fs_space(path: Path) -> Space | None:
-    """Free and total bytes of the filesystem holding `path` (or its nearest existing parent)."""
-    path = Path(path).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return Space(st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
 
 
 def host_memory() -> Space | None:
@@ -129,23 +110,6 @@ def open_fds() -> int | None:
 def fd_limit() -> int:
     """The soft `ulimit -n` of this process."""
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-# Free bytes below which a failed write is taken for a full filesystem (torch.save reports
-# ENOSPC as a RuntimeError that has lost the errno).
-FULL_BYTES = 4 * _MB
-
-
-def disk_full_error(exc: BaseException) -> OSError | None:
-    """The ENOSPC/EDQUOT OSError behind `exc` (itself, or its cause or context), or None."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
-            return e
-        e = e.__cause__ or e.__context__
-    return None
 
 
 def _mb(n: int | None) -> float | None:

@@ -1,4 +1,5 @@
-"""Straggler detection while the job runs, without a collective: rank 0 reads the heartbeats.
+"""Writer: straggler detection while the job runs, without a collective (rank 0 reads the
+heartbeats) and its STRAGGLER lines; `ae.diagnose.stragglers` reads them.
 
 Every rank's heartbeat carries its step times (`ae.forensics.step_times`) and its dataloader
 workers' read rates. Rank 0's watchdog thread reads the heartbeat files of all ranks each time it

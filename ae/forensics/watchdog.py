@@ -30,11 +30,12 @@ import torch
 from loguru import logger
 
 import logging_cfg
+from ae.atomic_files import fs_space
 from ae.forensics import flight_recorder
 from ae.forensics.heartbeat import heartbeat_path, heartbeat_record, write_heartbeat
 from ae.forensics.process_stats import RssReader
 from ae.forensics.progress import STUCK_AFTER_S, Progress, progress
-from ae.forensics.resources import SHM, ResourceReader, fs_space
+from ae.forensics.resources import SHM, ResourceReader
 from ae.forensics.stall_report import (
     collective_wait,
     describe_frame,

@@ -4,7 +4,7 @@ run torchrun -- and say how it ended.
 Everything a user can get wrong is checked here, in about a second and before any worker process
 exists: flags, the config file, shard specs, the job's layout (`ae.job.topology`: environment
 variables or SLURM), a run folder in use or holding an earlier run's checkpoints
-(`ae.job.run_folder`). Then one torchrun per node starts the ranks: `--nproc_per_node` from
+(`ae.job.folder_lock`). Then one torchrun per node starts the ranks: `--nproc_per_node` from
 `--devices` (auto: all GPUs, else 2 CPU processes); under SLURM's one-task-per-process layout the
 launcher of each task runs its one rank itself. Stop signals are passed on (`ae.job.supervise`);
 the end is reported by `ae.job.outcome`: the checkpoint after a stop, the diagnosis after a
@@ -35,6 +35,7 @@ from ae.data.demo import with_demo_defaults
 from ae.data.spec import resolve_shards
 from ae.errors import UserError
 from ae.forensics.faults import ATTEMPT_ENV, active_faults
+from ae.job.folder_lock import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.job.network import prepare_node
 from ae.job.outcome import RESUME, preempted, report_failure, report_stop, stop_exit_code
 from ae.job.peer_nodes import PeerNodes
@@ -42,7 +43,6 @@ from ae.job.preflight import check, launcher_needs
 from ae.job.processes import DEBUG_ENV, free_port, processes_per_node, rank_command
 from ae.job.rank_lines import rank_lines
 from ae.job.restarts import RESTART_ENV, Restart, Restarts, requeue_job
-from ae.job.run_folder import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.job.supervise import Stops, start_child, wait
 from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE, RESOURCE_TIGHT, TRAIN_LOG_FILE

@@ -14,8 +14,8 @@ from typing import Any
 
 from loguru import logger
 
+from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose, verdict_lines
-from ae.diagnose.run_files import find_run
 from ae.errors import UserError
 from ae.log_lines import LAUNCHER_LOG_FILE, PREEMPTED, RECORD_PATTERN, TRAIN_LOG_FILE
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ae.atomic_files import fs_space
 from ae.config import Config
 from ae.errors import ResourceLimitError
-from ae.forensics.resources import SHM, cgroup_memory, fd_limit, fs_space, host_memory
+from ae.forensics.resources import SHM, cgroup_memory, fd_limit, host_memory
 
 MB = 2**20
 TIGHT = 0.8  # a need above this share of what there is: a warning

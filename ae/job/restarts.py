@@ -29,8 +29,8 @@ from typing import Any
 
 from loguru import logger
 
+from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose, verdict_lines
-from ae.diagnose.run_files import find_run
 from ae.errors import DiskFullError, UserError
 from ae.log_lines import RESTART, RESUMED, TRAIN_LOG_FILE
 

@@ -1,4 +1,5 @@
-"""torchrun, with its own output in the run's `launcher_<TS>.log`.
+"""Writer: torchrun, with its own output in the run's `launcher_<TS>.log` (read by
+`ae.diagnose.launcher_log`).
 
 torchrun's agent writes its progress lines, and when a rank fails its `ChildFailedError` report,
 through Python's `sys.stdout` / `sys.stderr`; the ranks it starts inherit its file descriptors 1

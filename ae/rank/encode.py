@@ -38,7 +38,7 @@ from ae.training.encoding import (
     uses_ema,
 )
 from ae.training.model import describe
-from ae.training.run_info import log_rank_header
+from ae.training.startup_header import log_rank_header
 from logging_cfg import RankContext
 
 

@@ -18,13 +18,12 @@ import torch.distributed as dist
 from loguru import logger
 
 import logging_cfg
+from ae.atomic_files import disk_full_error, fs_space, human_size
 from ae.errors import DiskFullError, UserError
 from ae.forensics import flight_recorder
 from ae.forensics.progress import progress
-from ae.forensics.resources import disk_full_error, fs_space
 from ae.forensics.watchdog import stop_watchdog
 from ae.log_lines import DISK_FULL, RANK_EXIT, main_log
-from ae.training.checkpoint_files import human_size
 from ae.training.preemption import SigtermWhileStuck
 
 

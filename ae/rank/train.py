@@ -35,7 +35,7 @@ from ae.training.metrics import resumed_logger_runs, start_loggers
 from ae.training.model import build_model, describe
 from ae.training.preemption import preempted_at
 from ae.training.resume_check import check_resume
-from ae.training.run_info import log_model_summary, log_rank_header, log_run_setup
+from ae.training.startup_header import log_model_summary, log_rank_header, log_run_setup
 from ae.training.trainer import build_trainer
 from logging_cfg import RankContext
 

@@ -1,4 +1,4 @@
-"""Checkpoint files on disk: atomic writes, the step/last/best layout, retention, `last` lookup.
+"""Checkpoint files on disk: the step/last/best layout, retention, `last` lookup.
 
 Layout of `<output_dir>/checkpoints/`:
 - `step-00000100.ckpt`: the training state after that optimizer step, written every
@@ -16,47 +16,15 @@ removes; a full disk is named as such (`DiskFullError`).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 from loguru import logger
 
 from ae import atomic_files
-from ae.errors import DiskFullError
-from ae.forensics.resources import FULL_BYTES, Space, disk_full_error, fs_space
 
 LAST = "last.ckpt"
 BEST = "best.ckpt"
 _STEP_FILE = re.compile(r"^step-(\d+)\.ckpt$")
-
-
-def atomic_write(path: Path, write: Callable[[BinaryIO], None], what: str = "checkpoint") -> None:
-    """`write(f)` into a new version of `path` (`ae.atomic_files.write`, fsynced). A write that
-    fails on a full filesystem raises DiskFullError (the temporary file removed, `path` as it
-    was); any other failure is raised as it is."""
-    spaces: list[Space | None] = []
-    try:
-        # measured before the clean-up frees the partial file's bytes: a torch.save that fails on
-        # a full disk raises a RuntimeError with no errno, and only the free space tells
-        atomic_files.write(path, write, on_failure=lambda: spaces.append(fs_space(path.parent)))
-    except Exception as e:
-        space = spaces[0] if spaces else None
-        full = space is not None and space.free < FULL_BYTES
-        if full or disk_full_error(e) is not None:
-            free, total = (space.free, space.total) if space else (None, None)
-            raise DiskFullError(what, str(path), free, total) from e
-        raise
-
-
-def human_size(n: float) -> str:
-    if n < 1024:
-        return f"{n:.0f} B"
-    for unit in ("KB", "MB"):
-        n /= 1024
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-    return f"{n / 1024:.2f} GB"
 
 
 class CheckpointStore:

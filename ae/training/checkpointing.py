@@ -29,13 +29,15 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from loguru import logger
 
+from ae import atomic_files
+from ae.atomic_files import human_size
 from ae.config import CheckpointConfig
 from ae.forensics.faults import fault_point
 from ae.forensics.progress import in_phase, progress
 from ae.log_lines import CHECKPOINT_END, CHECKPOINT_START, RESUMED, main_log
-from ae.run_dir import RunDir
+from ae.run_paths import RunDir
 from ae.training import checkpoint_load
-from ae.training.checkpoint_files import CheckpointStore, atomic_write, human_size
+from ae.training.checkpoint_files import CheckpointStore
 from ae.training.model import AutoEncoder
 
 # Keys whose change between a checkpoint and the resumed run is expected, not news.
@@ -59,7 +61,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             torch.save(checkpoint, f)
             fault_point("checkpoint", progress.step)  # tests: a kill here is a kill mid-save
 
-        atomic_write(path, write)
+        atomic_files.write(path, write, what="checkpoint")
 
     def load_checkpoint(
         self, path: Any, map_location: Any = "cpu", weights_only: bool | None = None

@@ -45,7 +45,7 @@ from PIL import Image
 
 from ae.config import ConfigError, ObservabilityConfig, logger_names
 from ae.log_lines import main_log
-from ae.run_dir import RunDir
+from ae.run_paths import RunDir
 from ae.training.checkpoint_load import load
 from ae.training.plots import loss_plot
 

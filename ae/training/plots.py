@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ae.training.checkpoint_files import atomic_write
+from ae import atomic_files
 
 _BG = (255, 255, 255)
 _INK = (40, 40, 40)
@@ -47,7 +47,7 @@ def reconstruction_grid(
         canvas.paste(to_image(inputs[i]).resize((tw, th), Image.NEAREST), (x, y))
         canvas.paste(to_image(outputs[i]).resize((tw, th), Image.NEAREST), (x, y + th + gap))
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: canvas.save(f, format="PNG"), what="sample grid")
+    atomic_files.write(path, lambda f: canvas.save(f, format="PNG"), what="sample grid")
     return canvas
 
 
@@ -87,4 +87,4 @@ def loss_plot(series: dict[str, list[tuple[float, float]]], path: Path) -> None:
     ax.set_title("loss vs optimizer step")
     ax.legend(loc="upper right")
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: fig.savefig(f, format="png"), what="loss curve")
+    atomic_files.write(path, lambda f: fig.savefig(f, format="png"), what="loss curve")

@@ -32,7 +32,7 @@ from ae.forensics.faults import fault_point
 from ae.forensics.process_stats import memory_summary
 from ae.forensics.progress import in_phase, progress
 from ae.log_lines import SAMPLING_END, SAMPLING_OOM, SAMPLING_START, main_log
-from ae.run_dir import RunDir
+from ae.run_paths import RunDir
 from ae.training.ema import averaged_weights
 from ae.training.metrics import log_grid
 from ae.training.model import has_codec

@@ -16,8 +16,8 @@ import pytest
 from rich.console import Console
 
 from ae.diagnose.cli import main
+from ae.diagnose.log_files import find_run, list_runs
 from ae.diagnose.logscan import LogBytes
-from ae.diagnose.run_files import find_run, list_runs
 from ae.diagnose.watch import watch
 from bench.synthetic_logs import TS, RankWriter, write_heartbeat, write_train_log
 from tests.support.runs import ROOT

@@ -16,9 +16,10 @@ import json
 import shutil
 from pathlib import Path
 
-from ae.diagnose.collectives import Dump, align, backend_words, find_mismatches, read_dump
+from ae.diagnose.collectives import align, backend_words, find_mismatches
+from ae.diagnose.flight_recorder import Dump, read_dump
+from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose, verdict_lines
-from ae.diagnose.run_files import find_run
 
 FIXTURES = Path(__file__).parent / "fixtures" / "collectives"
 HANG_TS, ABORT_TS = "20261126_063959", "20261126_063933"

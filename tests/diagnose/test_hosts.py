@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose
-from ae.diagnose.run_files import find_run
 from ae.log_lines import CLOCK_OFFSET
 from bench.synthetic_logs import RankWriter, write_heartbeat, write_train_log
 

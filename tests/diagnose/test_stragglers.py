@@ -12,8 +12,8 @@ from pathlib import Path
 from rich.console import Console
 
 from ae.diagnose.heartbeats import read_heartbeat
+from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose, render
-from ae.diagnose.run_files import find_run
 from ae.diagnose.watch import _Rates, read_beats, watch_table
 from ae.log_lines import STRAGGLER, STRAGGLER_RESOLVED, TRAIN_LOG_FILE
 from bench.synthetic_logs import TS, RankWriter, record, write_heartbeat, write_train_log

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from ae.diagnose.run_files import find_run
+from ae.diagnose.log_files import find_run
 from ae.diagnose.timeline import PHASES, build_timeline
 from tests.support.runs import ROOT
 

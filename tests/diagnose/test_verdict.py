@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose
-from ae.diagnose.run_files import find_run
 from ae.log_lines import MARKER, STOP_SIGNAL, STOP_SIGNAL_STUCK
 from bench.synthetic_logs import TS, RankWriter, write_heartbeat, write_train_log
 

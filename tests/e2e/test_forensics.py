@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose
-from ae.diagnose.run_files import find_run
 from ae.log_lines import FATAL, HEARTBEAT_FIELDS, RECORD_PATTERN, STALL, STALL_RESOLVED
 from tests.support.runs import RunResult, run_launcher, run_processes
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from ae.job.run_folder import read_lock
+from ae.job.folder_lock import read_lock
 from tests.support.runs import ROOT, run_launcher, run_processes
 
 pytestmark = pytest.mark.slow

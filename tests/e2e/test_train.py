@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ae.job.run_folder import read_lock
+from ae.job.folder_lock import read_lock
 from ae.log_lines import EPOCH_STEP_TIMES
 from tests.support.runs import ROOT, run_launcher
 

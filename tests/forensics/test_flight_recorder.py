@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-from ae.diagnose.collectives import read_dump
+import torch
+
+from ae.diagnose.flight_recorder import read_dump
 from ae.forensics import flight_recorder
 from tests.support.runs import ROOT
 
@@ -49,3 +53,19 @@ def test_a_dump_holds_each_collective_with_its_call_site(tmp_path: Path) -> None
     assert last is not None and last.sizes == [[2]] and last.dtypes == ["Long"]
     assert last.site() == "<string>:11 (my_sync)"  # the innermost frame outside torch
     assert "Collectives dumped (requested): 6 entries" in res.stderr
+
+
+def test_a_torch_older_than_the_gloo_recorder_is_warned_about_in_one_line() -> None:
+    line = flight_recorder.old_torch_warning("2.7.1+cu126")
+    assert line is not None and "\n" not in line
+    assert line.startswith("torch 2.7.1+cu126 is older than 2.8: ") and "gloo" in line
+    assert flight_recorder.old_torch_warning("2.8.0") is None
+    assert flight_recorder.old_torch_warning("2.11.0a0+git1234") is None
+    assert flight_recorder.old_torch_warning(torch.__version__) is None  # the torch tested here
+
+
+def test_pyprojects_torch_floor_is_the_first_gloo_recorder() -> None:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (torch_dep,) = [d for d in deps if re.match(r"torch\b", d)]
+    floor = ".".join(map(str, flight_recorder.GLOO_RECORDED_SINCE))
+    assert torch_dep == f"torch>={floor}"

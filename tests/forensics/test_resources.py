@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import resource
@@ -14,12 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ae.forensics.resources import (
-    ResourceReader,
-    disk_full_error,
-    fs_space,
-    open_fds,
-)
+from ae.forensics.resources import ResourceReader, open_fds
 from ae.log_lines import RESOURCE_FIELDS, SHM_NEAR_FULL
 from tests.support.limits import namespace_problem
 from tests.support.runs import ROOT
@@ -36,24 +30,6 @@ def test_sample_has_every_field_with_the_kernels_figures(tmp_path: Path) -> None
     before = open_fds()
     with open(tmp_path / "f", "w"):
         assert open_fds() == before + 1
-
-
-def test_space_of_a_path_not_yet_made_is_its_parents(tmp_path: Path) -> None:
-    made, later = fs_space(tmp_path), fs_space(tmp_path / "not" / "yet")
-    assert made is not None and later is not None and made.total == later.total
-
-
-def test_disk_full_error_is_found_behind_a_chain() -> None:
-    full = OSError(errno.ENOSPC, "No space left on device", "/x/ckpt.tmp")
-    try:
-        try:
-            raise full
-        except OSError as e:
-            raise RuntimeError("file write failed") from e
-    except RuntimeError as outer:
-        assert disk_full_error(outer) is full
-    assert disk_full_error(RuntimeError("other")) is None
-    assert disk_full_error(OSError(errno.EACCES, "denied")) is None
 
 
 WATCHDOG = textwrap.dedent("""

@@ -11,7 +11,7 @@ import pytest
 
 from ae.diagnose.attempts import diagnose_job
 from ae.diagnose.cli import main
-from ae.diagnose.run_files import find_run
+from ae.diagnose.log_files import find_run
 from ae.errors import UserError
 from ae.job.restarts import SAME_FAILURE_EXIT, Restart, Restarts, newest_checkpoint
 from ae.log_lines import RESTART, TRAIN_LOG_FILE

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ae.config import CheckpointConfig
-from ae.run_dir import RunDir
+from ae.run_paths import RunDir
 from ae.training.checkpointing import Checkpointing
 from ae.training.step_boundary import TRAINER_VALIDATION_ARGS, StepBoundary
 

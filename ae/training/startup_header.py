@@ -15,9 +15,9 @@ from lightning.pytorch.utilities.model_summary import ModelSummary
 from loguru import logger
 
 import ae
+from ae import atomic_files
 from ae.config import Config
 from ae.log_lines import EFFECTIVE_BATCH, RANK_PROCESS, RESOLVED_CONFIG, main_log
-from ae.training.checkpoint_files import atomic_write
 from ae.training.lr import effective_lr_line
 from logging_cfg import LogPaths, RankContext
 
@@ -96,7 +96,7 @@ def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, va
     main_log.info(f"Shards: {train} train, {val}; logs in {paths.logs_dir}")
     config_path = run.dir.config_yaml
     # A valid --config file for the next run, written whole or not at all.
-    atomic_write(config_path, lambda f: f.write(cfg.to_yaml().encode()), what="config")
+    atomic_files.write(config_path, cfg.to_yaml().encode(), what="config")
     main_log.bind(console=False).info(f"{RESOLVED_CONFIG} {config_path}\n" + cfg.to_yaml().rstrip())
 
 

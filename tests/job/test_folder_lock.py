@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ae.job import run_folder
-from ae.job.run_folder import (
+from ae.job import folder_lock
+from ae.job.folder_lock import (
     EarlierCheckpoints,
     LeaderMissing,
     RunFolderBusy,
@@ -26,15 +26,15 @@ from ae.job.run_folder import (
     read_lock,
     unused_run_ts,
 )
-from ae.run_dir import RunDir
+from ae.run_paths import RunDir
 from tests.support.runs import ROOT
 
 HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from ae.job.run_folder import acquire
-    from ae.run_dir import RunDir
+    from ae.job.folder_lock import acquire
+    from ae.run_paths import RunDir
     acquire(RunDir(Path(sys.argv[1])), sys.argv[2], "20261123_101500")
     print("locked", flush=True)
     time.sleep(600)
@@ -94,7 +94,7 @@ def test_followers_adopt_the_leaders_run_ts(
     with holder(run_dir.root, "SLURM job 7 step 0"):
         info = follow(run_dir, "SLURM job 7 step 0", timeout=5)
         assert info.run_ts == "20261123_101500"
-    monkeypatch.setattr(run_folder, "FOLLOW_POLL_S", 0.05)
+    monkeypatch.setattr(folder_lock, "FOLLOW_POLL_S", 0.05)
     with pytest.raises(LeaderMissing, match=r"did not take the lock .* within 0s"):
         follow(run_dir, "SLURM job 7 step 0", timeout=0.2)  # its lock file is stale
 

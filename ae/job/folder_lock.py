@@ -30,8 +30,9 @@ from pathlib import Path
 import psutil
 from loguru import logger
 
+from ae import atomic_files
 from ae.errors import UserError
-from ae.run_dir import RunDir
+from ae.run_paths import RunDir
 
 LOCK_RETRY_S = 2.0  # a follower probing the lock holds it (shared) for a moment
 FOLLOW_TIMEOUT_S = 120.0  # NFS may show a new file to other nodes only after its cache timeout
@@ -174,7 +175,7 @@ def _acquire_without_locks(run_dir: RunDir, info: LockInfo) -> RunLock:
     holder = read_lock(run_dir.lock)
     if holder is not None and not holder.gone():
         raise RunFolderBusy(run_dir, holder)
-    run_dir.lock.write_text(json.dumps(asdict(info)))
+    atomic_files.write(run_dir.lock, json.dumps(asdict(info)).encode())  # read whole or not
     return RunLock(run_dir.lock, None, info, holder)
 
 

@@ -14,7 +14,7 @@ class RunDir:
 
     @property
     def lock(self) -> Path:
-        """One run per folder: the lock file of the job that runs in it (ae.job.run_folder)."""
+        """One run per folder: the lock file of the job that runs in it (ae.job.folder_lock)."""
         return self.root / "run.lock"
 
     @property

@@ -6,15 +6,15 @@ import importlib.metadata
 
 import pytest
 
-from ae.training import run_info
+from ae.training import startup_header
 
 
 def test_version_of_a_source_checkout_is_named_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert run_info.ae_version() == importlib.metadata.version("ae")  # installed here
+    assert startup_header.ae_version() == importlib.metadata.version("ae")  # installed here
 
     def no_metadata(name: str) -> str:
         raise importlib.metadata.PackageNotFoundError(name)
 
     # What a checkout on PYTHONPATH without `pip install` sees (found on a GPU node).
     monkeypatch.setattr(importlib.metadata, "version", no_metadata)
-    assert run_info.ae_version() == "source"
+    assert startup_header.ae_version() == "source"

@@ -12,12 +12,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ae.diagnose.collectives import Backend, Dump, backend_words, read_dump
+from ae.diagnose.collectives import Backend, backend_words
+from ae.diagnose.flight_recorder import Dump, read_dump
 from ae.diagnose.heartbeats import read_heartbeat
 from ae.diagnose.launcher_log import ProcessEnd, read_launcher_logs
+from ae.diagnose.log_files import RunFiles
 from ae.diagnose.logscan import LogBytes, Record
-from ae.diagnose.rank_log import Crash, RankLog, read_rank
-from ae.diagnose.run_files import RunFiles
+from ae.diagnose.rank_log import RankLog, read_rank
+from ae.diagnose.tracebacks import Crash
 from ae.log_lines import RECORD_PATTERN, RESOLVED_CONFIG, STRAGGLER, STRAGGLER_RESOLVED
 
 _STALL_TIMEOUT = re.compile(r"^stall_timeout: (?P<value>\S+)$", re.M)

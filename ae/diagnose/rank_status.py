@@ -1,0 +1,82 @@
+"""What one rank's log says of its state: finished, its own failure, its open stall, its phase.
+
+The verdict's rules (`ae.diagnose.verdict_rules`) read each rank through these, and the report
+shows `current_phase`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ae.diagnose.logscan import Evidence
+from ae.diagnose.rank_log import RankLog, Stall
+from ae.diagnose.tracebacks import Crash
+
+_PEER_TYPES = {
+    "DistBackendError", "DistNetworkError", "DistStoreError", "BrokenPipeError",
+    "ConnectionResetError", "ConnectionAbortedError", "SignalException", "SIGTERMException",
+}  # fmt: skip
+_PEER_TEXT = re.compile(
+    r"Connection (?:closed|reset) by peer|Broken pipe|gloo/transport|remote (?:worker|process)|"
+    r"NCCL (?:error|communicator)|nccl(?:Remote|System)Error|ProcessGroupNCCL|"
+    r"Watchdog caught collective operation timeout|Timed out waiting|Socket Timeout|"
+    r"got signal: 15|SIGTERM"
+)
+
+
+def is_peer_failure(crash: Crash) -> bool:
+    """An exception (any of a chain) that reports a dead, stuck or stopping peer."""
+    if crash.signal:
+        return False
+    return crash.kind in _PEER_TYPES or bool(
+        _PEER_TEXT.search("\n".join([crash.message, *crash.chain]))
+    )
+
+
+def primary_crash(r: RankLog) -> Crash | None:
+    """The rank's first crash of its own: not a peer's, and not after it got SIGTERM (torchrun
+    stopping the job; its dataloader workers die of it too)."""
+    stopped = r.sigterm.time if r.sigterm is not None else None
+    return next(
+        (c for c in r.crashes
+         if not is_peer_failure(c) and (stopped is None or c.time < stopped)),
+        None,
+    )  # fmt: skip
+
+
+def finished(r: RankLog) -> bool:
+    if r.crashes:
+        return False
+    if r.exit_code is not None:
+        return r.exit_code == 0
+    return r.heartbeat is not None and r.heartbeat.state == "exited"
+
+
+def open_stall(r: RankLog) -> Stall | None:
+    """The rank's unresolved stall, unless it exited or failed of its own after it. A failure
+    that only ends the stall (a peer's error, SIGTERM from torchrun) leaves it open: the stall
+    is what happened."""
+    s = r.open_stall
+    if s is None or finished(r):
+        return None
+    c = primary_crash(r)
+    ends = ([c.time] if c else []) + ([r.exit.time] if r.exit else [])
+    return None if any(t >= s.time for t in ends) else s
+
+
+def current_phase(r: RankLog) -> str:
+    if finished(r):
+        return "teardown"
+    if (s := open_stall(r)) is not None:
+        return s.phase
+    if r.crashes:
+        return r.crashes[0].phase or r.log_phase or "setup"
+    hb = r.heartbeat  # the newer of the heartbeat and the log says where the rank is
+    if hb is not None and (r.last_time is None or hb.time >= r.last_time):
+        return hb.phase
+    return r.log_phase or (hb.phase if hb is not None else "setup")
+
+
+def last_words(r: RankLog) -> list[Evidence]:
+    """Its last line, and the stacks faulthandler dumped when its watchdog could not run."""
+    return [e for e in (r.last.evidence if r.last else None, r.native_dump) if e is not None]
