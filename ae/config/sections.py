@@ -164,7 +164,7 @@ LOGGERS: dict[str, tuple[str, str] | None] = {
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The autoencoder (ae/training/README.md has a section per model)."""
+    """The autoencoder (docs/TRAINING.md has a section per model)."""
 
     model: str = _opt(
         "auto",

@@ -1,6 +1,6 @@
 """An autoencoder of your own for `ae`: `--model=my_autoencoder:TinyAutoEncoder`.
 
-The example of ae/training/README.md ("Your own model"), trained by tests/e2e/test_models.py.
+The example of docs/TRAINING.md ("Your own model"), trained by tests/e2e/test_models.py.
 """
 
 import math

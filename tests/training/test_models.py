@@ -349,7 +349,7 @@ def test_a_model_that_would_fail_in_validation_fails_the_check() -> None:
 
 
 def test_the_documented_diffusers_adapter_builds_and_validates() -> None:
-    """ae/training/README.md's AutoencoderKL adapter (tests/support/diffusers_vae.py)."""
+    """docs/TRAINING.md's AutoencoderKL adapter (tests/support/diffusers_vae.py)."""
     pytest.importorskip("diffusers")
     spec = InputSpec("image", (3, 32, 32))
     x = torch.rand(2, *spec.shape)
@@ -360,5 +360,5 @@ def test_the_documented_diffusers_adapter_builds_and_validates() -> None:
     model.log = lambda name, value, **kw: logged.setdefault(name, value)  # type: ignore[method-assign]
     model.validation_step(x, 0)
     assert {"val/loss", "val/l1", "val/kl", "val/psnr", "val/ssim"} <= set(logged)
-    readme = (ROOT / "ae" / "training" / "README.md").read_text()
+    readme = (ROOT / "docs" / "TRAINING.md").read_text()
     assert (ROOT / "tests" / "support" / "diffusers_vae.py").read_text() in readme
