@@ -1,15 +1,16 @@
 """LightningDataModule over WebDataset shards with an even split across ranks and workers.
 
 `setup()` is where the ranks agree on the data: every rank counts its share of the shards
-(`ae.data.counts`, kept in the per-user count cache), the shares are exchanged in one all-gather,
-and all ranks check they hold the same counts (one all-reduce) before building the same plan.
-With `--shard_split=resampled` the train split is not counted at all (`ae.data.resampled`).
-Without `--val_shards` the validation split is held out of the train shards (`ae.data.holdout`),
+(`ae.data.planning.counts`, kept in the per-user count cache), the shares are exchanged in one
+all-gather, and all ranks check they hold the same counts (one all-reduce) before building the same
+plan. With `--shard_split=resampled` the train split is not counted at all
+(`ae.data.stream.resampled`). Without `--val_shards` the validation split is held out of the train
+shards (`ae.data.planning.holdout`),
 from the same counts on every rank. A data problem that makes training pointless raises
 `DataError` with a message naming the split's flag, on every rank alike.
 
 Every checkpoint holds where the train stream is (`state_dict`: plain data); a resumed run hands
-it to the train loader before Lightning first asks for it (`ae.data.resume`).
+it to the train loader before Lightning first asks for it (`ae.data.stream.resume`).
 """
 
 from __future__ import annotations
@@ -31,16 +32,16 @@ from loguru import logger
 from torch.utils.data import DataLoader
 
 from ae.config import PREFETCH_FACTOR, DataConfig
-from ae.data.counts import count_cache_dir, shared_counts
-from ae.data.decode import InputSpec, SampleDecoder, SampleError
-from ae.data.errors import DataError
-from ae.data.holdout import Holdout, hold_out
-from ae.data.keys import first_sample_merged
-from ae.data.loader import PreemptibleLoader
-from ae.data.plan import ShardSlice
-from ae.data.resume import ResumableLoader, Resume
-from ae.data.stream import ShardStream
-from ae.data.tar_samples import iter_samples
+from ae.data.decoding.decode import InputSpec, SampleDecoder, SampleError
+from ae.data.planning.counts import count_cache_dir, shared_counts
+from ae.data.planning.holdout import Holdout, hold_out
+from ae.data.planning.plan import ShardSlice
+from ae.data.shards.errors import DataError
+from ae.data.shards.keys import first_sample_merged
+from ae.data.shards.tar_samples import iter_samples
+from ae.data.stream.loader import PreemptibleLoader
+from ae.data.stream.resume import ResumableLoader, Resume
+from ae.data.stream.shard_stream import ShardStream
 from ae.forensics.progress import in_phase
 from ae.log_lines import INPUT_FIELD, SHARD_PLAN, VALIDATION_HELD_OUT, VALIDATION_OFF, main_log
 
@@ -306,7 +307,7 @@ class ShardDataModule(L.LightningDataModule):
         return stream
 
     def _held_out(self) -> tuple[ShardStream, ShardStream]:
-        """Train and val streams over one split of the train shards (`ae.data.holdout`)."""
+        """Train and val streams over one split of the train shards (`ae.data.planning.holdout`)."""
         cfg, trainer, urls = self.cfg, self.trainer, self.train_urls
         world = trainer.world_size if trainer else 1
         batch = world * cfg.batch_size  # one batch per rank, the least either split needs
@@ -420,7 +421,8 @@ class ShardDataModule(L.LightningDataModule):
         stream.resumed = saved
         return self.trained_batches, current, whole
 
-    # --- where the train stream is, in every checkpoint (plain data: `ae.data.resume`) ------
+    # --- where the train stream is, in every checkpoint (plain data: `ae.data.stream.resume`)
+    # ------
     def state_dict(self) -> dict[str, Any]:
         if self._train_loader is None:
             return {}

@@ -18,9 +18,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 import logging_cfg
 from ae.config import PREFETCH_FACTOR, Config, help_text, parse_config
 from ae.data.datamodule import ShardDataModule, silence_known_warnings
-from ae.data.demo import with_demo_defaults
-from ae.data.loader import install_worker_reaper
-from ae.data.spec import resolve_shards
+from ae.data.shards.demo import with_demo_defaults
+from ae.data.shards.spec import resolve_shards
+from ae.data.stream.loader import install_worker_reaper
 from ae.forensics import flight_recorder
 from ae.forensics.step_times import step_times
 from ae.forensics.watchdog import start_watchdog

@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 
 from ae.config import DataConfig
 from ae.data.datamodule import DataError, ShardDataModule, probe_decoder, same_on_all_ranks
-from ae.data.writer import write_shard
+from ae.data.shards.writer import write_shard
 from ae.forensics.step_times import StepTimes
 from ae.job.processes import free_port
 from tests.support.shards import vector_samples
