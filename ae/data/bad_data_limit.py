@@ -47,7 +47,7 @@ class BadDataBound(L.Callback):
         if trainer.world_size > 1:
             parts = [torch.zeros_like(mine) for _ in range(trainer.world_size)]
             dist.all_gather(parts, mine)
-            dm._collective_inputs += parts  # kept alive until the run ends (same_on_all_ranks)
+            dm.collective_inputs += parts  # kept alive until the run ends (same_on_all_ranks)
         else:
             parts = [mine]
         per_rank = [(int(p[0]), int(p[1])) for p in parts]

@@ -19,7 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
 from ae.config import Config
-from ae.data.datamodule import probe_decoder
+from ae.data.input_probe import probe_decoder
 from ae.data.planning.counts import count_cache_dir, shared_counts
 from ae.data.planning.plan import assign_shards
 from ae.data.shards.spec import expand_shards

@@ -71,7 +71,9 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     # What the heartbeat's step clock reports: its recent window and the train loader's workers.
     step_times.configure(recent_window_s(obs.straggler_window), datamodule.train_worker_rates)
     # Before the trainer and any dataloader worker: a model that cannot be built, or that fails
-    # on real samples as validation computes on them, is one message.
+    # on real samples as validation computes on them, is one message. The input is probed from
+    # the first samples here (the data module's constructor reads no shard).
+    datamodule.probe()
     model, latent = build_model(
         datamodule.spec, cfg.model, cfg.optim, ctx.world_size, batch=datamodule.first_samples()
     )

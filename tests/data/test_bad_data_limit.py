@@ -13,7 +13,8 @@ import torch
 import ae.data.stream.shard_stream as dataset
 from ae.config import DataConfig
 from ae.data.bad_data_limit import BadDataBound, bad_share_problem
-from ae.data.datamodule import DataError, ShardDataModule
+from ae.data.datamodule import ShardDataModule
+from ae.data.shards.errors import DataError
 from ae.data.shards.writer import npy_bytes, write_shard
 from tests.support.shards import image_samples, vector_samples
 
@@ -24,12 +25,12 @@ def test_images_of_several_sizes_without_image_size_stop_before_training(tmp_pat
     write_shard(tmp_path / "b.tar", image_samples(2, size=10, start=4))
     urls = [str(tmp_path / "a.tar"), str(tmp_path / "b.tar")]
     with pytest.raises(DataError) as err:
-        ShardDataModule(DataConfig(num_workers=0), urls, urls, seed=0)
+        ShardDataModule(DataConfig(num_workers=0), urls, urls, seed=0).probe()
     text = err.value.render()
     assert text.startswith("train_shards: images of several sizes in the first 5 samples read")
     assert "12x12 (3), 8x8 (1), 10x10 (1)" in text and "--image_size=8" in text
     # With --image_size every size trains.
-    ShardDataModule(DataConfig(num_workers=0, image_size=8), urls, urls, seed=0)
+    ShardDataModule(DataConfig(num_workers=0, image_size=8), urls, urls, seed=0).probe()
 
 
 def test_the_bound_message_names_the_fraction_every_ranks_count_and_the_flag() -> None:

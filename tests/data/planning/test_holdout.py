@@ -11,9 +11,10 @@ from loguru import logger
 
 import ae.data.stream.shard_stream as dataset
 from ae.config import DataConfig
-from ae.data.datamodule import DataError, ShardDataModule
+from ae.data.datamodule import ShardDataModule
 from ae.data.planning.holdout import Holdout, hold_out
 from ae.data.shards import demo
+from ae.data.shards.errors import DataError
 from ae.log_lines import VALIDATION_HELD_OUT, VALIDATION_OFF
 from tests.support.id_streams import write_id_shards
 

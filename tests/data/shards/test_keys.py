@@ -13,7 +13,8 @@ import pytest
 
 from ae.cli.shards import main as ae_shards
 from ae.config import DataConfig
-from ae.data.datamodule import DataError, ShardDataModule
+from ae.data.datamodule import ShardDataModule
+from ae.data.shards.errors import DataError
 from ae.data.shards.keys import merged_files, safe_key
 from ae.data.shards.tar_samples import iter_samples
 from ae.data.shards.writer import png_bytes, write_shard
