@@ -6,7 +6,8 @@ per window, parses the size field of *every* 512-byte block at once with numpy (
 garbage, never used), so following the chain is one list lookup per member. The headers on the
 chain are then checked (checksum), typed and named in bulk: the key of a plain ustar name (no
 prefix, no dot-less or `__meta__` name) is cut by array operations, and consecutive members with
-the same key are one sample (WebDataset's rule, `tar_samples.split_name`).
+the same key are one sample (WebDataset's rule, `tar_samples.split_name`). The array work is
+`ae.data.shards.tar_header_arrays`.
 
 Only the rare headers go through per-member Python, with the fast reader's own rules
 (`tar_members`): PAX (`x`) and GNU long-name (`L`, `K`) headers and the member they describe, the
@@ -30,6 +31,14 @@ import numpy as np
 
 from ae.data.shards.compression import DECOMPRESSION_ERRORS
 from ae.data.shards.spec import is_remote
+from ae.data.shards.tar_header_arrays import (
+    REGULAR_TYPES,
+    STOP,
+    bulk_keys,
+    checksums,
+    next_headers,
+    sample_key,
+)
 from ae.data.shards.tar_members import (
     BLOCK,
     CorruptTar,
@@ -39,67 +48,11 @@ from ae.data.shards.tar_members import (
     member_name,
     pax_records,
 )
-from ae.data.shards.tar_samples import open_shard, split_name
+from ae.data.shards.tar_samples import open_shard
 
 WINDOW = 4 << 20  # bytes read at a time: large enough that numpy's per-call cost vanishes
-_REGULAR = np.array([ord("0"), 0, ord("7")], dtype=np.uint8)
 _EXTENDED = (b"x", b"L", b"K", b"g")  # headers whose data is not a member: handled one by one
 _EXTENDED_TYPES = np.frombuffer(b"".join(_EXTENDED), dtype=np.uint8)
-_USTAR = np.frombuffer(b"ustar\x00", dtype=np.uint8)
-_STOP = 1 << 62  # "next header" of a block the vectorised chain cannot step over
-
-
-def _octal_fields(fields: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Octal numbers of an (n, width) byte array: (values, ok). A field is ok when it is
-    optional spaces, one run of octal digits, then NUL/space padding (what tar writers write);
-    the others (base-256, garbage) are left to `tar_members._octal`."""
-    digit = (fields >= 48) & (fields <= 55)
-    pad = (fields == 0) | (fields == 32)
-    width = fields.shape[1]
-    idx = np.arange(width)
-    n_digits = digit.sum(1)
-    first = np.where(digit.any(1), digit.argmax(1), width)
-    last = np.where(digit, idx, -1).max(1)
-    ok = (n_digits > 0) & (last - first + 1 == n_digits) & (digit | pad).all(1)
-    # digits after each position, as the power of 8 of that digit
-    after = np.cumsum(digit[:, ::-1], axis=1)[:, ::-1] - digit
-    values = np.where(digit, (fields.astype(np.int64) - 48) << (3 * after), 0).sum(1)
-    return values, ok
-
-
-_POW8 = 8 ** np.arange(10, -1, -1, dtype=np.int64)
-
-
-def _next_headers(blocks: np.ndarray) -> tuple[list[int], np.ndarray]:
-    """For every block that looks like a header (ustar magic, a plain size field: what every
-    tar writer writes below 8 GiB, 11 octal digits then NUL or space), the index of the block
-    after its data; `_STOP` for the others (data, the end marker, odd headers), which the walk
-    takes one by one if the chain lands on them. Also the sizes (0 where not plain)."""
-    n = len(blocks)
-    looks = np.flatnonzero(blocks[:, 257] == ord("u"))  # skips data blocks for one byte each
-    digits = blocks[looks, 124:135] - np.uint8(48)  # wraps below '0': only 0..7 are digits
-    end = blocks[looks, 135]
-    plain = (digits <= 7).all(1) & ((end == 0) | (end == 32))
-    looks, digits = looks[plain], digits[plain]
-    sizes = np.zeros(n, dtype=np.int64)
-    sizes[looks] = digits.astype(np.int64) @ _POW8
-    nxt = np.full(n, _STOP, dtype=np.int64)
-    nxt[looks] = looks + 1 + (sizes[looks] + BLOCK - 1) // BLOCK
-    return nxt.tolist(), sizes
-
-
-def _checksums(headers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The stored checksums: (values, ok). Tar writers write 6 octal digits, NUL, space; the
-    rare other spellings go through `_octal_fields`."""
-    field = headers[:, 148:156]
-    digits = field[:, :6] - np.uint8(48)
-    usual = (digits <= 7).all(1) & (field[:, 6] == 0) & (field[:, 7] == 32)
-    values = digits.astype(np.int64) @ _POW8[-6:]
-    ok = usual.copy()
-    if not usual.all():
-        odd = np.flatnonzero(~usual)
-        values[odd], ok[odd] = _octal_fields(field[odd])
-    return values, ok
 
 
 @dataclass
@@ -213,12 +166,12 @@ def _walk_window(window: _Window, pos: int, result: WalkResult) -> int:
     if n == 0:
         return _member_one_by_one(window, pos, result)  # reports the truncation
     blocks = np.frombuffer(window.data, np.uint8, n * BLOCK, skip).reshape(n, BLOCK)
-    nxt, sizes = _next_headers(blocks)
+    nxt, sizes = next_headers(blocks)
     chain_list, k = [], 0
     while k < n:
         chain_list.append(k)
         k = nxt[k]
-    stop = chain_list.pop() if k == _STOP else None  # an end marker or an odd header
+    stop = chain_list.pop() if k == STOP else None  # an end marker or an odd header
     chain = np.array(chain_list, dtype=np.int64)
     types = blocks[chain, 156]
     ext = np.isin(types, _EXTENDED_TYPES)
@@ -304,7 +257,7 @@ def _members_in_bulk(
     one with a bad checksum. False when there is one. A member's sample starts at its first
     extended header, and takes the name the last `L` or PAX `path` before it gives."""
     headers = blocks[chain]
-    stored, ok = _checksums(headers)
+    stored, ok = checksums(headers)
     total = headers.sum(1, dtype=np.uint32) - headers[:, 148:156].sum(1, dtype=np.uint32) + 8 * 32
     bad = np.flatnonzero(~ok | (total != stored))
     good = int(bad[0]) if len(bad) else len(chain)
@@ -312,46 +265,18 @@ def _members_in_bulk(
     # each header's run of extended headers starts after the last member before it
     run_start = np.maximum.accumulate(np.where(~ext[:good], idx, -1))
     run_start = np.concatenate([[0], run_start[:-1] + 1]) if good else run_start
-    regular = np.flatnonzero(~ext[:good] & np.isin(headers[:good, 156], _REGULAR))
-    keys = _bulk_keys(headers[regular])
+    regular = np.flatnonzero(~ext[:good] & np.isin(headers[:good, 156], REGULAR_TYPES))
+    keys = bulk_keys(headers[regular])
     if names:  # members renamed by L / PAX path: the last PAX path wins, else the last L
         for i, j in enumerate(regular.tolist()):
             run = [h for h in range(int(run_start[j]), j) if h in names]
             if run:
                 pax = [h for h in run if headers[h, 156] == ord("x")]
-                keys[i] = _key(names[(pax or run)[-1]])
+                keys[i] = sample_key(names[(pax or run)[-1]])
     starts = pos + chain[run_start[regular]] * BLOCK
     ends = pos + np.array([nxt[c] for c in chain[regular].tolist()], dtype=np.int64) * BLOCK
     result.members(starts, ends, keys)
     return good == len(chain)
-
-
-def _bulk_keys(headers: np.ndarray) -> list[bytes | None]:
-    """Each member's sample key (None: outside any sample). Plain names by array operations,
-    the rest through `split_name`."""
-    used = np.flatnonzero(headers[:, :100].any(0))
-    width = int(used[-1]) + 1 if len(used) else 1  # the longest name: ~14 bytes, not 100
-    names = headers[:, :width]
-    idx = np.arange(width)
-    is_nul = names == 0
-    length = np.where(is_nul.any(1), is_nul.argmax(1), width)
-    inside = idx < length[:, None]
-    slash = np.where((names == ord("/")) & inside, idx, -1).max(1)
-    dots = (names == ord(".")) & inside & (idx > slash[:, None])
-    dot = np.where(dots.any(1), dots.argmax(1), -1)
-    prefixed = (headers[:, 257:263] == _USTAR).all(1) & (headers[:, 345] != 0)
-    meta = (headers[:, 0] == ord("_")) & (headers[:, 1] == ord("_"))
-    simple = (dot > slash + 1) & ~prefixed & ~meta
-    cut = np.where(inside & (idx < dot[:, None]), names, 0)
-    keys: list[bytes | None] = np.ascontiguousarray(cut).view(f"S{width}").ravel().tolist()
-    for i in np.flatnonzero(~simple).tolist():
-        keys[i] = _key(member_name(headers[i].tobytes(), {}, None))
-    return keys
-
-
-def _key(name: str) -> bytes | None:
-    parts = split_name(name)
-    return None if parts is None else parts[0].encode("utf-8", "surrogateescape")
 
 
 def _member_one_by_one(window: _Window, pos: int, result: WalkResult) -> int:
@@ -382,7 +307,7 @@ def _member_one_by_one(window: _Window, pos: int, result: WalkResult) -> int:
             long_name = body.rstrip(b"\0").decode("utf-8", "surrogateescape")
         elif kind not in _EXTENDED:
             if kind in (b"0", b"\0", b"7"):
-                result.member(start, end, _key(member_name(header, pax, long_name)))
+                result.member(start, end, sample_key(member_name(header, pax, long_name)))
             return end
         pos = end
 
