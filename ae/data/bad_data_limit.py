@@ -11,7 +11,7 @@ from ae.data.datamodule import ShardDataModule
 from ae.data.shards.errors import DataError
 
 
-def bad_share_problem(
+def bad_data_problem(
     per_rank: list[tuple[int, int]], bound: float, epoch: int, split: str = "train"
 ) -> str | None:
     """The message when a rank's share of bad (replaced) samples in an epoch is above `bound`:
@@ -51,5 +51,5 @@ class BadDataBound(L.Callback):
         else:
             parts = [mine]
         per_rank = [(int(p[0]), int(p[1])) for p in parts]
-        if (problem := bad_share_problem(per_rank, self.bound, trainer.current_epoch)) is not None:
+        if (problem := bad_data_problem(per_rank, self.bound, trainer.current_epoch)) is not None:
             raise DataError(problem)

@@ -12,7 +12,7 @@ import torch
 
 import ae.data.stream.shard_stream as dataset
 from ae.config import DataConfig
-from ae.data.bad_data_limit import BadDataBound, bad_share_problem
+from ae.data.bad_data_limit import BadDataBound, bad_data_problem
 from ae.data.datamodule import ShardDataModule
 from ae.data.shards.errors import DataError
 from ae.data.shards.writer import npy_bytes, write_shard
@@ -34,8 +34,8 @@ def test_images_of_several_sizes_without_image_size_stop_before_training(tmp_pat
 
 
 def test_the_bound_message_names_the_fraction_every_ranks_count_and_the_flag() -> None:
-    assert bad_share_problem([(0, 16), (1, 200)], 0.01, 0) is None
-    problem = bad_share_problem([(6, 8), (5, 8)], 0.01, 3)
+    assert bad_data_problem([(0, 16), (1, 200)], 0.01, 0) is None
+    problem = bad_data_problem([(6, 8), (5, 8)], 0.01, 3)
     assert problem is not None
     assert problem.startswith("train_shards: more than --max_bad_fraction=0.01 of epoch 3's")
     assert "(rank 0: 6 of 8, rank 1: 5 of 8)" in problem and "raise --max_bad_fraction" in problem

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-import ae.data.shards.tar_header_count as header_walk
+from ae.data.shards import tar_header_count
 from ae.data.shards.tar_header_count import scan_shard
 from ae.data.shards.tar_samples import iter_samples, split_name
 
@@ -52,7 +52,7 @@ def mixed_shard(path: Path, fmt: int, samples: int = 300, seed: int = 0) -> None
                 _add(tar, f"__meta{i}__", b"x")
             big = i == 17
             for ext in rng.sample(["npy", "cls", "seg.png", "json"], rng.randint(1, 3)):
-                size = header_walk.WINDOW + 1000 if big else rng.randint(0, 3000)
+                size = tar_header_count.WINDOW + 1000 if big else rng.randint(0, 3000)
                 _add(tar, f"{key}.{ext}", rng.randbytes(size))
                 big = False
 
@@ -77,7 +77,7 @@ def test_counts_and_offsets_equal_tarfile(tmp_path: Path, flavour: str) -> None:
 
 
 def test_webdataset_tarwriter_shard_spanning_windows(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(header_walk, "WINDOW", 64 * 1024)  # many windows, samples cut by them
+    monkeypatch.setattr(tar_header_count, "WINDOW", 64 * 1024)  # many windows, samples cut by them
     path = tmp_path / "wds.tar"
     with wds.TarWriter(str(path)) as sink:
         for i in range(500):

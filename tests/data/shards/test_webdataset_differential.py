@@ -33,7 +33,7 @@ SIZE = 64  # --image_size of the preprocessed comparison
 
 def _photos(real_photos: list[Path]) -> list[Path]:
     # 16-bit PNGs are left out: WebDataset's convert clips them to white, ae keeps the high byte
-    # (tests/data/test_decode.py checks that on its own).
+    # (tests/data/decoding/test_decode.py checks that on its own).
     return [p for p in real_photos if Image.open(p).mode != "I;16"]
 
 

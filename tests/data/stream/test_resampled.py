@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import ae.data.shards.index as index
-import ae.data.shards.tar_header_count as header_walk
+from ae.data.shards import tar_header_count
 from tests.support.id_streams import make_stream as _stream
 from tests.support.id_streams import read_ids as _read
 from tests.support.id_streams import write_id_shards as _write
@@ -27,7 +27,7 @@ def test_every_rank_and_worker_gets_its_quota_for_any_shard_set(
     def no_count(*args: object) -> None:
         raise AssertionError("resampled mode counted a shard")
 
-    monkeypatch.setattr(header_walk, "walk_headers", no_count)
+    monkeypatch.setattr(tar_header_count, "walk_headers", no_count)
     monkeypatch.setattr(index, "read_index", no_count)
     world, workers, epoch_samples = rng.randint(1, 4), rng.randint(1, 3), rng.randint(40, 300)
     batches = epoch_samples // (world * 4)
