@@ -7,8 +7,9 @@ The layout is the architecture; imports go one way (tests/test_architecture.py e
                         (every greppable line), run_paths (every path of a run folder)
     ae/forensics/       what a rank is doing and what it leaves behind: progress, watchdog,
                         heartbeat, stall reports, process stats, fault injection, loop tracer
-    ae/data/            shards -> batches: specs, tar reading, decoding, counting, the even
-                        split, the stream, loaders, resume, writing shards, the demo data;
+    ae/data/            shards -> batches, in layers: shards/ (specs, tar reading and writing,
+                        counting, the demo data) <- decoding/ | planning/ (counts, the even
+                        split) <- stream/ (the stream, loaders, resume) <- the data module;
                         tools/: ae-shards' write, index, inspect, bench
     ae/training/        the model and its fit: LR, trainer, checkpoints, preemption,
                         sampling, metrics

@@ -46,7 +46,8 @@ COMPLETED_ITERATION = LineFormat(
     {"samples": "int", "epoch": "int", "errors": "int", "replaced": "int"},
 )
 
-# Data plan (ae.data.counts, ae.data.datamodule): where the counts came from, and the split.
+# Data plan (ae.data.planning.counts, ae.data.datamodule): where the counts came from, and
+# the split.
 SHARD_COUNTS = LineFormat(
     "Shard counts {split}_shards: {shards} shards, {samples} samples ({indexed} from index, "
     "{scanned} scanned) {source}",
@@ -65,7 +66,8 @@ SHARD_PLAN = LineFormat(
     {"shards": "int", "samples": "int", "batches": "int", "batch_size": "int", "ranks": "int",
      "workers": "int", "dropped": "int", "repeated": "int", "rank_samples": "int"},
 )  # fmt: skip
-# Without --val_shards (ae.data.holdout), once, rank 0, on the console: what validates the run.
+# Without --val_shards (ae.data.planning.holdout), once, rank 0, on the console: what
+# validates the run.
 VALIDATION_HELD_OUT = LineFormat(
     "Validation: {val} of the {total} {unit} of train_shards held out by {by} "
     "(--val_fraction={fraction}, at least one batch per rank), the same every epoch; training on "
@@ -93,8 +95,9 @@ BAD_SHARD_SCAN = LineFormat(
     "Bad shard {url}: {reason} (counted {samples} whole samples)",
     {"url": "text", "reason": "text", "samples": "int"},
 )
-# Which reader a worker slice of a shard took (ae.data.columnar), at DEBUG, once per slice and
-# epoch: `columnar` (whole batches gathered from the shard bytes) or `general` (sample by sample).
+# Which reader a worker slice of a shard took (ae.data.stream.fixed_layout_batches), at DEBUG,
+# once per slice and epoch: `columnar` (whole batches gathered from the shard bytes) or
+# `general` (sample by sample).
 SHARD_PATH = LineFormat(
     "Shard path {path} for {url} samples [{start}, {stop}): {why}",
     {"path": "word", "url": "text", "start": "int", "stop": "int", "why": "text"},

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ae.data.writer import npy_bytes, png_bytes, write_shard
+from ae.data.shards.writer import npy_bytes, png_bytes, write_shard
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -76,8 +76,8 @@ def tarwriter_shards(root: Path, shards: int, per_shard: int, dim: int = 64) -> 
     own `TarWriter`, each with the index sidecar `ae-shards index` writes. Cached."""
     import webdataset as wds
 
-    from ae.data.header_walk import scan_shard
-    from ae.data.index import write_index
+    from ae.data.shards.index import write_index
+    from ae.data.shards.tar_header_count import scan_shard
 
     out = root / f"vec-{shards}x{per_shard}"
     urls = [str(out / f"shard-{i:06d}.tar") for i in range(shards)]

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from ae.cli.shards import main as shards_main
-from ae.data.header_walk import scan_shard
-from ae.data.tar_samples import split_name
+from ae.data.shards.tar_header_count import scan_shard
+from ae.data.shards.tar_samples import split_name
 from bench.common import tiny_shard_set, write_record
 from bench.startup import first_step_seconds
 

@@ -38,11 +38,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ae.data.counts import count_shards
 from ae.data.datamodule import PREFETCH_FACTOR
-from ae.data.decode import SampleDecoder
-from ae.data.resume import ResumableLoader
-from ae.data.stream import ShardStream
+from ae.data.decoding.decode import SampleDecoder
+from ae.data.planning.counts import count_shards
+from ae.data.stream.resume import ResumableLoader
+from ae.data.stream.shard_stream import ShardStream
 from ae.training.models.mlp import mlp_autoencoder
 from bench.common import tarwriter_shards, write_record
 

@@ -4,14 +4,14 @@ Four datasets: 64-dim float32 `.npy` vectors (ae's writer), 32x32 RGB PNGs (nati
 real-photo JPEGs of 500x400 taken to 64x64 (`--image_size=64`), all in batches of 256, and
 `vec`: 64-dim float32 vectors in shards written by WebDataset's `TarWriter` (a pax header per
 member), indexed as `ae-shards index` does, in batches of 4096 (`--vec_batch`). For `vec` ae is
-timed twice: `ae` (the columnar path, `ae.data.columnar`) and `ae_general` (sample by sample,
-what other shards take), both over several epochs through the trainer's loader settings
-(persistent workers, prefetch), as training reads them.
+timed twice: `ae` (the columnar path, `ae.data.stream.fixed_layout_batches`) and `ae_general`
+(sample by sample, what other shards take), both over several epochs through the trainer's loader
+settings (persistent workers, prefetch), as training reads them.
 
 - ae: `ShardStream` (the trainer's dataset) through a DataLoader, whole batches to the main
   process, exactly as training gets them (shuffle buffer on; JPEGs: random crops).
 - webdataset: `WebDataset(urls).decode().to_tuple(field).batched(B)` through a DataLoader; JPEGs:
-  `.decode("pil")` plus the same Pillow resize and crop (`ae.data.images.fit`) in a `.map`.
+  `.decode("pil")` plus the same Pillow resize and crop (`ae.data.decoding.images.fit`) in a `.map`.
 - ceiling: read each shard's bytes, cut members at their 512-byte headers, `np.frombuffer` the
   `.npy` payload past its header (PNG: Pillow decode; JPEG: ae's drafted decode and resize); no
   grouping, batching or shuffling. With workers, each worker parses its share of the shards and
@@ -35,12 +35,12 @@ import webdataset as wds
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ae.data.counts import count_shards
 from ae.data.datamodule import PREFETCH_FACTOR
-from ae.data.decode import SampleDecoder
-from ae.data.images import decode_image, fit, to_array
-from ae.data.resume import ResumableLoader
-from ae.data.stream import ShardStream
+from ae.data.decoding.decode import SampleDecoder
+from ae.data.decoding.images import decode_image, fit, to_array
+from ae.data.planning.counts import count_shards
+from ae.data.stream.resume import ResumableLoader
+from ae.data.stream.shard_stream import ShardStream
 from bench.common import photo_shards, synthetic_shards, tarwriter_shards, write_record
 
 BATCH = 256
@@ -141,7 +141,7 @@ def _decode_only(urls: list[str], rounds: int) -> dict[str, float]:
     the same bytes in memory, best round each, in CPU time of this process (Pillow decodes in
     the calling thread): on a shared machine the wall clock also counts the time other
     processes held the core, which swung this ratio from 0.8x to 2.6x at a load of 8 on 2 cores."""
-    from ae.data.tar_samples import iter_samples
+    from ae.data.shards.tar_samples import iter_samples
 
     blobs = [s["jpg"] for url in urls for s in iter_samples(url)]
 

@@ -7,9 +7,9 @@
 
 Data: 64x64 RGB crops of the 20 photographs in the scikit-image wheel (`bench.real_images`; the
 shorter side resized to 64 at three zooms, six crop positions, mirrored: 36 crops a photo,
-`photo_crops`), made here with Pillow and written with `ae.data.writer`. The photos are split,
-not the crops: 16 photos train (576 crops), 4 others validate (144 crops: coffee, coins, gravel,
-rocket).
+`photo_crops`), made here with Pillow and written with `ae.data.shards.writer`. The photos are
+split, not the crops: 16 photos train (576 crops), 4 others validate (144 crops: coffee, coins,
+gravel, rocket).
 
 `quality`: each model trains through the real launcher (1 process, batch 32, the default AdamW,
 LR 1e-3 with 50 warmup steps and cosine decay) for the same number of epochs, so the same steps;
@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ae.data.writer import png_bytes, write_shards
+from ae.data.shards.writer import png_bytes, write_shards
 from ae.log_lines import PROCESSED_TRAIN
 from bench.common import results_dir, write_record
 from bench.real_images import real_photos
@@ -180,9 +180,9 @@ def comparison_grid(val_spec: str, work: Path, models: dict[str, list[str]]) -> 
     from PIL import ImageDraw
 
     from ae.config import DataConfig
-    from ae.data.decode import SampleDecoder
-    from ae.data.spec import expand_shards
-    from ae.data.tar_samples import iter_samples
+    from ae.data.decoding.decode import SampleDecoder
+    from ae.data.shards.spec import expand_shards
+    from ae.data.shards.tar_samples import iter_samples
     from ae.training.checkpoint_load import spec_from_record
     from ae.training.encoding import load_checkpoint, model_from_checkpoint
     from ae.training.plots import to_image

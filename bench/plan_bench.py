@@ -38,7 +38,7 @@ SAMPLE_BYTES = 1024
 
 def build(folder: Path, shards: int, per_shard: int) -> list[str]:
     """Sparse shards (right size, no data: planning never opens them) with real sidecars."""
-    from ae.data.index import FORMAT, VERSION
+    from ae.data.shards.index import FORMAT, VERSION
 
     size = per_shard * SAMPLE_BYTES + 1024
     head = json.dumps({"format": FORMAT, "version": VERSION, "samples": per_shard, "bytes": size})
@@ -61,8 +61,8 @@ def rss_mb() -> float:
 
 def _plan(urls: list[str], run_dir: Path) -> tuple[float, float, float, int]:
     """(count s, cached s, plan s, slices): what the ranks of a node do in setup()."""
-    from ae.data.counts import shared_counts
-    from ae.data.plan import plan_epoch
+    from ae.data.planning.counts import shared_counts
+    from ae.data.planning.plan import plan_epoch
 
     t0 = time.perf_counter()
     counts = shared_counts("train", urls, run_dir)  # no cache yet: reads every sidecar
@@ -80,7 +80,7 @@ def _plan(urls: list[str], run_dir: Path) -> tuple[float, float, float, int]:
 def child(folder: Path, run_dir: Path) -> dict:
     """One case, in this fresh process: timed once, then again under tracemalloc (which slows
     Python down) for the peak bytes that planning allocates."""
-    import ae.data.counts  # noqa: F401 - imports (torch...) belong to the baseline RSS
+    import ae.data.planning.counts  # noqa: F401 - imports (torch...) belong to the baseline RSS
 
     urls = sorted(str(p) for p in folder.glob("*.tar"))
     base = rss_mb()

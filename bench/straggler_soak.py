@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ae.data.worker_stats import WorkerStats
+from ae.data.stream.worker_stats import WorkerStats
 from ae.forensics import step_times as st
 from ae.forensics.heartbeat import heartbeat_record
 from ae.forensics.process_stats import RssReader

@@ -133,7 +133,7 @@ class RankWriter:
                 "",
                 "Current thread 0x00007f0000000003 (most recent call first):",
                 f'  File "/x/ae/forensics/faults.py", line 120 in {worker_frame}',
-                '  File "/x/ae/data/stream.py", line 140 in __iter__',
+                '  File "/x/ae/data/stream/shard_stream.py", line 140 in __iter__',
                 '  File "/x/torch/utils/data/_utils/fetch.py", line 33 in fetch',
                 '  File "/x/torch/utils/data/_utils/worker.py", line 349 in _worker_loop',
             )

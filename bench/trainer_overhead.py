@@ -47,7 +47,7 @@ def _batches(steps: int, rank: int) -> list[torch.Tensor]:
 
 def _model():
     from ae.config import ModelConfig
-    from ae.data.decode import InputSpec
+    from ae.data.decoding.decode import InputSpec
     from ae.training.model import AutoEncoder
 
     torch.manual_seed(0)

@@ -122,7 +122,7 @@ def fit(
     start_watchdog(cfg.obs.stall_timeout, cfg.run.accelerator, ctx, paths, "bench")
     try:
         dm = ShardDataModule(cfg.data, *urls, seed=cfg.run.seed, debug=cfg.obs.debug)
-        model, _ = build_model(dm.spec, cfg.model, cfg.optim, ctx.world_size)
+        model, _ = build_model(dm.probe().spec, cfg.model, cfg.optim, ctx.world_size)
         trainer = build_trainer(cfg, ctx, "bench", {})
         watch = spy(trainer)
         trainer.callbacks.append(watch)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ae.data.writer import write_shard
+from ae.data.shards.writer import write_shard
 from bench.real_images import mixed_collection
 from tests.support import slurm as slurm_support
 from tests.support.runs import RunResult, run_launcher

@@ -1,3 +1,4 @@
-"""Data: shard specs -> URLs, tar reading and decoding, sample counts and index sidecars, the
-even split across ranks and workers (the plan), the stream of batches, DataLoaders, mid-epoch
-resume, shard writing, and the demo dataset. Imports the core, logging_cfg and forensics."""
+"""Data: shard specs -> equal batches on every rank, in sub-packages by concern (shards <-
+decoding | planning <- stream), the Lightning data module over them in this package's own
+modules, and the ae-shards commands (tools/). Imports the core, logging_cfg and forensics.
+The map: ae/data/README.md."""

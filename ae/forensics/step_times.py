@@ -2,7 +2,7 @@
 
 Per training batch, three clocks (host time, `time.perf_counter`):
 - data: the time spent in the train loader's `next()`, waiting for the batch (`fetched`, called
-  by `ae.data.resume.ResumableLoader`);
+  by `ae.data.stream.resume.ResumableLoader`);
 - sync: the time spent waiting for the other ranks. The gradient all-reduce is timed from the
   moment the last gradient is ready (a hook on each parameter: DDP launches the last bucket then)
   to the end of backward, when DDP has waited for every bucket: the time backward only waits.

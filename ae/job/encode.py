@@ -20,7 +20,7 @@ from typing import NoReturn
 from loguru import logger
 
 from ae.config import RunConfig
-from ae.data.spec import expand_shards, is_remote
+from ae.data.shards.spec import expand_shards, is_remote
 from ae.errors import UserError
 from ae.job.outcome import stop_exit_code
 from ae.job.processes import processes_per_node, rank_command, run_torchrun

@@ -31,8 +31,8 @@ from ae.config import (
     parse_config,
 )
 from ae.config.model_path import locate_class
-from ae.data.demo import with_demo_defaults
-from ae.data.spec import resolve_shards
+from ae.data.shards.demo import with_demo_defaults
+from ae.data.shards.spec import resolve_shards
 from ae.errors import UserError
 from ae.forensics.faults import ATTEMPT_ENV, active_faults
 from ae.job.folder_lock import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts

@@ -19,12 +19,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
 from ae.config import Config
-from ae.data.counts import count_cache_dir, shared_counts
-from ae.data.datamodule import probe_decoder
-from ae.data.loader import PreemptibleLoader, install_worker_reaper
-from ae.data.plan import assign_shards
-from ae.data.spec import expand_shards
-from ae.data.whole_shards import WholeShards
+from ae.data.input_probe import probe_decoder
+from ae.data.planning.counts import count_cache_dir, shared_counts
+from ae.data.planning.plan import assign_shards
+from ae.data.shards.spec import expand_shards
+from ae.data.stream.encode_stream import WholeShards
+from ae.data.stream.loader import PreemptibleLoader, install_worker_reaper
 from ae.forensics.progress import in_phase, progress
 from ae.forensics.watchdog import start_watchdog
 from ae.job.encode import EncodeArgs, output_paths, parse_args

@@ -18,9 +18,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 import logging_cfg
 from ae.config import PREFETCH_FACTOR, Config, help_text, parse_config
 from ae.data.datamodule import ShardDataModule, silence_known_warnings
-from ae.data.demo import with_demo_defaults
-from ae.data.loader import install_worker_reaper
-from ae.data.spec import resolve_shards
+from ae.data.shards.demo import with_demo_defaults
+from ae.data.shards.spec import resolve_shards
+from ae.data.stream.loader import install_worker_reaper
 from ae.forensics import flight_recorder
 from ae.forensics.step_times import step_times
 from ae.forensics.watchdog import start_watchdog
@@ -71,7 +71,9 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     # What the heartbeat's step clock reports: its recent window and the train loader's workers.
     step_times.configure(recent_window_s(obs.straggler_window), datamodule.train_worker_rates)
     # Before the trainer and any dataloader worker: a model that cannot be built, or that fails
-    # on real samples as validation computes on them, is one message.
+    # on real samples as validation computes on them, is one message. The input is probed from
+    # the first samples here (the data module's constructor reads no shard).
+    datamodule.probe()
     model, latent = build_model(
         datamodule.spec, cfg.model, cfg.optim, ctx.world_size, batch=datamodule.first_samples()
     )

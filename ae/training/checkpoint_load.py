@@ -24,13 +24,16 @@ from typing import Any
 
 import torch
 
-from ae.data.decode import InputSpec
+from ae.data.decoding.decode import InputSpec
 from ae.errors import UserError
 
 TRUST_FLAG = "--trust_checkpoint"
 
 # Modules that pickled classes lived in before they moved, and where they live now.
-MOVED_MODULES = {"ae.decode": "ae.data.decode"}
+MOVED_MODULES = {
+    "ae.decode": "ae.data.decoding.decode",
+    "ae.data.decode": "ae.data.decoding.decode",
+}
 
 # The ae classes older checkpoints pickled (the input spec, in hyper_parameters). Today's
 # checkpoints store a plain dict instead (`spec_record`).

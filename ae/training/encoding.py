@@ -20,8 +20,8 @@ import torch
 from loguru import logger
 
 from ae.config import Config
-from ae.data.decode import InputSpec
-from ae.data.writer import ShardWriter, npy_bytes
+from ae.data.decoding.decode import InputSpec
+from ae.data.shards.writer import ShardWriter, npy_bytes
 from ae.errors import UserError
 from ae.forensics.faults import fault_point
 from ae.forensics.progress import progress

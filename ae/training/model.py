@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from ae.config import BUILTIN_MODELS, ModelConfig, OptimConfig
 from ae.data.datamodule import ShardDataModule
-from ae.data.decode import InputSpec
+from ae.data.decoding.decode import InputSpec
 from ae.forensics.faults import fault_point
 from ae.log_lines import main_log
 from ae.training.checkpoint_load import spec_record

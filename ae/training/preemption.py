@@ -13,7 +13,7 @@ checkpoint was saved.
 Lightning installs its own SIGTERM handler at fit start, which broadcasts from inside the handler;
 ours replaces it when training starts. Dataloader workers ignore both signals (they are in the
 rank's process group, so they get them too): their rank shuts them down, instead of them dying
-mid-batch and taking the rank's clean save with them (`ae.data.loader`).
+mid-batch and taking the rank's clean save with them (`ae.data.stream.loader`).
 """
 
 from __future__ import annotations

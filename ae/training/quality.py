@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from torchmetrics import MeanMetric, MeanSquaredError
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 
-from ae.data.decode import InputSpec
+from ae.data.decoding.decode import InputSpec
 
 
 def ssim_kernel(height: int, width: int) -> int:

@@ -27,7 +27,7 @@ from loguru import logger
 from torch import nn
 
 from ae.config import ObservabilityConfig
-from ae.data.stream import ShardStream
+from ae.data.stream.shard_stream import ShardStream
 from ae.forensics.faults import fault_point
 from ae.forensics.process_stats import memory_summary
 from ae.forensics.progress import in_phase, progress

@@ -14,8 +14,8 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from ae.config import Config, ConfigError, RunConfig
 from ae.config.checks import CPU_16_MIXED
-from ae.data.bad_share import BadDataBound
-from ae.data.datamodule import EpochSync
+from ae.data.bad_data_limit import BadDataBound
+from ae.data.epoch_sync import EpochSync
 from ae.forensics.loop_tracer import DebugCallback
 from ae.training.checkpointing import AtomicCheckpointIO, Checkpointing
 from ae.training.clock import ClockOffset

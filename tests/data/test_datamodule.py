@@ -13,8 +13,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ae.config import DataConfig
-from ae.data.datamodule import DataError, ShardDataModule, probe_decoder, same_on_all_ranks
-from ae.data.writer import write_shard
+from ae.data import input_probe, rank_agreement
+from ae.data.datamodule import ShardDataModule
+from ae.data.input_probe import probe_decoder
+from ae.data.rank_agreement import same_on_all_ranks
+from ae.data.shards.errors import DataError
+from ae.data.shards.writer import write_shard
 from ae.forensics.step_times import StepTimes
 from ae.job.processes import free_port
 from tests.support.shards import vector_samples
@@ -38,13 +42,38 @@ def test_every_shard_unreadable_is_a_clear_error(tmp_path: Path) -> None:
         probe_decoder("train", urls, DataConfig())
 
 
+def test_building_the_data_module_reads_no_shard(tmp_path: Path, monkeypatch) -> None:
+    """The constructor keeps the settings only: it builds over shards that do not exist, and
+    neither probes a sample nor counts a shard; `setup` (or `probe`) is where they are read."""
+    absent = [str(tmp_path / "absent-000000.tar")]
+    dm = ShardDataModule(DataConfig(), absent, absent, seed=0)
+    assert dm.train_set is None and dm.val_set is None
+    with pytest.raises(DataError, match=r"^train_shards: no readable sample in any of 1 shards"):
+        dm.probe()
+    # over real shards: every sample read and every count goes through these two
+    train = tmp_path / "t.tar"
+    write_shard(train, vector_samples(8, dim=6))
+    read, counted = [], []
+    real_read, real_count = input_probe.iter_samples, rank_agreement.shared_counts
+    monkeypatch.setattr(input_probe, "iter_samples", lambda *a: read.append(a) or real_read(*a))
+    monkeypatch.setattr(
+        rank_agreement, "shared_counts", lambda *a, **k: counted.append(a) or real_count(*a, **k)
+    )
+    cfg = DataConfig(num_workers=0, batch_size=4, count_cache="off")
+    dm = ShardDataModule(cfg, [str(train)], [str(train)], seed=0)
+    assert read == [] and counted == []
+    dm.setup("fit")
+    assert read and [split for split, *_ in counted] == ["train", "val"]
+    assert dm.spec.shape == (6,) and len(dm.train_set) == 2
+
+
 def test_val_shape_must_match_train(tmp_path: Path) -> None:
     train, val = tmp_path / "t.tar", tmp_path / "v.tar"
     write_shard(train, vector_samples(4, dim=6))
     write_shard(val, vector_samples(4, dim=5))
     shape = r"shape \(5,\), expected \(6,\)"
     with pytest.raises(DataError, match=rf"^val_shards: no readable sample .*{shape}"):
-        ShardDataModule(DataConfig(), [str(train)], [str(val)], seed=0)
+        ShardDataModule(DataConfig(), [str(train)], [str(val)], seed=0).setup("fit")
 
 
 def test_first_samples_are_the_first_decodable_validation_samples(tmp_path: Path) -> None:

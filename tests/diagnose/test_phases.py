@@ -27,7 +27,7 @@ def test_paths_are_suffixes_of_the_real_files() -> None:
 
 
 def test_a_frame_deep_in_the_data_package_is_data_loading() -> None:
-    frames = [("/venv/site-packages/ae/data/tar_samples.py", "read"),
+    frames = [("/venv/site-packages/ae/data/shards/tar_samples.py", "read"),
               ("/venv/site-packages/torch/utils/data/dataloader.py", "__next__")]  # fmt: skip
     assert phase_of_frames(frames) == "data loading"
     assert phase_of_frames([("/venv/site-packages/ae/training/model.py", "training_step")]) == (

@@ -93,7 +93,7 @@ def test_exception_is_the_culprit_and_the_peer_failure_a_victim(tmp_path: Path) 
 def test_exception_in_a_dataloader_worker_is_data_loading(tmp_path: Path) -> None:
     w0, w1 = writers(tmp_path)
     frames = [("/x/torch/utils/data/_utils/worker.py", "_worker_loop"),
-              ("/x/ae/data/tar_samples.py", "read_slices")]  # fmt: skip
+              ("/x/ae/data/shards/tar_samples.py", "read_slices")]  # fmt: skip
     w0.fatal("OSError", "truncated tar", frames, where="dataloader worker 1/2", worker="1/2")
     w0.fatal("OSError", "Caught OSError in DataLoader worker process 1", frames)
     w0.flush()

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from ae.data.writer import write_shard
+from ae.data.shards.writer import write_shard
 from tests.support.live import diagnose, diagnose_json, wait_for
 from tests.support.runs import ROOT, run_processes
 from tests.support.shards import vector_samples

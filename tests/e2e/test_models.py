@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from ae.data.index import read_index
-from ae.data.tar_samples import iter_samples
-from ae.data.writer import write_shard
+from ae.data.shards.index import read_index
+from ae.data.shards.tar_samples import iter_samples
+from ae.data.shards.writer import write_shard
 from tests.support.runs import ROOT, RunResult, run_launcher
 from tests.support.shards import vector_samples
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ae.data.writer import write_shard
+from ae.data.shards.writer import write_shard
 from tests.support.runs import run_launcher
 from tests.support.shards import id_samples
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ae.data.writer import npy_bytes, write_shard
+from ae.data.shards.writer import npy_bytes, write_shard
 from tests.support.runs import RunResult
 from tests.support.shards import vector_samples
 

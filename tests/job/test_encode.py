@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ae.config import Config, ModelConfig, OptimConfig
-from ae.data.decode import InputSpec
+from ae.data.decoding.decode import InputSpec
 from ae.job.encode import EncodeArgsError, check_outputs, help_text, output_paths, parse_args
 from ae.training.encoding import EncodeError, load_checkpoint, model_from_checkpoint
 from ae.training.model import AutoEncoder

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ae.cli.launch import main
-from ae.data import demo
+from ae.data.shards import demo
 from ae.forensics import faults
 from ae.job import launch
 
@@ -48,7 +48,8 @@ def test_demo_data_is_resolved_once_and_named_to_the_ranks(
 def test_own_train_shards_without_val_shards_hand_the_ranks_no_val_spec(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Validation is then held out of the train shards (ae.data.holdout), never the demo's."""
+    """Validation is then held out of the train shards (ae.data.planning.holdout), never the
+    demo's."""
     shard = tmp_path / "a.tar"
     shard.write_bytes(b"")
     started: list[list[str]] = []

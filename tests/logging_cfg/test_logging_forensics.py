@@ -205,7 +205,7 @@ def test_a_console_ranks_dataloader_worker_writes_python_output_to_the_native_fi
     in a worker (shared memory full) belongs in the native log."""
     body = """
     import torch
-    from ae.data.loader import PreemptibleLoader
+    from ae.data.stream.loader import PreemptibleLoader
 
     class Talks(torch.utils.data.IterableDataset):
         def __iter__(self):
@@ -266,9 +266,9 @@ def test_dataloader_worker_exception_logged_from_the_worker(tmp_path: Path, make
         tmp_path,
         f"""
         import torch
-        from ae.data.stream import ShardStream
-        from ae.data.decode import SampleDecoder
-        from ae.data.spec import resolve_shards
+        from ae.data.stream.shard_stream import ShardStream
+        from ae.data.decoding.decode import SampleDecoder
+        from ae.data.shards.spec import resolve_shards
         urls, _ = resolve_shards({spec!r}, {spec!r})
         decoder = SampleDecoder((("npy", None),), "vector", (16,))
         stream = ShardStream("train", urls, [24], decoder, batch_size=4,

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from ae.training.checkpoint_load import load
+
 
 class CreatesAFile:
     """Unpickled, it is `open(marker, "w")`: the pickle names the global `io.open`."""
@@ -20,7 +22,9 @@ class CreatesAFile:
 
 def crafted_checkpoint(source: Path, out: Path, marker: Path) -> Path:
     """`source` (an ae checkpoint) with a `CreatesAFile(marker)` added, written to `out`."""
-    ckpt = torch.load(source, weights_only=False)  # a file of the repo's own fixtures
+    # a file of the repo's own fixtures, which may pickle classes under the modules they moved
+    # from (`MOVED_MODULES`)
+    ckpt = load(source, trust=True)
     ckpt["payload"] = CreatesAFile(marker)
     torch.save(ckpt, out)
     return out

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ae.data.counts import shared_counts
-from ae.data.index import read_index, write_index
-from ae.data.writer import ShardWriter, write_shard
+from ae.data.planning.counts import shared_counts
+from ae.data.shards.index import read_index, write_index
+from ae.data.shards.writer import ShardWriter, write_shard
 from ae.forensics.heartbeat import heartbeat_record, write_heartbeat
 from ae.forensics.process_stats import RssReader
 from ae.forensics.progress import Progress

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-import ae.data.stream as dataset
-from ae.data.writer import Sample, write_shard
+import ae.data.stream.shard_stream as dataset
+from ae.data.shards.writer import Sample, write_shard
 from tests.support.shards import vector_decoder
 
 DIM = 4

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ae.data.decode import SampleDecoder
-from ae.data.writer import Sample, npy_bytes, png_bytes
+from ae.data.decoding.decode import SampleDecoder
+from ae.data.shards.writer import Sample, npy_bytes, png_bytes
 
 
 def vector_samples(n: int, dim: int = 16, start: int = 0, seed: int = 0) -> list[Sample]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ae.config import Config, OptimConfig
-from ae.data.decode import InputSpec
+from ae.data.decoding.decode import InputSpec
 from ae.training import checkpoint_load
 from ae.training.checkpoint_load import UntrustedCheckpoint, spec_from_record
 from ae.training.encoding import load_checkpoint, model_from_checkpoint

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ae.config import ModelConfig, OptimConfig
-from ae.data.decode import InputSpec
+from ae.data.decoding.decode import InputSpec
 from ae.training.lr import (
     Schedule,
     effective_lr_line,

@@ -12,7 +12,7 @@ import torch
 
 from ae.config import ModelConfig, OptimConfig
 from ae.config.model_path import locate_class
-from ae.data.decode import InputSpec
+from ae.data.decoding.decode import InputSpec
 from ae.training import checkpoint_load
 from ae.training.model import AutoEncoder, build_model, describe, kl_divergence, latent_shape
 from ae.training.models import ModelError

@@ -13,11 +13,11 @@ from loguru import logger
 from PIL import Image
 
 from ae.config import ModelConfig, parse_config
-from ae.data import stream as stream_module
-from ae.data.decode import InputSpec
-from ae.data.header_walk import count_samples
-from ae.data.spec import resolve_shards
-from ae.data.stream import ShardStream
+from ae.data.decoding.decode import InputSpec
+from ae.data.shards.spec import resolve_shards
+from ae.data.shards.tar_header_count import count_samples
+from ae.data.stream import stages as stream_module
+from ae.data.stream.shard_stream import ShardStream
 from ae.forensics import faults as fault_injection
 from ae.training.ema import EMA, averaged_weights
 from ae.training.metrics import read_loss_history

@@ -5,8 +5,8 @@ image`, `int class` for WebDataset's `cls`, `bytes`), images by their size and m
 headers), and the input field of a run (`--input_key`, or the first decodable field of the first
 sample) is decoded the way training decodes it: a sample whose input field is missing, does not
 decode, or (arrays, native-size images) is shaped unlike the first good one, is a bad sample. A
-sample that reads as many files merged by WebDataset's key rule (`ae.data.keys`) is named, with
-the fix.
+sample that reads as many files merged by WebDataset's key rule (`ae.data.shards.keys`) is named,
+with the fix.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ae.config import DataConfig
-from ae.data.decode import (
+from ae.data.decoding.decode import (
     SampleDecoder,
     SampleError,
     decoding_extension,
@@ -30,12 +30,12 @@ from ae.data.decode import (
     tensor_array,
     ungzipped,
 )
-from ae.data.errors import DataError
-from ae.data.images import GRAYSCALE_MODES, open_image
-from ae.data.index import index_url, read_index
-from ae.data.keys import merged_files
-from ae.data.spec import is_remote
-from ae.data.tar_samples import iter_samples
+from ae.data.decoding.images import GRAYSCALE_MODES, open_image
+from ae.data.shards.errors import DataError
+from ae.data.shards.index import index_url, read_index
+from ae.data.shards.keys import merged_files
+from ae.data.shards.spec import is_remote
+from ae.data.shards.tar_samples import iter_samples
 
 # Images of several sizes are checked at this size when no --image_size is given: decoding is
 # what finds damage, and a JPEG drafted for 64x64 decodes in a fraction of the time.
@@ -60,7 +60,7 @@ class ShardReport:
     sample_bytes: list[int] = field(default_factory=lambda: [0, 0, 0])  # min, mean, max
     bad: list[list[str]] = field(default_factory=list)  # [key, reason]
     error: str | None = None  # why reading stopped early
-    merged: str | None = None  # the first sample that reads as files merged (ae.data.keys)
+    merged: str | None = None  # the first sample that reads as files merged (ae.data.shards.keys)
 
 
 def describe_field(name: str, data: bytes) -> tuple[str, tuple[str, str] | None]:

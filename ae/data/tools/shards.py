@@ -20,11 +20,11 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ae.config import DataConfig
-from ae.data.header_walk import scan_shard
-from ae.data.index import read_index, write_index
-from ae.data.spec import expand_shards, is_remote
+from ae.data.shards.index import read_index, write_index
+from ae.data.shards.spec import expand_shards, is_remote
+from ae.data.shards.tar_header_count import scan_shard
+from ae.data.shards.writer import Sample, npy_bytes, write_shards
 from ae.data.tools.inspect_shards import Inspector, print_reports
-from ae.data.writer import Sample, npy_bytes, write_shards
 from ae.errors import UserError
 
 # Photo formats taken from a folder; each sample's field is its file's extension (`jpg`, `png`),

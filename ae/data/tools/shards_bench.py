@@ -9,7 +9,8 @@ more than once, it leaves them in the page cache as a later epoch finds them).
 Reported: samples/s delivered to the main process (after the first batch), MB/s of shard bytes
 that stands for (samples/s x the shards' bytes per sample), the time to the first batch (worker
 start, opening shards, the first shuffle), the raw read rate, and which path the rank's first
-slot took (`columnar`: whole-batch gathers; `general`: sample by sample; `ae.data.columnar`).
+slot took (`columnar`: whole-batch gathers; `general`: sample by sample;
+`ae.data.stream.fixed_layout_batches`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 from webdataset.gopen import gopen
 
 from ae.config import DataConfig
-from ae.data.columnar import columnar_slot
 from ae.data.datamodule import ShardDataModule
-from ae.data.spec import expand_shards, is_remote
+from ae.data.shards.spec import expand_shards, is_remote
+from ae.data.stream.fixed_layout_batches import columnar_slot
 
 READ_CHUNK = 8 << 20
 

@@ -14,9 +14,9 @@ import webdataset as wds
 from PIL import Image
 
 from ae.cli.shards import main
-from ae.data.header_walk import scan_shard
-from ae.data.index import read_index
-from ae.data.tar_samples import iter_samples
+from ae.data.shards.index import read_index
+from ae.data.shards.tar_header_count import scan_shard
+from ae.data.shards.tar_samples import iter_samples
 from tests.support.runs import ROOT
 
 

@@ -1,0 +1,88 @@
+"""Shard specs -> shard URLs.
+
+A spec is one of: a brace pattern (`data/a-{000000..000099}.tar`), a glob (`data/*.tar`), a
+directory (every shard below it, sorted: `*.tar` and the compressed `*.tar.gz`, `*.tgz`,
+`*.tar.bz2`, `*.tar.xz`), `pipe:CMD` or an `http(s)://` URL (either may also use braces), or
+several of these joined by `::`. Local shards are checked here so that a spec that
+matches nothing fails before any worker process starts. No torch import: the launcher uses this.
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import braceexpand
+
+from ae.config import NO_VALIDATION
+from ae.errors import UserError
+
+REMOTE_PREFIXES = ("pipe:", "http://", "https://", "gs://", "s3://")
+# Shard file names a directory spec picks up: plain tar, and the compressions the standard
+# library reads (WebDataset reads the same through `tarfile`).
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+
+
+class ShardSpecError(UserError):
+    """A shard spec that names no readable shard; one line per offending key."""
+
+
+def is_remote(url: str) -> bool:
+    return url.startswith(REMOTE_PREFIXES)
+
+
+def is_shard_name(name: str) -> bool:
+    return name.lower().endswith(SHARD_SUFFIXES)
+
+
+def _expand_one(spec: str) -> list[str]:
+    if is_remote(spec):
+        return list(braceexpand.braceexpand(spec))
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return sorted(str(p) for p in path.rglob("*") if is_shard_name(p.name) and p.is_file())
+    urls: list[str] = []
+    for pattern in braceexpand.braceexpand(str(path)):
+        if glob.has_magic(pattern):
+            urls.extend(sorted(glob.glob(pattern, recursive=True)))
+        else:
+            urls.append(pattern)
+    return urls
+
+
+def expand_shards(spec: str, key: str = "train_shards") -> list[str]:
+    """Expand `spec` into URLs; raise ShardSpecError naming `key` and the missing files."""
+    urls: list[str] = []
+    for part in spec.split("::"):
+        if part.strip():
+            urls.extend(_expand_one(part.strip()))
+    if not urls:
+        raise ShardSpecError(f"{key}: {spec!r} matches no shard files")
+    missing = [u for u in urls if not is_remote(u) and not Path(u).is_file()]
+    if missing:
+        shown = ", ".join(missing[:3]) + (
+            f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        )
+        raise ShardSpecError(f"{key}: {len(missing)} of {len(urls)} shard files missing: {shown}")
+    return urls
+
+
+def resolve_shards(train_spec: str, val_spec: str | None) -> tuple[list[str], list[str] | None]:
+    """Train and val URLs; val None where there is no val spec (held out of the train shards,
+    `ae.data.planning.holdout`, or `none`). Problems with both keys are raised together
+    (ShardSpecError, one line each). The demo data stands in for an unset spec
+    (`ae.data.shards.demo`) before this."""
+    result: list[list[str] | None] = []
+    problems = []
+    for key, spec in (("train_shards", train_spec), ("val_shards", val_spec)):
+        if spec is None or spec == NO_VALIDATION:
+            result.append(None)
+            continue
+        try:
+            result.append(expand_shards(spec, key))
+        except ShardSpecError as e:
+            problems.append(str(e))
+    if problems:
+        raise ShardSpecError("\n".join(problems))
+    assert result[0] is not None
+    return result[0], result[1]

@@ -1,0 +1,139 @@
+"""A split's stream on one rank, planned and logged: over whole shards (`stream`), or train and
+validation over one split of the train shards (`held_out`, without `--val_shards`:
+`ae.data.planning.holdout`). A plan that cannot give every rank a batch raises `DataError`
+naming the flags that would fix it, on every rank alike (they all plan from the same counts)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ae.config import DataConfig
+from ae.data.decoding.decode import SampleDecoder
+from ae.data.planning.holdout import Holdout, hold_out
+from ae.data.planning.plan import ShardSlice
+from ae.data.shards.errors import DataError
+from ae.data.shards.keys import first_sample_merged
+from ae.data.stream.shard_stream import ShardStream
+from ae.log_lines import SHARD_PLAN, VALIDATION_HELD_OUT, main_log
+
+
+def _merged_hint(urls: list[str]) -> str:
+    """For a "too few samples" message: whether files were merged by WebDataset's key rule."""
+    why = first_sample_merged(urls)
+    return f". Few samples? {why}" if why else ""
+
+
+@dataclass
+class StreamBuilder:
+    """Builds the streams of one rank. `count(split, urls)`: the shards' sample counts, the same
+    on every rank (`ae.data.rank_agreement.agreed_counts`)."""
+
+    cfg: DataConfig
+    decoder: SampleDecoder
+    count: Callable[[str, list[str]], list[int]]
+    rank: int
+    world_size: int
+    seed: int
+    debug: bool
+
+    def stream(
+        self,
+        split: str,
+        urls: list[str],
+        shuffle: bool,
+        counts: list[int] | None = None,
+        parts: tuple[ShardSlice, ...] = (),
+    ) -> ShardStream:
+        """The split's stream over `urls` (counted here unless `counts` are given), or over
+        their stretches `parts` (validation held out of the train shards)."""
+        cfg = self.cfg
+        # Resampled: the train split is never counted; validation stays counted (drop mode).
+        resampled = cfg.shard_split == "resampled" and split == "train"
+        mode = cfg.shard_split if resampled or cfg.shard_split != "resampled" else "drop"
+        stream = ShardStream(
+            split=split,
+            urls=urls,
+            counts=[] if resampled else counts or self.count(split, urls),
+            decoder=self.decoder,
+            batch_size=cfg.batch_size,
+            rank=self.rank,
+            world_size=self.world_size,
+            num_workers=cfg.num_workers,
+            mode=mode,
+            parts=parts,
+            epoch_samples=cfg.epoch_samples if resampled else 0,
+            shuffle=shuffle,
+            augment=shuffle,  # training: random crops and flips; validation: center crops
+            shuffle_buffer=cfg.shuffle_buffer,
+            tar_reader=cfg.tar_reader,
+            seed=self.seed,
+            debug=self.debug,
+        )
+        plan = stream.plan()
+        if plan.batches_per_rank == 0:
+            raise DataError(
+                f"{split}_shards: {plan.total_samples} samples cannot give each of "
+                f"{plan.world_size} ranks one batch of {cfg.batch_size}; lower --batch_size,"
+                + (" raise --epoch_samples" if resampled else " or use --shard_split=pad")
+                + _merged_hint(urls)
+            )
+        main_log.info(
+            SHARD_PLAN.format(
+                split=split,
+                shards=len(urls),
+                samples=plan.total_samples,
+                batches=plan.batches_per_rank,
+                batch_size=cfg.batch_size,
+                ranks=plan.world_size,
+                workers=plan.num_workers,
+                mode=mode,
+                dropped=plan.dropped,
+                repeated=plan.repeated,
+                rank_samples=plan.samples_per_rank,
+                worker_batches="/".join(
+                    str(plan.worker_batches(w)) for w in range(plan.num_workers)
+                ),
+            )
+        )
+        return stream
+
+    def held_out(self, urls: list[str]) -> tuple[list[str], ShardStream, ShardStream]:
+        """(the shards training reads, the train stream, the val stream) over one split of the
+        train shards `urls` (`ae.data.planning.holdout`)."""
+        cfg, world = self.cfg, self.world_size
+        batch = world * cfg.batch_size  # one batch per rank, the least either split needs
+        resampled = cfg.shard_split == "resampled"
+        # Resampled training draws whole shards, so whole shards are held out (each counts 1).
+        counts = [1] * len(urls) if resampled else self.count("train", urls)
+        total = sum(counts)
+        need = 2 if resampled else 2 * batch
+        if total < need:
+            unit = f"{total} shard(s)" if resampled else f"{total} samples"
+            raise DataError(
+                f"train_shards: {unit} cannot hold out validation (one batch of "
+                f"{cfg.batch_size} per rank on {world} ranks) and still train on the rest; pass "
+                f"--val_shards=SPEC or --val_shards=none, or lower --batch_size"
+                + ("" if resampled else _merged_hint(urls))
+            )
+        split = hold_out(counts, cfg.val_fraction, 1 if resampled else batch)
+        main_log.info(
+            VALIDATION_HELD_OUT.format(
+                val=Holdout.size(split.val), total=total, train=Holdout.size(split.train),
+                unit="shards" if resampled else "samples", by="shard" if resampled else split.by,
+                fraction=f"{cfg.val_fraction:g}",
+            )
+        )  # fmt: skip
+        if resampled:
+            val_urls = [urls[p.shard] for p in split.val]
+            train_urls = [urls[p.shard] for p in split.train]
+            return (
+                train_urls,
+                self.stream("train", train_urls, shuffle=True),
+                self.stream("val", val_urls, shuffle=False),
+            )
+        return (
+            urls,
+            self.stream("train", urls, shuffle=True, counts=counts, parts=split.train),
+            self.stream("val", urls, shuffle=False, counts=counts, parts=split.val),
+        )
