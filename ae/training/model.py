@@ -174,8 +174,10 @@ class AutoEncoder(L.LightningModule):
         # (optimizer steps so far + 1) % log_every_n_steps == 0: log at exactly those, or the
         # values are dropped before any logger sees them.
         if (self.global_step + 1) % trainer.log_every_n_steps == 0:
-            # rank 0's own loss: a sync across ranks would cost a collective per step
-            self.log("train/loss", loss, prog_bar=True)
+            # rank 0's own loss: a sync across ranks would cost a collective per step. On the
+            # progress bar only when there is one: Lightning turns a prog_bar value into a
+            # Python number after every batch, a host sync per step on a GPU (bench/gpu_proof).
+            self.log("train/loss", loss, prog_bar=trainer.progress_bar_callback is not None)
             for name, value in logs.items():
                 self.log(f"train/{name}", value)
         if batch_idx == 0 or self._loss_sum is None:  # a new (or resumed) epoch
@@ -197,7 +199,12 @@ class AutoEncoder(L.LightningModule):
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss, logs = self.evaluate(batch, self.quality)
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        self.log(
+            "val/loss",
+            loss,
+            prog_bar=self.trainer.progress_bar_callback is not None,
+            sync_dist=True,
+        )
         for name, value in logs.items():
             self.log(f"val/{name}", value, sync_dist=True)
         self.quality.log_to(self)

@@ -362,3 +362,22 @@ def test_the_documented_diffusers_adapter_builds_and_validates() -> None:
     assert {"val/loss", "val/l1", "val/kl", "val/psnr", "val/ssim"} <= set(logged)
     readme = (ROOT / "docs" / "TRAINING.md").read_text()
     assert (ROOT / "tests" / "support" / "diffusers_vae.py").read_text() in readme
+
+
+def test_no_step_value_becomes_a_python_number_without_a_progress_bar() -> None:
+    """Lightning turns every prog_bar value into a Python number after every batch (a host sync
+    per step on a GPU, found by bench/gpu_proof on an H200): without a progress bar nothing of
+    ae's is put on it, and with one the step loss is."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader
+
+    data = DataLoader(torch.rand(64, 24), batch_size=8)
+    for bar in (False, True):
+        model, _ = build(VECTOR)
+        trainer = L.Trainer(
+            accelerator="cpu", max_steps=6, log_every_n_steps=1, logger=False,
+            enable_checkpointing=False, enable_progress_bar=bar, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(model, data)
+        assert ("train/loss" in trainer.progress_bar_metrics) is bar
