@@ -24,6 +24,10 @@ BENCHES: dict[str, tuple[str, set[str]]] = {
         {"overhead", "us_per_collective", "dump_entries", "dump_s"},
     ),
     "goodput": ("goodput", {"steps", "kill_after_s", "runs"}),
+    "gpu_proof": (
+        "gpu_proof",
+        {"device", "data", "hand", "throughput", "sync_check", "targets", "correctness", "faults"},
+    ),
     "gpu_throughput": ("gpu_throughput", {"device", "batch_size", "samples", "rows"}),
     "input_pipeline": ("input_pipeline", {"batch_size", "rows", "jpg_decode_ms", "targets"}),
     "memory": ("memory", {"epochs", "by_shards"}),

@@ -10,6 +10,10 @@ actions:
   segv    SIGSEGV to the process itself from `_injected_segv`: a native crash
   kill    SIGKILL to the process itself from `_injected_kill`: the OOM killer
   oom     raise `torch.cuda.OutOfMemoryError` from `_injected_oom` (exists in CPU builds too)
+  gpusleep  launch a CUDA kernel that spins `secs` seconds (default 3600) from
+          `_injected_gpusleep`, and return at once: a hung kernel. The host runs on until it next
+          waits for the GPU (a `.item()`, a copy to the CPU, a full launch queue) and stalls
+          there. Without CUDA, a host sleep (as `sleep`)
   grow    allocate and touch `mb` MB, held until the process ends, from `_injected_grow`:
           memory growth for the OOM killer (in a memory-limited cgroup)
   desync  an all-reduce of `size` zeros (default 3) that only this rank calls, from
@@ -46,6 +50,7 @@ Examples::
     AE_FAULT="slow@train:rank=1:ms=40:until=500"      rank 1's steps 0-499 take 40 ms longer
     AE_FAULT="grow@data:rank=1:step=2:mb=4000"       rank 1's worker grows by 4 GB at batch 2
     AE_FAULT="desync@train:rank=1:step=3"            rank 1 alone all-reduces 3 numbers
+    AE_FAULT="gpusleep@train:rank=0:step=5:secs=60"  rank 0's GPU runs one kernel for 60 s
     AE_FAULT="kill@train:rank=1:step=5:attempt=0"    rank 1 is killed once; the restart runs on
 
 Each fault but `slow` fires at most once per process. A `FAULT injected: ...` WARNING is logged
@@ -65,7 +70,7 @@ from loguru import logger
 from ae.errors import UserError
 from ae.log_lines import FAULT_INJECTED
 
-ACTIONS = ("sleep", "raise", "segv", "kill", "oom", "slow", "grow", "desync")
+ACTIONS = ("sleep", "raise", "segv", "kill", "oom", "slow", "grow", "desync", "gpusleep")
 KEYS = {
     "rank": int, "step": int, "secs": float, "ms": float, "until": int, "mb": float, "size": int,
     "attempt": int,
@@ -212,6 +217,27 @@ def _injected_desync(size: float) -> None:
     dist.all_reduce(torch.zeros(int(size)))  # the others never call this one
 
 
+# Cycles of the short kernel that measures the GPU's clock before a `gpusleep` (~10 ms).
+_CALIBRATION_CYCLES = 20_000_000
+
+
+def _injected_gpusleep(secs: float) -> None:
+    import torch  # only here, as in _injected_oom
+
+    if not torch.cuda.is_available():
+        time.sleep(secs)
+        return
+    # torch.cuda._sleep spins for a number of GPU clock cycles: the clock is measured first (one
+    # wait for the GPU here, at the fault, before the kernel that hangs).
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(_CALIBRATION_CYCLES)
+    end.record()
+    end.synchronize()
+    cycles_per_s = _CALIBRATION_CYCLES / (start.elapsed_time(end) / 1000)
+    torch.cuda._sleep(int(cycles_per_s * secs))
+
+
 _held: list[bytearray] = []  # what `grow` allocated: kept until the process ends
 
 
@@ -230,4 +256,5 @@ _ACT = {
     "segv": _injected_segv,
     "kill": _injected_kill,
     "oom": _injected_oom,
+    "gpusleep": _injected_gpusleep,
 }

@@ -130,3 +130,18 @@ def test_attempt_picks_the_attempt_of_a_restarting_job(monkeypatch: pytest.Monke
     monkeypatch.setenv("AE_FAULT", "kill@train:attempt=0")
     monkeypatch.setattr(fault_injection, "_faults", fault_injection._UNREAD)
     assert fault_injection.active_faults() is None  # none of them in attempt 1: a no-op
+
+
+def test_gpusleep_parses_and_without_cuda_sleeps_on_the_host(
+    faults, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert parse_faults("gpusleep@train:rank=0:step=5:secs=60") == [
+        Fault("gpusleep", "train", rank=0, step=5, secs=60.0)
+    ]
+    # On a CPU build the hung kernel becomes a host sleep of the same length (the GPU path is
+    # exercised by bench/gpu_proof.py on a lent GPU).
+    slept: list[float] = []
+    monkeypatch.setattr(fault_injection.time, "sleep", slept.append)
+    faults("gpusleep@train:step=2:secs=0.25", rank=0)
+    fault_point("train", 2)
+    assert slept == [0.25]
