@@ -362,7 +362,8 @@ def test_the_launcher_refuses_an_empty_train_shards_with_exit_2_before_any_rank(
     tmp_path: Path,
 ) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "ae.cli.launch", "--train_shards=", f"--output_dir={tmp_path / 'r'}"],
+        [sys.executable, "-m", "ae.cli.launch", "--train_shards=",
+         f"--output_dir={tmp_path / 'r'}"],
         capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent,
     )  # fmt: skip
     assert out.returncode == 2, out.stdout + out.stderr
