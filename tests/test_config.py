@@ -292,3 +292,81 @@ def test_logger_choices_and_missing_packages(monkeypatch: pytest.MonkeyPatch) ->
     assert err.value.problems == [
         "logger: wandb is not installed; install it with .venv/bin/pip install -e '.[wandb]'"
     ]
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["batch_size: [8, 16]", "latent_dim: {a: 1}", "batch_size:", "max_epochs: ''",
+     "learning_rate: [0.1]", "debug: {a: 1}", "output_dir: [a, b]", "loss: [mse]",
+     "hidden_dims: {a: 1}", "model_args: [1, 2]", "devices:"],
+)  # fmt: skip
+def test_a_yaml_value_of_the_wrong_shape_is_one_problem_naming_the_key_and_the_file(
+    tmp_path: Path, line: str
+) -> None:
+    """A list, a mapping or nothing where a number, flag, word or mapping belongs: every type
+    says which key, in which file, at which line; never a TypeError from int()."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"seed: 1\n{line}\n")
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={path}"])
+    key = line.partition(":")[0]
+    (problem,) = err.value.problems
+    assert problem.startswith(f"{key}: ") and problem.endswith(f"(in {path}, line 2)"), problem
+
+
+def test_a_range_problem_of_a_yaml_value_names_the_file_and_a_flag_overriding_it_does_not(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("batch_size: 0\n")
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={path}"])
+    assert err.value.problems == [f"batch_size: must be >= 1; got 0 (in {path}, line 1)"]
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={path}", "--batch_size=-2"])
+    assert err.value.problems == ["batch_size: must be >= 1; got -2"]
+
+
+EMPTY_PROBLEM = "empty value; give one, or leave the key out for its default"
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["train_shards", "val_shards", "output_dir", "resume_from_checkpoint", "config",
+     "input_key", "count_cache", "mlflow_tracking_uri", "model", "model_args", "logger",
+     "experiment", "batch_size", "learning_rate", "debug", "hidden_dims"],
+)  # fmt: skip
+def test_an_empty_flag_value_is_a_problem_naming_the_key_not_the_default(key: str) -> None:
+    """`--train_shards=$DATA` with DATA unset must not train the demo digits: an empty value
+    (or blanks) is refused for every flag, in both command-line forms."""
+    for argv in ([f"--{key}="], [f"--{key}", ""], [f"--{key}=  "]):
+        with pytest.raises(ConfigError) as err:
+            parse_config(argv)
+        assert err.value.problems == [f"{key}: {EMPTY_PROBLEM}"], argv
+
+
+def test_an_empty_yaml_key_is_a_problem_and_null_is_the_unset_default(tmp_path: Path) -> None:
+    """A saved config writes an unset key as `null`: that stays the default; an empty string
+    is refused like an empty flag."""
+    path = tmp_path / "c.yaml"
+    path.write_text("train_shards: null\nval_shards:\n")
+    cfg = parse_config([f"--config={path}"])
+    assert (cfg.data.train_shards, cfg.data.val_shards) == (None, None)
+    path.write_text("train_shards: ''\n")
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={path}"])
+    assert err.value.problems == [f"train_shards: {EMPTY_PROBLEM} (in {path}, line 1)"]
+
+
+def test_the_launcher_refuses_an_empty_train_shards_with_exit_2_before_any_rank(
+    tmp_path: Path,
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "ae.cli.launch", "--train_shards=",
+         f"--output_dir={tmp_path / 'r'}"],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert f"train_shards: {EMPTY_PROBLEM}" in text and "Traceback" not in text
+    assert not (tmp_path / "r").exists()

@@ -53,8 +53,14 @@ def _coerce_int(raw: Any) -> int:
         raise ValueError(f"must be an integer; got {raw!r}")
     try:
         return int(raw) if not isinstance(raw, str) else int(raw.strip())
-    except ValueError:
+    except (TypeError, ValueError):  # TypeError: a YAML list or mapping
         raise ValueError(f"must be an integer; got {raw!r}") from None
+
+
+# An empty value is never a setting: `--train_shards=$DATA` with DATA unset would otherwise
+# train on the default (the demo digits) and exit 0. YAML's null (`val_shards: null`, as a saved
+# config writes an unset key) is the unset default of a key that has one.
+EMPTY = "empty value; give one, or leave the key out for its default"
 
 
 def _coerce(key: str, raw: Any) -> Any:
@@ -62,8 +68,10 @@ def _coerce(key: str, raw: Any) -> Any:
     hint = _TYPES[key]
     args = typing.get_args(hint)
     optional = isinstance(hint, types.UnionType) and type(None) in args
+    if (isinstance(raw, str) and not raw.strip()) or (raw is None and not optional):
+        raise ValueError(EMPTY)
     if optional:
-        if raw is None or (isinstance(raw, str) and raw.lower() in {"none", "null", ""}):
+        if raw is None or (isinstance(raw, str) and raw.lower() in {"none", "null"}):
             # The word, not YAML's null (a saved config's `val_shards: null` is unset).
             word = isinstance(raw, str) and raw.lower() == NO_VALIDATION
             if word and FIELDS[key].metadata["none_is_a_value"]:
@@ -216,7 +224,7 @@ def parse_config(argv: list[str]) -> Config:
     cli = _split_argv(argv, problems)
     merged: dict[str, Any] = {}
     where: dict[str, str] = {}  # a key of the config file: where it is
-    if cli.get("config"):
+    if cli.get("config", "").strip():  # an empty one: the problem of an empty value, below
         data, lines = _read_yaml(cli["config"], problems)
         for key, value in data.items():
             if key == "config":
@@ -231,13 +239,15 @@ def parse_config(argv: list[str]) -> Config:
         if key not in FIELDS:
             problems.append(_unknown(key, None if key in cli else where.get(key)))
             continue
+        # A value of the config file: the problem says where it is.
+        at = f" (in {where[key]})" if key in where and key not in cli else ""
         try:
             values[key] = _coerce(key, raw)
         except ValueError as e:
-            problems.append(f"{key}: {e}")
+            problems.append(f"{key}: {e}{at}")
             continue
         if (msg := _check_range(key, values[key])) is not None:
-            problems.append(msg)
+            problems.append(msg + at)
     # Cross-field checks run on the values that parsed (defaults elsewhere), so one message
     # carries every problem; a check involving a key that is already wrong is skipped.
     bad = {p.split(":")[0] for p in problems}

@@ -219,6 +219,12 @@ class OptimConfig:
     weight_decay: float = _opt(1e-4, "AdamW weight decay", lo=0)
     gradient_accumulation_steps: int = _opt(1, "batches per optimizer step", lo=1)
     gradient_clip_val: float = _opt(1.0, "clip gradient norm to this (0 = off)", lo=0)
+    find_unused_parameters: bool = _opt(
+        False,
+        "several processes: let DDP find parameters that get no gradient in a step (e.g. "
+        "CompressAI's entropy bottleneck, trained by its own aux loss); slower per step, so off "
+        "unless the model check asks for it",
+    )
 
 
 @dataclass(frozen=True)

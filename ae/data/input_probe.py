@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ae.config import DataConfig
-from ae.data.decoding.decode import SampleDecoder, SampleError
+from ae.data.decoding.decode import SampleDecoder, SampleError, several_inputs
 from ae.data.shards.errors import DataError
 from ae.data.shards.tar_samples import iter_samples
 from ae.log_lines import INPUT_FIELD, main_log
@@ -62,6 +62,8 @@ def probe_decoder(
         try:
             for sample in iter_samples(url):
                 tried += 1
+                if decoder is None and not cfg.input_key and (why := several_inputs(sample)):
+                    raise DataError(why)  # the input is the user's choice, never tar order's
                 try:
                     if decoder is None:
                         return SampleDecoder.probe(sample, cfg)

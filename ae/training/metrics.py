@@ -11,7 +11,8 @@ checkpoint names and `global_step` say). Lightning hands its loggers that number
 the metrics that `self.log` collects (it counts the step only after handing them over), so
 `StepsDone` logs a `step` metric, which Lightning's logger connector takes in place of its own
 count (its documented use), with every batch of metrics: train, epoch and validation, of the
-built-in models and of a LightningModule of the user's alike.
+built-in models and of a LightningModule of the user's alike. The LR is logged by
+`LearningRates` at the same steps (Lightning's monitor logs it one step earlier).
 
 Resume: each checkpoint records the loggers' run ids (LOGGER_RUNS); a run resumed from it
 continues those runs (the same TensorBoard folder, W&B run id, MLflow run id), its steps going on
@@ -32,7 +33,6 @@ from typing import Any
 
 import lightning as L
 import numpy as np
-from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import (
     CSVLogger,
     Logger,
@@ -211,10 +211,67 @@ class StepsDone(L.Callback):
         pl_module.log("step", float(trainer.global_step))
 
 
+def lr_names(optimizers: list[Any]) -> list[list[str]]:
+    """The series of each optimizer's parameter groups, as Lightning's LearningRateMonitor names
+    them: `lr-AdamW/encoder` (a group's `name`, else `pg<N>`), `lr-AdamW` for a lone unnamed
+    group, `lr-AdamW-<i>` for the i-th of several optimizers of one class."""
+    kinds = [type(opt).__name__ for opt in optimizers]
+    out = []
+    for i, opt in enumerate(optimizers):
+        base = f"lr-{kinds[i]}" + (f"-{i}" if kinds.count(kinds[i]) > 1 else "")
+        groups = opt.param_groups
+        if len(groups) == 1 and "name" not in groups[0]:
+            out.append([base])
+        else:
+            out.append([f"{base}/{g.get('name', f'pg{j + 1}')}" for j, g in enumerate(groups)])
+    return out
+
+
+class LearningRates(L.Callback):
+    """Logs each parameter group's LR at the step numbering of the losses: the LR a step used,
+    at the number of optimizer steps done after it (`lr-AdamW/encoder` at 10 is the LR of the
+    10th step, as `train/loss` at 10 is its loss). Lightning's LearningRateMonitor logs it at
+    the steps done *before* the step (9, 19, 29 beside losses at 10, 20, 30). Placed after
+    `StepBoundary`, as `StepsDone`: a stop decided there logs this batch too."""
+
+    def __init__(self) -> None:
+        self.names: list[list[str]] | None = None
+        self.lrs: dict[str, float] = {}  # the LRs of the batch in progress, read before its step
+        self.seen_step = -1  # global_step after the previous batch
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.seen_step = trainer.global_step
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
+    ) -> None:
+        if not trainer.loggers:
+            return
+        optimizers = trainer.optimizers
+        if self.names is None:
+            self.names = lr_names(optimizers)
+        self.lrs = {
+            name: float(group["lr"])
+            for opt, names in zip(optimizers, self.names, strict=True)
+            for name, group in zip(names, opt.param_groups, strict=True)
+        }
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        step = trainer.global_step
+        stepped, self.seen_step = step != self.seen_step, step  # else accumulating gradients
+        # The cadence of `StepsDone` (the losses').
+        due = step % trainer.log_every_n_steps == 0 or trainer.should_stop
+        if stepped and due and self.lrs and trainer.is_global_zero:
+            for lg in trainer.loggers:
+                lg.log_metrics(self.lrs, step=step)
+
+
 def metric_callbacks(run_dir: RunDir) -> list[L.Callback]:
     """After `StepBoundary` in the trainer's callbacks (`StepsDone` reads its stop decision)."""
     return [
-        LearningRateMonitor(logging_interval="step"),
+        LearningRates(),
         LoggerRuns(),
         StepsDone(),
         LossCurve(run_dir),

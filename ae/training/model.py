@@ -4,15 +4,16 @@ an optional VAE bottleneck (`--kl_weight`), validation quality metrics, AdamW wi
 `build_model` is the one entry point: it resolves `--model` (`auto` picks `mlp` for vectors and
 `conv` for images), builds the network, checks on a real batch that `encode` and `decode` return
 tensors, that `decode(encode(x))` has the shape of `x` and that the loss and validation metrics
-compute on it (a mistake is a `ModelError` before training starts, not a traceback mid-step or
-in the first validation), and returns the `AutoEncoder`, or the user's own LightningModule.
+compute on it, that a user network's loss terms do not take the names of ae's own series, and,
+for several processes, that every parameter gets a gradient (or --find_unused_parameters is on);
+a mistake is a `ModelError` before training starts, not a traceback mid-step or in the first
+validation (the rules: `ae.training.model_check`). It returns the `AutoEncoder`, or the user's
+own LightningModule.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import asdict
 
 import lightning as L
@@ -27,6 +28,14 @@ from ae.forensics.faults import fault_point
 from ae.log_lines import main_log
 from ae.training.checkpoint_load import spec_record
 from ae.training.lr import Schedule, scale_lr, schedule_line, steps_to_end
+from ae.training.model_check import (
+    first_line,
+    not_a_tensor,
+    term_names_problem,
+    unused_parameters,
+    unused_problem,
+    user_loss,
+)
 from ae.training.models import ModelError, user
 from ae.training.models.conv import conv_autoencoder
 from ae.training.models.mlp import mlp_autoencoder
@@ -138,8 +147,8 @@ class AutoEncoder(L.LightningModule):
     def _step(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
         """(loss, reconstruction or None, {name: extra loss term}) of one batch."""
         if self.net is not None and callable(getattr(self.net, "loss", None)):
-            loss, logs = self.net.loss(x)
-            return loss, None, dict(logs or {})
+            loss, logs = user_loss(self.net.loss(x))
+            return loss, None, logs
         if self.net is not None or self.kl_weight == 0:
             recon = self(x)
             return self.recon_loss(recon, x), recon, {}
@@ -283,25 +292,6 @@ def has_codec(module: nn.Module) -> bool:
     return all(callable(getattr(module, m, None)) for m in ("encode", "decode"))
 
 
-def _first_line(e: Exception) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-
-
-def _not_a_tensor(method: str, value: object) -> str:
-    """`decode returned DecoderOutput; return its .sample`: what a model returned instead of a
-    tensor, and where the tensor in it is (a dataclass field, a mapping key, a tuple item)."""
-    where = None
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = [f.name for f in dataclasses.fields(value)]
-        where = next((f".{n}" for n in fields if torch.is_tensor(getattr(value, n))), None)
-    elif isinstance(value, Mapping):
-        where = next((f"[{k!r}]" for k, v in value.items() if torch.is_tensor(v)), None)
-    elif isinstance(value, tuple | list):
-        where = next((f"[{i}]" for i, v in enumerate(value) if torch.is_tensor(v)), None)
-    fix = f"return its {where}" if where else "return a torch.Tensor"
-    return f"model: {method} returned {type(value).__name__}; {fix}"
-
-
 def latent_shape(
     module: nn.Module, spec: InputSpec, batch: torch.Tensor | None = None
 ) -> tuple[int, ...] | None:
@@ -323,23 +313,27 @@ def latent_shape(
             except Exception as e:  # a user network may fail in any way on our batch
                 raise ModelError(
                     f"model: decode(encode(x)) fails on a batch of shape {tuple(x.shape)}: "
-                    f"{_first_line(e)}"
+                    f"{first_line(e)}"
                 ) from e
             if not torch.is_tensor(z):
-                raise ModelError(_not_a_tensor("encode", z))
+                raise ModelError(not_a_tensor("encode", z))
             if not torch.is_tensor(out):
-                raise ModelError(_not_a_tensor("decode", out))
+                raise ModelError(not_a_tensor("decode", out))
             if out.shape != x.shape:
                 got = tuple(out.shape)
                 raise ModelError(f"model: decode(encode(x)) gives {got} for x of {tuple(x.shape)}")
             if batch is not None and isinstance(module, AutoEncoder):
                 try:
-                    module.evaluate(x, QualityMetrics(spec).to(x.device))
+                    _, terms = module.evaluate(x, QualityMetrics(spec).to(x.device))
+                except ModelError:  # what its loss() returned: said already
+                    raise
                 except Exception as e:
                     raise ModelError(
                         f"model: its loss or validation metrics fail on a batch of "
-                        f"{tuple(x.shape)}: {_first_line(e)}"
+                        f"{tuple(x.shape)}: {first_line(e)}"
                     ) from e
+                if problem := term_names_problem(list(terms), spec.kind):
+                    raise ModelError(problem)
     finally:
         module.train(was_training)
     return tuple(z.shape[1:])
@@ -366,7 +360,14 @@ def build_model(
             module = obj
         else:
             module = AutoEncoder(spec, model, optim, world_size, net=obj)
-    return module, latent_shape(module, spec, batch)  # checked before any worker starts
+    latent = latent_shape(module, spec, batch)  # checked before any worker starts
+    ddp = world_size > 1 and not optim.find_unused_parameters
+    if ddp and batch is not None and isinstance(module, AutoEncoder):  # our loss: known here
+        unused = unused_parameters(module, lambda x: module._step(x)[0], batch)
+        if unused:
+            total = sum(p.requires_grad for p in module.parameters())
+            raise ModelError(unused_problem(unused, total))
+    return module, latent
 
 
 def describe(module: L.LightningModule, spec: InputSpec, latent: tuple[int, ...] | None) -> str:

@@ -21,6 +21,9 @@ from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMe
 
 from ae.data.decoding.decode import InputSpec
 
+# What validation logs as `val/<name>`, by input kind (besides `val/loss`).
+METRIC_NAMES = {"image": ("mse", "psnr", "ssim"), "vector": ("mse", "rel_error", "cosine")}
+
 
 def ssim_kernel(height: int, width: int) -> int:
     """SSIM's usual 11x11 window, smaller for images under 6 px (its reflect padding must stay
@@ -62,6 +65,5 @@ class QualityMetrics(nn.Module):
 
     def log_to(self, module: L.LightningModule) -> None:
         """Log the metric objects: Lightning computes (synced) and resets them at epoch end."""
-        names = ("mse", "psnr", "ssim") if self.images else ("mse", "rel_error", "cosine")
-        for name in names:
+        for name in METRIC_NAMES["image" if self.images else "vector"]:
             module.log(f"val/{name}", getattr(self, name), on_step=False, on_epoch=True)

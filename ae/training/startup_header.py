@@ -17,6 +17,7 @@ from loguru import logger
 import ae
 from ae import atomic_files
 from ae.config import Config
+from ae.data.shards.demo import is_demo
 from ae.log_lines import EFFECTIVE_BATCH, RANK_PROCESS, RESOLVED_CONFIG, main_log
 from ae.training.lr import effective_lr_line
 from logging_cfg import LogPaths, RankContext
@@ -93,7 +94,10 @@ def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, va
             total=batch * ctx.world_size * accum,
         )
     )
-    main_log.info(f"Shards: {train} train, {val}; logs in {paths.logs_dir}")
+    # An unset --train_shards trains the demo digits (the launcher names them to the ranks):
+    # said on the console, or a forgotten spec passes unseen.
+    demo = " (the demo digits: no --train_shards given)" if is_demo(cfg.data.train_shards) else ""
+    main_log.info(f"Shards: {train} train{demo}, {val}; logs in {paths.logs_dir}")
     config_path = run.dir.config_yaml
     # A valid --config file for the next run, written whole or not at all.
     atomic_files.write(config_path, cfg.to_yaml().encode(), what="config")

@@ -102,6 +102,8 @@ def build_trainer(
             # Ranks waiting in a collective for a dead or stuck peer fail after this, rather
             # than the 30 minutes of Lightning's default.
             timeout=timedelta(seconds=cfg.obs.pg_timeout),
+            # Parameters unused in a step (the model check names them and this flag).
+            find_unused_parameters=optim.find_unused_parameters,
         )
     callbacks = build_callbacks(cfg, ctx, run_ts)
     plugins: list = [AtomicCheckpointIO()]

@@ -10,9 +10,10 @@ are all arrays; `image.jpg`, `rgb.png` and `jpg` all images; a `.gz` ending is g
   `ae.data.decoding.images` (mode conversion, resize and crop).
 
 `SampleDecoder` is fixed once per run from the first sample (`SampleDecoder.probe`): which field
-(`--input_key`, or the first decodable field of the first sample), array or image, the shape every
-sample must have, and for images the mode and size. It is a small frozen dataclass, so it is
-pickled into the dataloader workers as it is.
+(`--input_key`, or the first decodable field of the first sample; a run refuses a sample with
+several: `several_inputs`), array or image, the shape every sample must have, and for images the
+mode and size. It is a small frozen dataclass, so it is pickled into the dataloader workers as it
+is.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 from ae.config import DataConfig
 from ae.data.decoding.images import CENTER, decode_image, image_extensions, mode_for, open_image
 from ae.data.shards.errors import DataError
+from ae.data.shards.keys import merged_files
 from ae.data.shards.tar_samples import DUPLICATE
 
 ARRAY_EXTENSIONS = ("npy", "npz", "pth", "pt")
@@ -292,6 +294,23 @@ class SampleDecoder:
             else f"native size {h}x{w}, which every image must have"
         )
         return f"images, {c} channel{'s' if c > 1 else ''} ({self.mode}), {size}"
+
+
+def several_inputs(sample: dict) -> str | None:
+    """Without --input_key: the problem of a sample with more than one decodable field (which
+    one is meant cannot be told from the data: tar order put a stray array of zeros before the
+    photos once, and a run trained on the zeros); None with one or none."""
+    decodable = [f for f in sample if not f.startswith("__") and field_kind(f) is not None]
+    if len(decodable) < 2:
+        return None
+    key = sample.get("__key__", "?")
+    fix = merged_files(key, decodable) or (
+        f"name the one to train on with --input_key, e.g. --input_key={decodable[0]}"
+    )
+    return (
+        f"input_key: the samples have {len(decodable)} decodable fields "
+        f"({', '.join(decodable)}, in sample {key}); {fix}"
+    )
 
 
 def ungzipped(field: str, data: bytes) -> bytes:

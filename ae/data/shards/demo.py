@@ -39,6 +39,12 @@ def with_demo_defaults(train_spec: str | None, val_spec: str | None) -> tuple[st
     return demo_train, val_spec or demo_val
 
 
+def is_demo(spec: str | None) -> bool:
+    """Whether `spec` is the demo data's (what the launcher hands the ranks for an unset
+    --train_shards), so that the ranks can say so."""
+    return spec is not None and spec.startswith(str(cache_root() / VERSION) + os.sep)
+
+
 def demo_shard_specs() -> tuple[str, str]:
     """Build the demo shards if needed; return (train_spec, val_spec)."""
     root = cache_root() / VERSION

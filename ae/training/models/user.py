@@ -1,8 +1,8 @@
 """Your own model, `--model=package.module:ClassName` with `--model_args` as its keyword arguments.
 
 The class is either
-- an `nn.Module` with `encode(x) -> z` and `decode(z) -> x_hat` (and optionally
-  `loss(x) -> (loss, {name: tensor})`, else `--loss` on `decode(encode(x))`), which `ae` wraps in
+- an `nn.Module` with `encode(x) -> z` and `decode(z) -> x_hat` (and optionally `loss(x) ->
+  loss` or `(loss, {name: tensor})`, else `--loss` on `decode(encode(x))`), which `ae` wraps in
   its own LightningModule (optimizer, LR schedule, metrics, EMA, grids), or
 - a `LightningModule`, trained as it is: its own steps, logging and optimizers (give it
   `encode`/`decode` too for grids and `ae-encode`).

@@ -39,7 +39,9 @@ def test_too_few_samples_says_the_keys_were_cut_at_the_first_dot(tmp_path: Path)
     with pytest.raises(DataError) as err:
         dm.setup("fit")
     text = err.value.render()
-    assert text.startswith("train_shards: 1 samples cannot give each of 1 ranks one batch")
+    # The probe stops it before the planner counts: six decodable fields, explained as one cut.
+    assert text.startswith("input_key: the samples have 6 decodable fields (0000.png, ")
+    assert "--input_key=" not in text  # no field of these is the fix
     assert "sample a/b/c has 6 fields ending in .png" in text
     assert "FIRST dot of its file name" in text and "a/b/c_0000.png" in text
 

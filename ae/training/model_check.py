@@ -1,0 +1,116 @@
+"""The rules of the model check before training (`ae.training.model.latent_shape` and
+`build_model` run it on a real batch): what a user model's methods return, the names of its loss
+terms, and parameters that get no gradient. Each mistake is one `ModelError` naming the fix,
+before any dataloader worker starts, not a traceback mid-step or at the first validation."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ae.training.models import ModelError
+from ae.training.quality import METRIC_NAMES
+
+# What `ae` itself logs as `train/<name>` and `val/<name>` (besides the quality metrics): a loss
+# term of the same name would be logged twice in one step, which Lightning refuses.
+OWN_SERIES = ("loss", "loss_epoch")
+LOSS_RETURNS = "return a scalar tensor (the loss), or (loss, {name: tensor}) to log terms too"
+
+
+def first_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def not_a_tensor(method: str, value: object) -> str:
+    """`decode returned DecoderOutput; return its .sample`: what a model returned instead of a
+    tensor, and where the tensor in it is (a dataclass field, a mapping key, a tuple item)."""
+    where = None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = [f.name for f in dataclasses.fields(value)]
+        where = next((f".{n}" for n in fields if torch.is_tensor(getattr(value, n))), None)
+    elif isinstance(value, Mapping):
+        where = next((f"[{k!r}]" for k, v in value.items() if torch.is_tensor(v)), None)
+    elif isinstance(value, tuple | list):
+        where = next((f"[{i}]" for i, v in enumerate(value) if torch.is_tensor(v)), None)
+    fix = f"return its {where}" if where else "return a torch.Tensor"
+    return f"model: {method} returned {type(value).__name__}; {fix}"
+
+
+def user_loss(value: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """What a user network's `loss(x)` returned, as (loss, {name: term}): a scalar tensor alone
+    is the loss; (loss, terms) with terms a mapping or None. Anything else is a ModelError that
+    says what to return (a bare tensor once failed as `iteration over a 0-d tensor`)."""
+    if torch.is_tensor(value):
+        loss, terms = value, None
+    elif isinstance(value, tuple | list) and len(value) == 2 and torch.is_tensor(value[0]):
+        loss, terms = value
+        if terms is not None and not isinstance(terms, Mapping):
+            raise ModelError(
+                f"model: loss(x) returned (loss, {type(terms).__name__}); the second item must "
+                f"be a mapping of names to tensors, or None: {LOSS_RETURNS}"
+            )
+    else:
+        shown = type(value).__name__
+        if isinstance(value, tuple | list):
+            shown = f"a {shown} of {len(value)}: ({', '.join(type(v).__name__ for v in value)})"
+        raise ModelError(f"model: loss(x) returned {shown}; {LOSS_RETURNS}")
+    if loss.dim() != 0:
+        raise ModelError(
+            f"model: loss(x) returned a loss of shape {tuple(loss.shape)}; {LOSS_RETURNS} (e.g. "
+            "its .mean())"
+        )
+    return loss, dict(terms or {})
+
+
+def term_names_problem(names: list[str], kind: str) -> str | None:
+    """The problem of loss terms named like a series `ae` logs itself (`mse`, `psnr`, `loss`):
+    Lightning would stop the run at the first validation ("You called self.log(val/mse) twice");
+    None when every name is free."""
+    own = (*OWN_SERIES, *METRIC_NAMES[kind])
+    taken = [n for n in names if n in own]
+    if not taken:
+        return None
+    return (
+        f"model: loss(x) returns terms named {', '.join(taken)}, which ae logs itself "
+        f"(train/<name> and val/<name>: {', '.join(own)}); rename them (e.g. "
+        f"{taken[0]} -> my_{taken[0]})"
+    )
+
+
+def unused_parameters(
+    module: nn.Module, loss_of: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor
+) -> list[str]:
+    """The trainable parameters that get no gradient from `loss_of(batch)` (in eval mode: no
+    running statistic moves; no `.grad` is written). DDP needs every parameter in every step
+    unless told otherwise (--find_unused_parameters)."""
+    params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.enable_grad():
+            loss = loss_of(batch)
+            if not loss.requires_grad:
+                return [name for name, _ in params]
+            grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+    except Exception as e:  # a user network may fail in any way on our batch
+        raise ModelError(
+            f"model: the gradient of its loss fails on a batch of {tuple(batch.shape)}: "
+            f"{first_line(e)}"
+        ) from e
+    finally:
+        module.train(was_training)
+    return [name for (name, _), grad in zip(params, grads, strict=True) if grad is None]
+
+
+def unused_problem(unused: list[str], total: int) -> str:
+    shown = ", ".join(unused[:5]) + (f", ... ({len(unused)} in all)" if len(unused) > 5 else "")
+    return (
+        f"model: {len(unused)} of its {total} trainable parameters get no gradient from the "
+        f"loss on a real batch ({shown}); with several processes, DDP fails at the first step "
+        "unless it looks for them: pass --find_unused_parameters (slower per step), or use "
+        "them in the loss"
+    )

@@ -1,0 +1,142 @@
+"""The model check before training (`ae.training.model_check`): what a user network's loss may
+return, loss terms named like ae's own series, and parameters DDP would find without gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ae.config import ModelConfig, OptimConfig, parse_config
+from ae.data.decoding.decode import InputSpec
+from ae.training.model import AutoEncoder, build_model, latent_shape
+from ae.training.model_check import unused_parameters
+from ae.training.models import ModelError
+from tests.support.unused_param_autoencoder import SkipsAParameter
+
+IMAGE = InputSpec("image", (1, 8, 8))
+VECTOR = InputSpec("vector", (6,))
+
+
+class Returns(nn.Module):
+    """An identity-ish network whose loss(x) returns `make(loss)`."""
+
+    def __init__(self, make) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.make = make
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return z
+
+    def loss(self, x: torch.Tensor):
+        return self.make(nn.functional.mse_loss(self.decode(self.encode(x)), x))
+
+
+def _check(net: nn.Module, spec: InputSpec = VECTOR) -> AutoEncoder:
+    model = AutoEncoder(spec, ModelConfig(), OptimConfig(), net=net)
+    latent_shape(model, spec, torch.rand(2, *spec.shape))
+    return model
+
+
+def test_a_loss_returning_a_bare_tensor_is_the_loss() -> None:
+    """It failed as `TypeError: iteration over a 0-d tensor`; a scalar tensor is the loss."""
+    model = _check(Returns(lambda loss: loss))
+    x = torch.rand(2, 6)
+    loss, terms = model.evaluate(x, model.quality)
+    assert terms == {} and loss.dim() == 0
+    assert loss.item() == pytest.approx(nn.functional.mse_loss(model(x), x).item())
+    both = _check(Returns(lambda loss: (loss, {"recon": loss})))
+    assert set(both.evaluate(x, both.quality)[1]) == {"recon"}
+    assert _check(Returns(lambda loss: [loss, None])).evaluate(x, both.quality)[1] == {}
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda loss: {"loss": loss}, "returned dict"),
+        (lambda loss: (loss, {}, 3), r"returned a tuple of 3: \(Tensor, dict, int\)"),
+        (lambda loss: (loss, ["recon"]), r"returned \(loss, list\); the second item must be a"),
+        (
+            lambda loss: loss.expand(4),
+            r"returned a loss of shape \(4,\).*\(e\.g\. its \.mean\(\)\)",
+        ),
+        (lambda loss: loss.item(), "returned float"),
+    ],
+)
+def test_a_loss_returning_anything_else_is_one_message_saying_what_to_return(make, said) -> None:
+    with pytest.raises(ModelError, match=f"^model: loss\\(x\\) {said}") as err:
+        _check(Returns(make))
+    assert "return a scalar tensor (the loss), or (loss, {name: tensor})" in str(err.value)
+    assert err.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("spec", "names", "taken"),
+    [(IMAGE, ("mse", "rate"), "mse"), (IMAGE, ("psnr",), "psnr"), (IMAGE, ("ssim",), "ssim"),
+     (VECTOR, ("loss",), "loss"), (VECTOR, ("rel_error", "cosine"), "rel_error, cosine"),
+     (VECTOR, ("loss_epoch",), "loss_epoch")],
+)  # fmt: skip
+def test_loss_terms_named_like_aes_own_series_are_refused_before_training(
+    spec: InputSpec, names: tuple[str, ...], taken: str
+) -> None:
+    """Lightning stopped such a run at its first validation, after a whole epoch ("You called
+    self.log(val/mse, ...) twice"): the check on the real batch names them first."""
+
+    class Terms(nn.Module):
+        def encode(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+        def decode(self, z: torch.Tensor) -> torch.Tensor:
+            return z
+
+        def loss(self, x: torch.Tensor):
+            loss = (x - x).pow(2).mean()
+            return loss, dict.fromkeys(names, loss)
+
+    with pytest.raises(ModelError, match=f"^model: loss\\(x\\) returns terms named {taken}, "):
+        _check(Terms(), spec)
+    _check(Returns(lambda loss: (loss, {"psnr": loss})), VECTOR)  # not a vector metric: free
+
+
+def _skips(world_size: int, **optim: object):
+    spec = InputSpec("vector", (6,))
+    cfg = ModelConfig(model="tests.support.unused_param_autoencoder:SkipsAParameter")
+    return build_model(spec, cfg, OptimConfig(**optim), world_size, batch=torch.rand(2, 6))
+
+
+def test_parameters_without_gradient_are_named_with_the_flag_for_several_processes() -> None:
+    """DDP failed at step 1 with "parameters that were not used", naming a setting no flag
+    reached: the check names the parameter and --find_unused_parameters before training."""
+    with pytest.raises(ModelError) as err:
+        _skips(world_size=2)
+    assert str(err.value) == (
+        "model: 1 of its 5 trainable parameters get no gradient from the loss on a real batch "
+        "(net.quantiles); with several processes, DDP fails at the first step unless it looks "
+        "for them: pass --find_unused_parameters (slower per step), or use them in the loss"
+    )
+    model, _ = _skips(world_size=2, find_unused_parameters=True)  # the flag: DDP finds them
+    assert all(p.grad is None for p in model.parameters())  # the check wrote no gradient
+    assert model.training
+    _skips(world_size=1)  # one process: no DDP, nothing to find
+    assert parse_config(["--find_unused_parameters"]).optim.find_unused_parameters
+
+
+def test_the_check_moves_no_running_statistic() -> None:
+    class Normed(SkipsAParameter):
+        def __init__(self, input_shape: tuple[int, ...]) -> None:
+            super().__init__(input_shape)
+            self.norm = nn.BatchNorm1d(6)
+
+        def decode(self, z: torch.Tensor) -> torch.Tensor:
+            return self.norm(super().decode(z))
+
+    model = AutoEncoder(VECTOR, ModelConfig(), OptimConfig(), net=Normed((6,)))
+    before = model.net.norm.running_mean.clone()
+    unused = unused_parameters(
+        model, lambda x: model.evaluate(x, model.quality)[0], torch.rand(4, 6)
+    )
+    assert unused == ["net.quantiles"] and torch.equal(model.net.norm.running_mean, before)
