@@ -208,12 +208,7 @@ class AutoEncoder(L.LightningModule):
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss, logs = self.evaluate(batch, self.quality)
-        self.log(
-            "val/loss",
-            loss,
-            prog_bar=self.trainer.progress_bar_callback is not None,
-            sync_dist=True,
-        )
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         for name, value in logs.items():
             self.log(f"val/{name}", value, sync_dist=True)
         self.quality.log_to(self)
