@@ -11,10 +11,10 @@ import torch
 
 from ae.config import Config, OptimConfig
 from ae.data.decoding.decode import InputSpec
-from ae.training import checkpoint_load
-from ae.training.checkpoint_load import UntrustedCheckpoint, spec_from_record
 from ae.training.encoding import load_checkpoint, model_from_checkpoint
 from ae.training.model import AutoEncoder
+from ae.training.position import checkpoint_read
+from ae.training.position.checkpoint_read import UntrustedCheckpoint, spec_from_record
 from tests.support.crafted import crafted_checkpoint
 from tests.support.runs import ROOT
 
@@ -32,7 +32,7 @@ def test_older_checkpoints_load_and_encode_under_the_safe_loader(name: str) -> N
     path = FIXTURES / name
     # torch alone refuses the pickled spec; the loader rebuilds it by name, nothing else
     assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == [OLD_CHECKPOINTS[name]]
-    assert checkpoint_load.unsafe_globals(path) == []
+    assert checkpoint_read.unsafe_globals(path) == []
     ckpt = load_checkpoint(path)
     assert spec_from_record(ckpt["hyper_parameters"]["spec"]) == DIGITS
     model, latent = model_from_checkpoint(ckpt, DIGITS, name)
@@ -57,7 +57,7 @@ def test_a_checkpoint_that_runs_code_is_refused_and_runs_only_when_trusted(tmp_p
     )
     refusal = rf"{evil}: refused: loading this checkpoint would run code named in it \(io\.open\)"
     with pytest.raises(UntrustedCheckpoint, match=refusal) as err:
-        checkpoint_load.load(evil)
+        checkpoint_read.load(evil)
     assert err.value.exit_code == 2 and "--trust_checkpoint" in err.value.render()
     with pytest.raises(UntrustedCheckpoint, match=refusal):
         load_checkpoint(evil)  # ae-encode's loader
@@ -69,7 +69,7 @@ def test_a_checkpoint_that_runs_code_is_refused_and_runs_only_when_trusted(tmp_p
 def test_a_file_that_is_no_pickle_is_no_refusal(tmp_path: Path) -> None:
     junk = tmp_path / "junk.ckpt"
     junk.write_bytes(b"not a checkpoint")
-    assert checkpoint_load.unsafe_globals(junk) == []
+    assert checkpoint_read.unsafe_globals(junk) == []
     with pytest.raises(Exception) as err:
-        checkpoint_load.load(junk)
+        checkpoint_read.load(junk)
     assert not isinstance(err.value, UntrustedCheckpoint)
