@@ -73,3 +73,24 @@ def test_a_file_that_is_no_pickle_is_no_refusal(tmp_path: Path) -> None:
     with pytest.raises(Exception) as err:
         checkpoint_read.load(junk)
     assert not isinstance(err.value, UntrustedCheckpoint)
+
+
+def test_a_truncated_checkpoint_is_named_damaged_with_the_newest_complete_one(
+    tmp_path: Path,
+) -> None:
+    for step in (10, 20):
+        torch.save(
+            {"global_step": step, "state_dict": {"w": torch.ones(64)}},
+            tmp_path / f"step-{step:08d}.ckpt",
+        )
+    whole = tmp_path / "step-00000030.ckpt"
+    torch.save({"global_step": 30, "state_dict": {"w": torch.ones(4096)}}, whole)
+    (tmp_path / "step-00000040.ckpt").write_bytes(whole.read_bytes()[:3000])  # a cut copy
+    whole.write_bytes(whole.read_bytes()[:-100])  # truncated: the newest complete one is step 20
+    damaged = tmp_path / "step-00000040.ckpt"
+    with pytest.raises(checkpoint_read.DamagedCheckpoint) as e:
+        checkpoint_read.read(damaged)
+    assert e.value.exit_code == 2
+    assert f"{damaged}: the checkpoint file is damaged (truncated" in e.value.render()
+    assert e.value.instead == tmp_path / "step-00000020.ckpt"
+    assert checkpoint_read.read(e.value.instead)["global_step"] == 20
