@@ -51,7 +51,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     data = tmp / "data"
     write_shard(data / "train-000000.tar", id_samples(700))
     write_shard(data / "train-000001.tar", id_samples(500, start=700))
-    write_shard(data / "val-000000.tar", id_samples(16, start=5000))
+    write_shard(data / "val-000000.tar", id_samples(64, start=5000))
     keys = tmp / "keys"
     keys.mkdir()
     out, env = tmp / "run", {"AE_TEST_KEYS": str(keys)}

@@ -20,19 +20,6 @@ class EpochPosition:
     samples: int
     after_epoch_end: bool = False
 
-    @property
-    def lightning_batch(self) -> int:
-        """Lightning's batch progress in the epoch it saved: a checkpoint that ended its epoch
-        stands at the last batch of the epoch, as long as the new plan makes it (Lightning then
-        starts the next one); else ae's count."""
-        return self.length if self.after_epoch_end else self.batch
-
-    @property
-    def lightning_epoch_ended(self) -> bool:
-        """Whether Lightning's saved epoch is over: it ended when saved, or nothing of it is left
-        under the new plan (a rest smaller than one batch on every rank, dropped)."""
-        return self.after_epoch_end or self.batch >= self.length
-
 
 def resumed_position(
     *, saved_epoch: int, resume_epoch: int, batches: int, length: int, samples: int

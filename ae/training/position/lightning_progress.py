@@ -5,9 +5,7 @@ Left to itself, Lightning decides from its own counters whether a checkpoint end
 checkpoint taken after batch 37 of a 37-batch epoch, resumed where the epoch has 75 batches
 (another batch size, fewer ranks), reads to Lightning as "mid-epoch, batch 37 of 75", and trains
 38 batches of the next epoch as if they were the rest of the old one. Here the counters say what
-ae's position says: a checkpoint that ended its epoch stands at the last batch of the epoch under
-the new plan (Lightning then starts the next epoch at batch 0, its own path for such a save), and
-a mid-epoch one at ae's count of the epoch's batches.
+ae's position says.
 """
 
 from __future__ import annotations
@@ -18,18 +16,36 @@ from typing import Any
 from ae.training.position.arithmetic import EpochPosition
 
 BATCH_PROGRESS = "epoch_loop.batch_progress"
+EPOCH_PROGRESS = "epoch_progress"
 _COUNTERS = ("ready", "started", "processed", "completed")
 
 
 def reconcile_fit_loop(fit_loop: dict[str, Any], position: EpochPosition) -> dict[str, Any]:
-    """The fit loop's saved state with its batch progress where `position` puts Lightning
-    (`EpochPosition.lightning_batch`). The counters keep their distances (a save at a batch's
-    end has one batch not yet `completed`; one after validation has none), which is how
-    Lightning tells where in a batch the save was; the running totals move alike."""
-    progress = copy.deepcopy(fit_loop[BATCH_PROGRESS])
-    shift = position.lightning_batch - progress["current"]["processed"]
-    for counters in (progress["current"], progress["total"]):
-        for name in _COUNTERS:
-            counters[name] += shift
-    progress["is_last_batch"] = position.lightning_epoch_ended
-    return {**fit_loop, BATCH_PROGRESS: progress}
+    """The fit loop's saved state with its progress where `position` puts it, in the two states
+    Lightning resumes cleanly from:
+
+    - the epoch before `position.epoch` ended: every epoch counter at `position.epoch` (Lightning
+      then starts that epoch at batch 0, its epoch-start hooks called), no batch of it begun;
+    - mid-epoch: `position.epoch` started and not processed, its batch counters at ae's count
+      (a save at a batch's end has one batch not yet `completed`; one after validation has none:
+      the distance is kept, the running totals move alike).
+
+    Both are rewritten whatever the checkpoint held: Lightning's own counters after a resume
+    that it treated as mid-epoch are off by one epoch (it skips the epoch-start counts)."""
+    loop = copy.deepcopy(fit_loop)
+    epoch = position.epoch
+    batches = loop[BATCH_PROGRESS]
+    if position.after_epoch_end:
+        counts = dict.fromkeys(_COUNTERS, epoch)
+        done = batches["total"]["processed"]
+        batches["total"] = dict.fromkeys(_COUNTERS, done)
+        batches["current"] = dict.fromkeys(_COUNTERS, 0)
+    else:
+        counts = {"ready": epoch + 1, "started": epoch + 1, "processed": epoch, "completed": epoch}
+        shift = position.batch - batches["current"]["processed"]
+        for counters in (batches["current"], batches["total"]):
+            for name in _COUNTERS:
+                counters[name] += shift
+    batches["is_last_batch"] = False
+    loop[EPOCH_PROGRESS] = {"total": dict(counts), "current": dict(counts)}
+    return loop

@@ -22,7 +22,11 @@ from typing import Any
 from ae.data.stream.resume import ResumableLoader
 from ae.training.lr import steps_to_end
 from ae.training.position.arithmetic import EpochPosition, resumed_position
-from ae.training.position.lightning_progress import BATCH_PROGRESS, reconcile_fit_loop
+from ae.training.position.lightning_progress import (
+    BATCH_PROGRESS,
+    EPOCH_PROGRESS,
+    reconcile_fit_loop,
+)
 from tests.support.id_streams import make_stream
 
 SEQUENCES = 400
@@ -30,21 +34,29 @@ COUNTS = [23, 17, 31, 9]  # four small shards: 80 samples
 N = sum(COUNTS)
 
 
-def saved_fit_loop(batch: int) -> dict[str, Any]:
+def saved_fit_loop(epoch: int, batch: int) -> dict[str, Any]:
     """Lightning's fit loop state as saved at the end of training batch `batch` (1-based count)
-    of an epoch: the batch processed, not yet completed."""
+    of epoch `epoch`: the epoch started, the batch processed and not yet completed."""
     current = {"ready": batch, "started": batch, "processed": batch, "completed": batch - 1}
-    return {BATCH_PROGRESS: {"current": current, "total": dict(current), "is_last_batch": False}}
+    epochs = {"ready": epoch + 1, "started": epoch + 1, "processed": epoch, "completed": epoch}
+    return {
+        BATCH_PROGRESS: {"current": current, "total": dict(current), "is_last_batch": False},
+        EPOCH_PROGRESS: {"current": epochs, "total": dict(epochs)},
+    }
 
 
-def lightning_resumes(fit_loop: dict[str, Any], saved_epoch: int, length: int) -> tuple[int, int]:
-    """(epoch, batch) where Lightning goes on from a fit loop saved at a batch's end, its epoch
-    now `length` batches long: the restarted batch counts as completed, and an epoch whose
-    completed batches reach its length is over (the next starts at batch 0)."""
+def lightning_resumes(fit_loop: dict[str, Any], length: int) -> tuple[int, int]:
+    """(epoch, batch) where Lightning goes on from a fit loop state, its epoch now `length`
+    batches long: an epoch whose counters are all equal has ended (the next starts at batch 0);
+    else the restarted batch counts as completed, and an epoch whose completed batches reach its
+    length is over."""
+    epochs = fit_loop[EPOCH_PROGRESS]["current"]
     current = fit_loop[BATCH_PROGRESS]["current"]
+    if epochs["processed"] == epochs["ready"]:
+        return epochs["processed"], 0
     if current["completed"] + 1 >= length:
-        return saved_epoch + 1, 0
-    return saved_epoch, current["processed"]
+        return epochs["processed"] + 1, 0
+    return epochs["processed"], current["processed"]
 
 
 @dataclass
@@ -76,8 +88,8 @@ class Run:
                 batches=resume.offset + resume.skip, length=length,
                 samples=resume.trained_samples(ranks, batch),
             )  # fmt: skip
-            fit = reconcile_fit_loop(saved_fit_loop(self.saved_batch), at)
-            epoch, k = lightning_resumes(fit, self.saved_epoch, length)
+            fit = reconcile_fit_loop(saved_fit_loop(self.saved_epoch, self.saved_batch), at)
+            epoch, k = lightning_resumes(fit, length)
             if resume.base is not None:  # a re-split rest: it holds the old plan's drop
                 self.dropped[resume.epoch] = stream.plan().dropped
             elif resume.dropped:  # a rest too small for one batch of the new plan: left out
@@ -164,14 +176,28 @@ def test_random_sequences_train_each_epoch_once_and_end_at_the_announced_step() 
 
 
 def test_an_end_of_epoch_checkpoint_on_longer_epochs_starts_the_next_epoch() -> None:
-    """The issue's first case in small: saved after batch 37 of 37, resumed where an epoch has 75
-    batches: Lightning must start the next epoch, not batch 37 of 75."""
+    """The issue's first case in small: saved after batch 37 of 37 in epoch 1, resumed where an
+    epoch has 75 batches: Lightning must start epoch 2, not go on at batch 37 of 75."""
     at = resumed_position(saved_epoch=1, resume_epoch=2, batches=0, length=75, samples=0)
-    fit = reconcile_fit_loop(saved_fit_loop(37), at)
-    assert lightning_resumes(fit, 1, 75) == (2, 0)
-    assert lightning_resumes(saved_fit_loop(37), 1, 75) == (1, 37)  # what Lightning did alone
+    fit = reconcile_fit_loop(saved_fit_loop(1, 37), at)
+    assert lightning_resumes(fit, 75) == (2, 0)
+    assert fit[EPOCH_PROGRESS]["current"] == dict.fromkeys(
+        ("ready", "started", "processed", "completed"), 2
+    )
+    assert lightning_resumes(saved_fit_loop(1, 37), 75) == (1, 37)  # what Lightning did alone
     # mid-epoch: ae's count stands; the counters keep their distance
     mid = resumed_position(saved_epoch=1, resume_epoch=1, batches=20, length=75, samples=320)
-    progress = reconcile_fit_loop(saved_fit_loop(37), mid)[BATCH_PROGRESS]["current"]
-    assert progress == {"ready": 20, "started": 20, "processed": 20, "completed": 19}
-    assert lightning_resumes(reconcile_fit_loop(saved_fit_loop(37), mid), 1, 75) == (1, 20)
+    fit = reconcile_fit_loop(saved_fit_loop(1, 37), mid)
+    assert fit[BATCH_PROGRESS]["current"] == {
+        "ready": 20, "started": 20, "processed": 20, "completed": 19,
+    }  # fmt: skip
+    assert lightning_resumes(fit, 75) == (1, 20)
+    # a checkpoint of a run whose resumed epoch Lightning counted as mid-epoch (all its epoch
+    # counters equal): rewritten to mid-epoch, not read as ended
+    odd = saved_fit_loop(2, 10)
+    odd[EPOCH_PROGRESS]["current"] = dict.fromkeys(
+        ("ready", "started", "processed", "completed"), 2
+    )
+    mid = resumed_position(saved_epoch=2, resume_epoch=2, batches=10, length=30, samples=40)
+    assert lightning_resumes(odd, 30) == (2, 0)  # Lightning alone: the epoch from its start
+    assert lightning_resumes(reconcile_fit_loop(odd, mid), 30) == (2, 10)
