@@ -131,9 +131,21 @@ EFFECTIVE_BATCH = LineFormat(
     "samples per optimizer step",
     {"batch": "int", "world": "int", "accum": "int", "total": "int"},
 )
+# `batch` of the epoch's `batches` (Lightning's count: those before the resume included) and
+# `samples` of the epoch already trained, all ranks together (`ae.training.position`).
 RESUMED = LineFormat(
-    "Resumed from {path} at step {step} (epoch {epoch}, LR {lr})",
-    {"path": "text", "step": "int", "epoch": "int", "lr": "float"},
+    "Resumed from {path} at step {step} (epoch {epoch}, LR {lr}): batch {batch} of {batches} of "
+    "the epoch, {samples} of its samples already trained",
+    {"path": "text", "step": "int", "epoch": "int", "lr": "float", "batch": "int",
+     "batches": "int", "samples": "int"},
+)  # fmt: skip
+# Per rank, debug log: what this rank trained of an epoch in this run (attempt), written when the
+# epoch ends or training stops in it; `upto` of the epoch's `length` batches (Lightning's count).
+# `ae-diagnose --json` sums them per attempt (`samples_per_epoch`).
+EPOCH_TRAINED = LineFormat(
+    "Trained in epoch {epoch}: {samples} samples in {batches} batches on this rank, up to batch "
+    "{upto} of {length}",
+    {"epoch": "int", "samples": "int", "batches": "int", "upto": "int", "length": "int"},
 )
 
 # A job that restarts after a failure (`--max_restarts`, ae.job.restarts): the launcher's console

@@ -183,9 +183,9 @@ def comparison_grid(val_spec: str, work: Path, models: dict[str, list[str]]) -> 
     from ae.data.decoding.decode import SampleDecoder
     from ae.data.shards.spec import expand_shards
     from ae.data.shards.tar_samples import iter_samples
-    from ae.training.checkpoint_load import spec_from_record
     from ae.training.encoding import load_checkpoint, model_from_checkpoint
     from ae.training.plots import to_image
+    from ae.training.position.checkpoint_read import spec_from_record
 
     samples = [s for url in expand_shards(val_spec) for s in iter_samples(url)]
     picks = [samples[i] for i in range(0, len(samples), len(samples) // 8)][:8]

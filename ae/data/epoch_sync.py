@@ -1,6 +1,6 @@
 """The callback that keeps the data module's epoch and position in step with the trainer's: the
-shuffle and plan of each epoch, the batches trained in it (what a checkpoint records), and the
-train position of checkpoints written before the data module kept it."""
+shuffle and plan of each epoch and the batches trained in it (what a checkpoint records). What a
+resume tells Lightning is `ae.training.position`'s."""
 
 from __future__ import annotations
 
@@ -24,23 +24,6 @@ class EpochSync(L.Callback):
             dm.set_epoch(trainer.current_epoch)
             dm.trained_batches = 0
             logger.debug(f"Data epoch set to {trainer.current_epoch}")
-
-    def on_load_checkpoint(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        """A checkpoint from before the data module kept the train position has it where
-        Lightning kept the loader's (its fit loop's state): resumed from there alike, with the
-        same settings (called after the data module's own restore, before the loader is built)."""
-        dm = trainer.datamodule
-        if not isinstance(dm, ShardDataModule) or type(dm).__qualname__ in checkpoint:
-            return
-        fit = checkpoint.get("loops", {}).get("fit_loop", {})
-        loaders = fit.get("state_dict", {}).get("combined_loader") or [{}]
-        progress = fit.get("epoch_loop.batch_progress", {}).get("current", {})
-        if "epoch" in loaders[0] and "processed" in progress:
-            dm.load_state_dict(
-                {"train": {"epoch": loaders[0]["epoch"], "batches": progress["processed"]}}
-            )
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int

@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
+from ae.diagnose.epoch_coverage import samples_per_epoch
 from ae.diagnose.log_files import RunFiles, list_runs
 from ae.diagnose.report import diagnose, verdict_lines
 from ae.log_lines import RECORD_PATTERN, RESTART
@@ -34,7 +35,8 @@ def attempts(
     files: RunFiles, doc: dict[str, Any], judge: Callable[[RunFiles], dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """The attempts of the job that run `files` (diagnosed as `doc`) belongs to, oldest first:
-    `{attempt, run, status, verdict, restart}` (`restart`: the RESTART line that started it).
+    `{attempt, run, status, verdict, restart, samples_per_epoch}` (`restart`: the RESTART line
+    that started it; `samples_per_epoch`: what its ranks trained of each epoch, all together).
     `judge` diagnoses another attempt's run."""
     runs = list_runs(files.logs_dir)
     lines = {ts: line for ts, run in runs.items() if (line := restart_line(run))}
@@ -49,7 +51,8 @@ def attempts(
     for i, ts in enumerate(chain):
         d = doc if ts == files.ts else judge(runs[ts])
         out.append({"attempt": i, "run": ts, "status": d["status"], "verdict": verdict(d),
-                    "restart": lines.get(ts)})  # fmt: skip
+                    "restart": lines.get(ts),
+                    "samples_per_epoch": samples_per_epoch(runs.get(ts, files))})  # fmt: skip
     return out
 
 

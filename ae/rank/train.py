@@ -30,11 +30,10 @@ from ae.job.restarts import RESTART_ENV
 from ae.log_lines import RESOURCE_TIGHT, main_log
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
-from ae.training.checkpoint_files import resolve_resume
-from ae.training.metrics import resumed_logger_runs, start_loggers
+from ae.training.metrics import start_loggers
 from ae.training.model import build_model, describe
+from ae.training.position.resume_source import open_resume
 from ae.training.preemption import preempted_at
-from ae.training.resume_check import check_resume
 from ae.training.startup_header import log_model_summary, log_rank_header, log_run_setup
 from ae.training.trainer import build_trainer
 from logging_cfg import RankContext
@@ -82,16 +81,20 @@ def fit(cfg: Config, ctx: RankContext) -> str:
         log_model_summary(model)
     preflight(cfg, ctx, batch_bytes=cfg.data.batch_size * math.prod(datamodule.spec.shape) * 4,
               model=model)  # fmt: skip
-    ckpt = resolve_resume(cfg.checkpoints.resume_from_checkpoint, run_dir.checkpoints)
-    # weights_only: the safe loader (ae.training.checkpoint_load), unless the file is trusted.
+    # weights_only: the safe loader (ae.training.position.checkpoint_read), unless trusted.
     trust = cfg.checkpoints.trust_checkpoint
-    if ckpt is not None:  # before Lightning loads it: another model is one message, exit 2
-        check_resume(ckpt, cfg.to_dict(), model, trust=trust)
+    # Before Lightning loads it: a damaged file or another model is one message, exit 2.
+    source = open_resume(
+        cfg.checkpoints.resume_from_checkpoint, run_dir.checkpoints, cfg.to_dict(), model,
+        trust=trust,
+    )  # fmt: skip
     # Rank 0 alone writes metrics: it continues the logger runs of the checkpoint it resumes.
-    runs = resumed_logger_runs(ckpt, trust=trust) if ctx.rank == 0 else {}
+    runs = source.logger_runs() if source is not None and ctx.rank == 0 else {}
     trainer = build_trainer(cfg, ctx, run_ts, runs)
     if ctx.rank == 0:
         start_loggers(trainer.loggers)  # one that cannot start stops the run now, exit 2
+    ckpt = source.path if source is not None else None
+    del source  # Lightning reads the file again (its own restore); free this copy first
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=not trust)
     if (step := preempted_at(trainer)) is not None:
         return f"preempted at step {step}; resume with --resume_from_checkpoint=last"

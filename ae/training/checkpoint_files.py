@@ -5,7 +5,8 @@ Layout of `<output_dir>/checkpoints/`:
   `--checkpointing_period` steps, at the end of training and on preemption; only the newest
   `--checkpoints_total_limit` are kept.
 - `last.ckpt`: the newest step checkpoint (a hard link to it, so pruning the step file leaves it
-  intact; a copy where the filesystem has no links). `--resume_from_checkpoint=last` reads it.
+  intact; a copy where the filesystem has no links). `--resume_from_checkpoint=last` reads it
+  (`ae.training.position.resume_source`).
 - `best.ckpt`: the lowest validation loss so far (`--save_best`).
 
 Every file appears whole or not at all, fsynced with its folder (`ae.atomic_files`): a kill
@@ -74,17 +75,3 @@ class CheckpointStore:
                 old.unlink(missing_ok=True)
                 removed.append(old)
         return removed
-
-
-def resolve_resume(value: str | None, checkpoints_dir: Path) -> Path | None:
-    """`--resume_from_checkpoint`: a path, or `last`. `last` with no checkpoint yet (the first
-    run of a job that is requeued with the same command) starts from scratch."""
-    if value is None:
-        return None
-    if value != "last":
-        return Path(value)
-    last = Path(checkpoints_dir) / LAST
-    if last.is_file():
-        return last
-    logger.warning(f"--resume_from_checkpoint=last: no {last} yet; starting from scratch")
-    return None

@@ -36,9 +36,10 @@ from ae.forensics.faults import fault_point
 from ae.forensics.progress import in_phase, progress
 from ae.log_lines import CHECKPOINT_END, CHECKPOINT_START, RESUMED, main_log
 from ae.run_paths import RunDir
-from ae.training import checkpoint_load
 from ae.training.checkpoint_files import CheckpointStore
 from ae.training.model import AutoEncoder
+from ae.training.position import checkpoint_read
+from ae.training.position.sync import PositionSync
 
 # Keys whose change between a checkpoint and the resumed run is expected, not news.
 _UNREMARKABLE = {"config", "print_config", "resume_from_checkpoint", "overwrite"}
@@ -46,8 +47,8 @@ _UNREMARKABLE = {"config", "print_config", "resume_from_checkpoint", "overwrite"
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's torch.save writer, but through a tmp file + fsync + rename; and ae's safe
-    reader (`ae.training.checkpoint_load`): `weights_only=False` (`--trust_checkpoint`) is the
-    only way to run code from the file."""
+    reader (`ae.training.position.checkpoint_read`): `weights_only=False` (`--trust_checkpoint`)
+    is the only way to run code from the file."""
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -66,7 +67,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(
         self, path: Any, map_location: Any = "cpu", weights_only: bool | None = None
     ) -> dict[str, Any]:
-        return checkpoint_load.load(path, trust=weights_only is False, map_location=map_location)
+        return checkpoint_read.read(path, trust=weights_only is False, map_location=map_location)
 
 
 def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -148,12 +149,17 @@ class Checkpointing(L.Callback):
                 + ("; " + "; ".join(actions) if actions else "")
             )
         if trainer.is_global_zero:
+            sync = next((c for c in trainer.callbacks if isinstance(c, PositionSync)), None)
+            at = sync.resumed if sync is not None else None
             main_log.info(
                 RESUMED.format(
                     path=trainer.ckpt_path,
                     step=trainer.global_step,
                     epoch=trainer.current_epoch,
                     lr=f"{current_lr(trainer):.8g}",
+                    batch=at.batch if at else 0,
+                    batches=at.length if at else trainer.num_training_batches,
+                    samples=at.samples if at else 0,
                 )
             )
 

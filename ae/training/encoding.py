@@ -26,9 +26,9 @@ from ae.errors import UserError
 from ae.forensics.faults import fault_point
 from ae.forensics.progress import progress
 from ae.log_lines import ENCODED_SHARD
-from ae.training import checkpoint_load
-from ae.training.checkpoint_load import UntrustedCheckpoint
 from ae.training.model import build_model
+from ae.training.position import checkpoint_read
+from ae.training.position.checkpoint_read import DamagedCheckpoint, UntrustedCheckpoint
 
 
 class EncodeError(UserError):
@@ -36,11 +36,11 @@ class EncodeError(UserError):
 
 
 def load_checkpoint(path: Path, trust: bool = False) -> dict[str, Any]:
-    """The checkpoint, read by the safe loader (`ae.training.checkpoint_load`; `trust`: the old
-    way, `--trust_checkpoint`)."""
+    """The checkpoint, read by the safe reader (`ae.training.position.checkpoint_read`; `trust`:
+    the old way, `--trust_checkpoint`)."""
     try:
-        ckpt = checkpoint_load.load(path, trust=trust)
-    except UntrustedCheckpoint:
+        ckpt = checkpoint_read.read(path, trust=trust)
+    except (UntrustedCheckpoint, DamagedCheckpoint):
         raise
     except Exception as e:  # a user file can be broken in many ways
         raise EncodeError(f"{path}: not a readable checkpoint: {type(e).__name__}: {e}") from e
@@ -54,7 +54,7 @@ def model_from_checkpoint(
 ) -> tuple[L.LightningModule, tuple[int, ...]]:
     """The checkpoint's model in eval mode, and one sample's latent shape. `spec`: that of the
     shards to encode, which must be what the model was trained on."""
-    trained_on = checkpoint_load.spec_from_record(ckpt.get("hyper_parameters", {}).get("spec"))
+    trained_on = checkpoint_read.spec_from_record(ckpt.get("hyper_parameters", {}).get("spec"))
     if trained_on is not None and trained_on != spec:
         raise EncodeError(
             f"SPEC: samples have shape {spec.shape}, but {name} was trained on {trained_on.shape}"

@@ -46,7 +46,6 @@ from PIL import Image
 from ae.config import ConfigError, ObservabilityConfig, logger_names
 from ae.log_lines import main_log
 from ae.run_paths import RunDir
-from ae.training.checkpoint_load import load
 from ae.training.plots import loss_plot
 
 SERIES = {"train/loss": "train loss", "val/loss": "val loss"}
@@ -154,16 +153,6 @@ def logger_runs(loggers: list[Logger]) -> dict[str, str]:
         elif name in ("tensorboard", "wandb") and lg.version is not None:
             out[name] = str(lg.version)
     return out
-
-
-def resumed_logger_runs(ckpt: str | None, *, trust: bool = False) -> dict[str, str]:
-    """The logger runs recorded in the checkpoint a run resumes from ({} without one), read by
-    the one checkpoint loader (safe unless `trust`)."""
-    if ckpt is None:
-        return {}
-    state = load(ckpt, trust=trust)
-    runs = state.get(LOGGER_RUNS) if isinstance(state, dict) else None
-    return dict(runs) if isinstance(runs, dict) else {}
 
 
 class LoggerRuns(L.Callback):

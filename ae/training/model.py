@@ -26,7 +26,6 @@ from ae.data.datamodule import ShardDataModule
 from ae.data.decoding.decode import InputSpec
 from ae.forensics.faults import fault_point
 from ae.log_lines import main_log
-from ae.training.checkpoint_load import spec_record
 from ae.training.lr import Schedule, scale_lr, schedule_line, steps_to_end
 from ae.training.model_check import (
     first_line,
@@ -40,6 +39,7 @@ from ae.training.models import ModelError, user
 from ae.training.models.conv import conv_autoencoder
 from ae.training.models.mlp import mlp_autoencoder
 from ae.training.models.resnet import resnet_autoencoder
+from ae.training.position.checkpoint_read import spec_record
 from ae.training.quality import QualityMetrics
 
 LOSSES = {"mse": F.mse_loss, "l1": F.l1_loss, "smooth_l1": F.smooth_l1_loss}

@@ -21,6 +21,7 @@ from ae.training.checkpointing import AtomicCheckpointIO, Checkpointing
 from ae.training.clock import ClockOffset
 from ae.training.ema import EMA
 from ae.training.metrics import LOG_EVERY_N_STEPS, build_loggers, metric_callbacks
+from ae.training.position.sync import PositionSync
 from ae.training.preemption import Preemption
 from ae.training.rank_series import RankSeries
 from ae.training.sampling import Sampling
@@ -62,6 +63,7 @@ def build_callbacks(cfg: Config, ctx: RankContext, run_ts: str) -> list[L.Callba
     callbacks: list[L.Callback] = [
         ClockOffset(),
         EpochSync(),
+        PositionSync(),  # on resume: Lightning's loop progress from ae's position
         BadDataBound(cfg.data.max_bad_fraction),
         DebugCallback(
             debug=obs.debug,

@@ -139,8 +139,8 @@ def test_mlp_then_encode_on_two_ranks_then_a_user_class_on_the_latents(tmp_path:
     inputs = sorted(data.glob("train-*.tar"))
     assert sorted(p.name for p in out.glob("*.tar")) == [p.name for p in inputs]
     state = torch.load(ckpt, weights_only=True)  # plain data: no allow-list needed
-    from ae.training.checkpoint_load import spec_from_record
     from ae.training.encoding import model_from_checkpoint  # torch-heavy: here, not at the top
+    from ae.training.position.checkpoint_read import spec_from_record
 
     spec = spec_from_record(state["hyper_parameters"]["spec"])
     model, latent = model_from_checkpoint(state, spec, "ckpt")

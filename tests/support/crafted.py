@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ae.training.checkpoint_load import load
+from ae.training.position.checkpoint_read import load
 
 
 class CreatesAFile:

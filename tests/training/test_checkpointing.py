@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from ae import atomic_files
-from ae.training.checkpoint_files import CheckpointStore, resolve_resume
+from ae.training.checkpoint_files import CheckpointStore
 from ae.training.checkpointing import AtomicCheckpointIO
+from ae.training.position.resume_source import resolve_resume
 from tests.support.crafted import crafted_checkpoint
 from tests.support.runs import ROOT, run_launcher
 

@@ -13,9 +13,9 @@ import torch
 from ae.config import ModelConfig, OptimConfig
 from ae.config.model_path import locate_class
 from ae.data.decoding.decode import InputSpec
-from ae.training import checkpoint_load
 from ae.training.model import AutoEncoder, build_model, describe, kl_divergence, latent_shape
 from ae.training.models import ModelError
+from ae.training.position import checkpoint_read
 from ae.training.quality import QualityMetrics, ssim_kernel
 from tests.support.runs import ROOT
 
@@ -73,7 +73,7 @@ def test_resnet_has_groupnorm_residual_blocks_and_the_widths_asked_for() -> None
 def test_the_conv_default_keeps_the_layout_of_old_checkpoints() -> None:
     """The pre-layout fixture (hidden_dim=8, latent_dim=4, 8x8 digits) loads into today's
     `--model=auto` with the same flags: same keys, same shapes."""
-    ckpt = checkpoint_load.load(ROOT / "tests/fixtures/pre_layout_step3.ckpt")  # the safe loader
+    ckpt = checkpoint_read.load(ROOT / "tests/fixtures/pre_layout_step3.ckpt")  # the safe loader
     spec = ckpt["hyper_parameters"]["spec"]
     model, _ = build(spec, hidden_dim=8, latent_dim=4)
     model.load_state_dict(ckpt["state_dict"])  # strict: raises on any difference

@@ -17,7 +17,11 @@ and hands it back on resume (`ResumableLoader.resume`), before the first batch i
   repeated). Every sample the epoch had not trained on is trained on once, none twice.
 
 Lightning counts the resumed epoch's batches on from k, so the loader's length for that epoch is
-k plus the new plan's batches; later epochs are whole again.
+k plus the new plan's batches; later epochs are whole again. What Lightning's loops are told of
+this is `ae.training.position`'s, which owns the run's position.
+
+Every position also says how many samples of its epoch were trained (`trained_samples`, all
+ranks together), which the `Resumed` line reports.
 """
 
 from __future__ import annotations
@@ -70,6 +74,13 @@ class Resume:
     base: tuple[tuple[int, int], ...] | None
     note: str  # what was done, for the `Settings changed` line ("" when nothing changed)
     order_seed: int  # the seed of the shard order that `base`'s positions refer to
+    before: int = 0  # samples of the epoch (all ranks) trained in its first `offset` batches
+    saved_epoch: int = -1  # the epoch the checkpoint was taken in (one less: it had ended)
+    dropped: int = 0  # samples of the saved epoch's rest that filled no batch (left out)
+
+    def trained_samples(self, world_size: int, batch_size: int) -> int:
+        """Samples of the epoch (all ranks) trained when it resumes."""
+        return self.before + self.skip * world_size * batch_size
 
 
 def plan_resume(stream: ShardStream, state: dict[str, Any]) -> Resume:
@@ -77,8 +88,16 @@ def plan_resume(stream: ShardStream, state: dict[str, Any]) -> Resume:
     epoch, done = int(state["epoch"]), int(state["batches"])
     old = state.get("split")  # absent in checkpoints older than this field: same settings
     now = split_settings(stream)
-    base = tuple(tuple(b) for b in state["base"]) if state.get("base") is not None else None
+    was = old or now
     offset = int(state.get("offset", 0))
+    # older checkpoints did not say: their batches were of the settings recorded
+    before = int(state.get("before", offset * was["world_size"] * was["batch_size"]))
+    trained = int(
+        state.get(
+            "trained_samples", before + (done - offset) * was["world_size"] * was["batch_size"]
+        )
+    )
+    base = tuple(tuple(b) for b in state["base"]) if state.get("base") is not None else None
     # The shard order of the epoch's sequence is the checkpoint's seed's, also under a new seed.
     order_seed = int(state.get("base_seed", old["seed"] if old else stream.seed))
     stream.epoch = epoch
@@ -86,14 +105,14 @@ def plan_resume(stream: ShardStream, state: dict[str, Any]) -> Resume:
     if length is None:  # an older checkpoint: its epochs were as long as this run's
         length = len(stream)
     if done >= length:  # saved after the epoch's last batch: the next epoch is next
-        return Resume(epoch + 1, 0, 0, None, "", stream.seed)
+        return Resume(epoch + 1, 0, 0, None, "", stream.seed, saved_epoch=epoch)
     if old is None or all(old.get(k) == now[k] for k in (*SPLIT_KEYS, "epoch_samples")):
-        return Resume(epoch, offset, done - offset, base, "", order_seed)
+        return Resume(epoch, offset, done - offset, base, "", order_seed, before, epoch)
     if state.get("counts") not in (None, counts_digest(stream.plan_counts)):
         return Resume(
             epoch, done, 0, None,
             f"the shards changed: epoch {epoch} restarts over them after batch {done}",
-            stream.seed,
+            stream.seed, trained, epoch,
         )  # fmt: skip
     if old["mode"] == "resampled":  # no sequence: a count of samples left, drawn anew
         had = old["epoch_samples"] if base is None else sum(b - a for a, b in base)
@@ -122,7 +141,7 @@ def plan_resume(stream: ShardStream, state: dict[str, Any]) -> Resume:
         f"re-split the rest of epoch {epoch} ({samples} samples not yet trained on) over "
         f"{ranks} rank{'s' * (ranks != 1)} x {workers} worker{'s' * (workers != 1)} x batch "
         f"{stream.batch_size}",
-        order_seed,
+        order_seed, trained, epoch,
     )  # fmt: skip
 
 
@@ -183,16 +202,39 @@ class ResumableLoader(PreemptibleLoader):
             "offset": resume.offset if resume else 0,
             "base": [list(b) for b in resume.base] if resume and resume.base is not None else None,
             "base_seed": resume.order_seed if resume else stream.seed,
+            "before": resume.before if resume else 0,
+            "trained_samples": (resume.before if resume else 0)
+            + (batches - (resume.offset if resume else 0)) * stream.world_size * stream.batch_size,
             "split": split_settings(stream),
             "counts": counts_digest(stream.plan_counts),
         }
 
-    def resume(self, state: dict[str, Any]) -> Resume:
-        """Continue from a checkpoint's `position` (before the first batch is drawn)."""
-        resume = plan_resume(self.dataset, state)
+    # Lightning's interface of a resumable loader: where this loader is lives in the data module's
+    # state (`position`), restored before the loader is built, so Lightning keeps nothing of it;
+    # answering the interface tells Lightning that its resumes are exact.
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to restore here: `resume` took the data module's position already."""
+
+    def _enter(self, resume: Resume) -> Resume:
         self._resume = resume
         self.dataset.epoch, self.dataset.base = resume.epoch, resume.base
         self.dataset.base_seed = resume.order_seed
+        return resume
+
+    def resume(self, state: dict[str, Any]) -> Resume:
+        """Continue from a checkpoint's `position` (before the first batch is drawn)."""
+        resume = self._enter(plan_resume(self.dataset, state))
+        if resume.base is not None and len(self) == resume.offset:
+            # the rest fills no batch of the new plan (all of it dropped): the epoch is over
+            left = sum(b - a for a, b in resume.base)
+            note = f"{resume.note}; none of it fills a batch: epoch {resume.epoch + 1} starts"
+            resume = self._enter(
+                Resume(resume.epoch + 1, 0, 0, None, note, self.dataset.seed,
+                       saved_epoch=resume.epoch, dropped=left)
+            )  # fmt: skip
         total = len(self)
         done = resume.offset + resume.skip
         logger.info(

@@ -11,10 +11,10 @@ import torch
 
 from ae.config import Config, OptimConfig
 from ae.data.decoding.decode import InputSpec
-from ae.training import checkpoint_load
-from ae.training.checkpoint_load import UntrustedCheckpoint, spec_from_record
 from ae.training.encoding import load_checkpoint, model_from_checkpoint
 from ae.training.model import AutoEncoder
+from ae.training.position import checkpoint_read
+from ae.training.position.checkpoint_read import UntrustedCheckpoint, spec_from_record
 from tests.support.crafted import crafted_checkpoint
 from tests.support.runs import ROOT
 
@@ -32,7 +32,7 @@ def test_older_checkpoints_load_and_encode_under_the_safe_loader(name: str) -> N
     path = FIXTURES / name
     # torch alone refuses the pickled spec; the loader rebuilds it by name, nothing else
     assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == [OLD_CHECKPOINTS[name]]
-    assert checkpoint_load.unsafe_globals(path) == []
+    assert checkpoint_read.unsafe_globals(path) == []
     ckpt = load_checkpoint(path)
     assert spec_from_record(ckpt["hyper_parameters"]["spec"]) == DIGITS
     model, latent = model_from_checkpoint(ckpt, DIGITS, name)
@@ -57,7 +57,7 @@ def test_a_checkpoint_that_runs_code_is_refused_and_runs_only_when_trusted(tmp_p
     )
     refusal = rf"{evil}: refused: loading this checkpoint would run code named in it \(io\.open\)"
     with pytest.raises(UntrustedCheckpoint, match=refusal) as err:
-        checkpoint_load.load(evil)
+        checkpoint_read.load(evil)
     assert err.value.exit_code == 2 and "--trust_checkpoint" in err.value.render()
     with pytest.raises(UntrustedCheckpoint, match=refusal):
         load_checkpoint(evil)  # ae-encode's loader
@@ -69,7 +69,28 @@ def test_a_checkpoint_that_runs_code_is_refused_and_runs_only_when_trusted(tmp_p
 def test_a_file_that_is_no_pickle_is_no_refusal(tmp_path: Path) -> None:
     junk = tmp_path / "junk.ckpt"
     junk.write_bytes(b"not a checkpoint")
-    assert checkpoint_load.unsafe_globals(junk) == []
+    assert checkpoint_read.unsafe_globals(junk) == []
     with pytest.raises(Exception) as err:
-        checkpoint_load.load(junk)
+        checkpoint_read.load(junk)
     assert not isinstance(err.value, UntrustedCheckpoint)
+
+
+def test_a_truncated_checkpoint_is_named_damaged_with_the_newest_complete_one(
+    tmp_path: Path,
+) -> None:
+    for step in (10, 20):
+        torch.save(
+            {"global_step": step, "state_dict": {"w": torch.ones(64)}},
+            tmp_path / f"step-{step:08d}.ckpt",
+        )
+    whole = tmp_path / "step-00000030.ckpt"
+    torch.save({"global_step": 30, "state_dict": {"w": torch.ones(4096)}}, whole)
+    (tmp_path / "step-00000040.ckpt").write_bytes(whole.read_bytes()[:3000])  # a cut copy
+    whole.write_bytes(whole.read_bytes()[:-100])  # truncated: the newest complete one is step 20
+    damaged = tmp_path / "step-00000040.ckpt"
+    with pytest.raises(checkpoint_read.DamagedCheckpoint) as e:
+        checkpoint_read.read(damaged)
+    assert e.value.exit_code == 2
+    assert f"{damaged}: the checkpoint file is damaged (truncated" in e.value.render()
+    assert e.value.instead == tmp_path / "step-00000020.ckpt"
+    assert checkpoint_read.read(e.value.instead)["global_step"] == 20

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from ae.training.resume_check import ResumeRefused, check_resume, incompatible
+from ae.training.position.model_fit import ResumeRefused, incompatible
+from ae.training.position.resume_source import open_resume
 
 
 def test_changed_shape_flags_are_listed_checkpoint_to_flag() -> None:
@@ -32,14 +33,15 @@ def test_a_vae_toggle_is_named() -> None:
     assert problems == ["kl_weight: 0.0 -> 0.0001"]
 
 
-def test_check_resume_refuses_with_one_message(tmp_path: Path) -> None:
+def test_open_resume_refuses_another_model_with_one_message(tmp_path: Path) -> None:
     path = tmp_path / "a.ckpt"
     torch.save({"ae_config": {"model": "conv"}, "state_dict": nn.Linear(4, 2).state_dict()}, path)
     with pytest.raises(ResumeRefused) as e:
-        check_resume(path, {"model": "mlp"}, nn.Linear(4, 3))
+        open_resume(str(path), tmp_path, {"model": "mlp"}, nn.Linear(4, 3))
     assert e.value.exit_code == 2
     assert "(checkpoint -> flags):\n  model: 'conv' -> 'mlp'\n" in e.value.render()
-    check_resume(path, {"model": "conv"}, nn.Linear(4, 2))  # fits: no error
+    source = open_resume(str(path), tmp_path, {"model": "conv"}, nn.Linear(4, 2))  # fits
+    assert source is not None and source.path == path
 
 
 def test_another_input_is_refused_even_where_the_weights_fit() -> None:

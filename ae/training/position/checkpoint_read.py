@@ -9,14 +9,20 @@ as torch's safe loader does with its own allow-list: no other code of the file r
 names any other global is refused with one message naming it and the file (`UntrustedCheckpoint`,
 exit 2), before any of it runs. `trust=True` (`--trust_checkpoint`) loads it the old way, which
 runs code from the file: only for files you made.
+
+A damaged file (truncated by a full disk or a copy cut short: no complete zip archive) is named
+as such by `read`, with the newest complete checkpoint beside it that loads (`DamagedCheckpoint`,
+exit 2), instead of torch's `PytorchStreamReader failed reading zip archive`.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
 import re
 import sys
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -122,3 +128,59 @@ def load(path: Path | str, *, trust: bool = False, map_location: Any = "cpu") ->
         if not names:  # not a refusal: a file that is no pickle at all
             raise
         raise UntrustedCheckpoint(path, names) from None
+
+
+class DamagedCheckpoint(UserError):
+    """A checkpoint file that is no complete archive: named, with the newest one that loads."""
+
+    def __init__(self, path: Path | str, problem: str, instead: Path | None) -> None:
+        self.path, self.instead = str(path), instead
+        hint = (
+            f"the newest complete checkpoint beside it is {instead}: resume with "
+            f"--resume_from_checkpoint={instead}"
+            if instead is not None
+            else "no complete checkpoint beside it loads"
+        )
+        super().__init__(f"{path}: the checkpoint file is damaged ({problem}); {hint}")
+
+
+def _damage(path: Path) -> str | None:
+    """What is wrong with the file as an archive (torch.save writes a zip, whose directory is at
+    its end: a truncated file has none), or None. Reads the directory only, not the tensors."""
+    try:
+        with zipfile.ZipFile(path):
+            return None
+    except zipfile.BadZipFile:
+        size = path.stat().st_size
+        return f"truncated or not a checkpoint: no complete archive in its {size} bytes"
+    except (OSError, EOFError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def newest_complete(folder: Path, damaged: Path) -> Path | None:
+    """The newest step checkpoint in `folder` (by step) that loads, other than `damaged` and any
+    link to the same file (`last.ckpt` is a hard link to the newest step checkpoint)."""
+    same = os.stat(damaged) if damaged.exists() else None
+    candidates = sorted(folder.glob("step-*.ckpt"), reverse=True)  # zero-padded: by step
+    for path in candidates:
+        if same is not None and os.path.samestat(os.stat(path), same):
+            continue
+        if _damage(path) is not None:
+            continue
+        try:
+            load(path)
+        except (UserError, RuntimeError, OSError, pickle.UnpicklingError, EOFError):
+            continue
+        return path
+    return None
+
+
+def read(path: Path | str, *, trust: bool = False, map_location: Any = "cpu") -> Any:
+    """`load`, with a damaged file named as such (`DamagedCheckpoint`) and a missing one as
+    `FileNotFoundError`: what every reader of a checkpoint calls."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint file")
+    if (problem := _damage(path)) is not None:
+        raise DamagedCheckpoint(path, problem, newest_complete(path.parent, path))
+    return load(path, trust=trust, map_location=map_location)

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from ae.errors import UserError
-from ae.training.checkpoint_load import load
 
 # Flags whose change gives the model other weights: named when the weights do not fit.
 SHAPE_KEYS = (
@@ -64,10 +63,9 @@ def incompatible(
     return changed
 
 
-def check_resume(path: Path, now: dict[str, Any], model: nn.Module, *, trust: bool = False) -> None:
-    """Raise `ResumeRefused` (exit 2, one message) if `path` cannot be resumed with `now`; the
-    file is read by the one checkpoint loader (safe unless `trust`: `UntrustedCheckpoint`)."""
-    ckpt = load(path, trust=trust)
+def check_resume(path: Path, ckpt: dict[str, Any], now: dict[str, Any], model: nn.Module) -> None:
+    """Raise `ResumeRefused` (exit 2, one message) if checkpoint `ckpt` (read from `path` by
+    `checkpoint_read`) cannot be resumed with `now`."""
     problems = incompatible(ckpt.get("ae_config", {}), now, ckpt.get("state_dict", {}), model)
     if problems:
         raise ResumeRefused(

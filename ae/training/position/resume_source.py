@@ -1,0 +1,62 @@
+"""`--resume_from_checkpoint`: which file a run resumes from, read once before training by the
+one checkpoint reader (`checkpoint_read`), and what the run takes from it before Lightning loads
+it: whether its model fits these flags (`model_fit`) and the logger runs to continue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+from torch import nn
+
+from ae.training.checkpoint_files import LAST
+from ae.training.metrics import LOGGER_RUNS
+from ae.training.position.checkpoint_read import read
+from ae.training.position.model_fit import check_resume
+
+
+def resolve_resume(value: str | None, checkpoints_dir: Path) -> Path | None:
+    """`--resume_from_checkpoint`: a path, or `last`. `last` with no checkpoint yet (the first
+    run of a job that is requeued with the same command) starts from scratch."""
+    if value is None:
+        return None
+    if value != "last":
+        return Path(value)
+    last = Path(checkpoints_dir) / LAST
+    if last.is_file():
+        return last
+    logger.warning(f"--resume_from_checkpoint=last: no {last} yet; starting from scratch")
+    return None
+
+
+@dataclass
+class ResumeSource:
+    """The checkpoint a run resumes from, as read."""
+
+    path: Path
+    checkpoint: dict[str, Any]
+
+    def logger_runs(self) -> dict[str, str]:
+        """{logger name: run id} recorded in the checkpoint, to continue."""
+        runs = self.checkpoint.get(LOGGER_RUNS)
+        return dict(runs) if isinstance(runs, dict) else {}
+
+
+def open_resume(
+    value: str | None, checkpoints_dir: Path, now: dict[str, Any], model: nn.Module, *,
+    trust: bool = False,
+) -> ResumeSource | None:  # fmt: skip
+    """The checkpoint `--resume_from_checkpoint` names, read and checked before training (None:
+    a fresh start). A damaged file (`DamagedCheckpoint`), one that would run code
+    (`UntrustedCheckpoint`) and one whose model these flags cannot build (`ResumeRefused`) are one
+    message each, exit 2."""
+    path = resolve_resume(value, checkpoints_dir)
+    if path is None:
+        return None
+    checkpoint = read(path, trust=trust)
+    if not isinstance(checkpoint, dict):
+        checkpoint = {}
+    check_resume(path, checkpoint, now, model)
+    return ResumeSource(path, checkpoint)
