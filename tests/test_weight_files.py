@@ -78,8 +78,8 @@ def test_heads_of_an_installed_lpips_are_found_without_importing_it(
 
 def test_the_names_are_the_loaders() -> None:
     """The launcher's copy of the file names (it cannot import torch) is the loader's."""
-    from ae.training import perceptual
     from ae.config import weight_files
+    from ae.training import perceptual
 
     assert (weight_files.VGG16_FILE, weight_files.HEADS_FILE, weight_files.VGG16_URL) == (
         perceptual.VGG16_FILE,

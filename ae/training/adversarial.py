@@ -30,11 +30,14 @@ watches of it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from ae.log_lines import GAN_WARNING
 
 ADAPTIVE_EPS = 1e-4  # taming's, added to ||grad_W g||
 ADAPTIVE_CLAMP = 1e4  # taming's upper bound of the ratio
@@ -108,20 +111,24 @@ class GeneratorGradient:
 
 def generator_gradient(
     recon: torch.Tensor,
-    nll: torch.Tensor,
-    discriminator: nn.Module,
+    nll: torch.Tensor | None,
+    discriminator: nn.Module | Callable[[torch.Tensor], torch.Tensor],
     last_layer: torch.Tensor,
     disc_weight: float,
+    nll_at_last: torch.Tensor | None = None,
 ) -> GeneratorGradient:
     """The generator's gradient at `recon` for nll + adaptive weight x (-mean D(recon)).
 
     `nll` must depend on the model's parameters through `recon` only (pixel and perceptual
-    terms; the KL is added by the caller, it does not pass through x_hat). Each loss graph is
-    walked once, to `recon`; the discriminator's parameters get no gradient from this (only
-    `hinge_d_loss` on a detached x_hat trains it). `last_layer`: the decoder parameter whose
-    gradients set the weight (the output conv's weight)."""
+    terms; the KL is added by the caller, it does not pass through x_hat), or be None. Each loss
+    graph is walked once, to `recon`; the discriminator's parameters get no gradient from this
+    (only `hinge_d_loss` on a detached x_hat trains it). `last_layer`: the decoder parameter
+    whose gradients set the weight (the output conv's weight). `nll_at_last`: the gradient at
+    `last_layer` of reconstruction terms that do not pass through `recon` (a user model's own
+    loss, computed on its own forward), counted in the weight's numerator."""
     elements = math.prod(recon.shape[1:])
-    g_nll = torch.autograd.grad(nll, recon)[0]  # frees the LPIPS graph: it is not needed again
+    # frees the LPIPS graph: it is not needed again
+    g_nll = torch.autograd.grad(nll, recon)[0] if nll is not None else torch.zeros_like(recon)
     g_loss = -discriminator(recon).mean()
     g_adv = torch.autograd.grad(g_loss, recon)[0]
     # Only the last layer's backward: x_hat's gradients taken to W.
@@ -129,6 +136,8 @@ def generator_gradient(
         torch.autograd.grad(recon, last_layer, grad_outputs=g, retain_graph=True)[0]
         for g in (g_nll, g_adv)
     )
+    if nll_at_last is not None:
+        w_nll = w_nll + nll_at_last
     ratio = adaptive_ratio(w_nll.norm(), w_adv.norm(), elements)
     weight = ratio * disc_weight / elements
     return GeneratorGradient(
@@ -197,7 +206,9 @@ class GanWatch:
         lines = []
         values = [stats.logits_real, stats.logits_fake, stats.d_weight, stats.g_loss]
         if not all(math.isfinite(v) for v in [*values, stats.d_loss]):
-            lines.append(f"GAN step {step}: non-finite discriminator values: {stats}")
+            lines.append(
+                GAN_WARNING.format(step=step, what=f"non-finite discriminator values: {stats}")
+            )
         held = {
             "accuracy": stats.d_accuracy >= 1.0,
             "weight": stats.d_weight >= ADAPTIVE_CLAMP * self.disc_weight,
@@ -209,7 +220,7 @@ class GanWatch:
                 lines.append(self._warning(name, step))
             elif not on and name in self.active:
                 self.active.discard(name)
-                lines.append(f"GAN step {step}: {self._what(name)} no longer")
+                lines.append(GAN_WARNING.format(step=step, what=f"{self._what(name)} no longer"))
         return lines
 
     @staticmethod
@@ -226,4 +237,5 @@ class GanWatch:
             else "the adversarial gradient at the decoder's last layer has vanished next to the "
             "reconstruction's: the adversarial term is held at its cap"
         )
-        return f"GAN step {step}: {self._what(name)} for {WATCH_POINTS} logged steps: {why}"
+        what = f"{self._what(name)} for {WATCH_POINTS} logged steps: {why}"
+        return GAN_WARNING.format(step=step, what=what)

@@ -152,10 +152,10 @@ def test_watch_accuracy_held_at_one() -> None:
     for step in range(WATCH_POINTS - 1):
         assert watch.observe(step, stats(acc=1.0)) == []
     [line] = watch.observe(99, stats(acc=1.0))
-    assert line.startswith(f"GAN step 99: discriminator accuracy 1.0 for {WATCH_POINTS}")
+    assert line.startswith(f"GAN warning step 99: discriminator accuracy 1.0 for {WATCH_POINTS}")
     assert watch.observe(100, stats(acc=1.0)) == []  # once per episode
     assert watch.observe(110, stats(acc=0.9)) == [
-        "GAN step 110: discriminator accuracy 1.0 no longer"
+        "GAN warning step 110: discriminator accuracy 1.0 no longer"
     ]
 
 
@@ -171,7 +171,7 @@ def test_watch_weight_at_the_clamp_and_non_finite() -> None:
     lines = [watch.observe(s, stats(weight=ADAPTIVE_CLAMP * 0.5)) for s in range(WATCH_POINTS)]
     assert lines[-1] and "adaptive weight at its clamp" in lines[-1][0]
     [line] = GanWatch(0.5).observe(7, stats(g=float("nan")))
-    assert line.startswith("GAN step 7: non-finite")
+    assert line.startswith("GAN warning step 7: non-finite")
 
 
 def test_stats_of_tensors() -> None:
