@@ -2,7 +2,8 @@
 loss alone, + LPIPS, + the adversarial terms (the generator's adaptive-weight term and the
 discriminator's hinge step), and the adaptive weight computed ae's way (`generator_gradient`:
 one backward per loss, to x_hat) against taming's (two autograd.grad passes through the whole
-loss graph, then the full backward).
+loss graph, then the full backward). Writes bench/results/loss_terms.json (`--quick`:
+loss_terms_quick.json).
 
 Each variant is a whole optimizer step (forward, backward, AdamW step of the autoencoder and, with
 the discriminator, of it too). The variants run round-robin, one step each per round, so that a
@@ -31,6 +32,7 @@ from ae.training.adversarial import (
 from ae.training.models.conv import conv_autoencoder
 from ae.training.models.resnet import resnet_autoencoder
 from ae.training.perceptual import LPIPS
+from bench.common import write_record
 
 
 def build(model: str) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
@@ -54,7 +56,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--quick", action="store_true", help="batch 2, 1 round: a smoke run")
     args = p.parse_args()
+    if args.quick:
+        args.batch_size, args.rounds, args.warmup = 2, 1, 0
     torch.manual_seed(0)
     dev = torch.device(args.device)
     enc, dec, last = build(args.model)
@@ -136,7 +141,16 @@ def main() -> None:
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"| {name} | {med * 1e3:.0f} | {med / base:.2f}x |")
-    print(f"| validation: forward + LPIPS metric, no grad | {statistics.median(val) * 1e3:.0f} | |")
+    val_ms = statistics.median(val) * 1e3
+    print(f"| validation: forward + LPIPS metric, no grad | {val_ms:.0f} | |")
+    rows = [
+        {"step": name, "median_ms": statistics.median(ts) * 1e3,
+         "vs_l1": statistics.median(ts) / base}
+        for name, ts in times.items()
+    ]  # fmt: skip
+    record = {"model": args.model, "batch_size": args.batch_size, "rows": rows,
+              "validation_ms": val_ms}  # fmt: skip
+    print(f"wrote {write_record('loss_terms', record, quick=args.quick)}")
 
 
 if __name__ == "__main__":

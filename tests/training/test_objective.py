@@ -65,7 +65,7 @@ class Recorder(L.Callback):
         self.d: dict[int, torch.Tensor] = {}
         self.logged: dict[int, dict[str, float]] = {}
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx) -> None:  # noqa: ANN001
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx) -> None:
         self.d[trainer.global_step] = pl_module.discriminator.main[0].weight.detach().clone()
         self.logged[trainer.global_step] = {
             k: float(v) for k, v in trainer.callback_metrics.items()
@@ -184,3 +184,15 @@ class NoDecoder(torch.nn.Module):
 def test_a_user_model_without_a_last_layer_is_told_how() -> None:
     with pytest.raises(ModelError, match=r"give your class a last_layer\(\) method"):
         AutoEncoder(SPEC, net=NoDecoder(), objective=ObjectiveConfig(disc_weight=0.5))
+
+
+def test_the_documented_recipe_file_parses() -> None:
+    from ae.config import parse_config
+    from tests.support.runs import ROOT
+
+    cfg = parse_config([f"--config={ROOT / 'docs' / 'autoencoder_kl_f8.yaml'}"])
+    assert (cfg.objective.perceptual_weight, cfg.objective.disc_weight) == (1.0, 0.5)
+    assert cfg.objective.disc_start == 50001 and cfg.model.kl_weight == pytest.approx(
+        1e-6 / 48, 0.01
+    )
+    assert cfg.optim.learning_rate == pytest.approx(4.5e-6 * 12 * 2)
