@@ -361,3 +361,21 @@ RESOURCE_FIELDS = (
     "shm_free_mb", "shm_total_mb", "disk_free_mb", "disk_total_mb", "mem_available_mb",
     "mem_total_mb", "cgroup_limit_mb", "oom_kills", "oom_kills_at_start", "open_fds", "fd_limit",
 )  # fmt: skip
+
+# The latent-diffusion recipe (ae.training.objective), every rank in its own log, on the loggers'
+# cadence once the discriminator runs: its mean logit on real and reconstructed images, its
+# accuracy over patches, the adaptive weight (taming's scale, x --disc_weight), both losses.
+GAN_STATS = LineFormat(
+    "GAN step {step}: d_real={d_real} d_fake={d_fake} d_acc={d_acc} d_weight={d_weight} "
+    "g_loss={g_loss} d_loss={d_loss}",
+    {"step": "int", "d_real": "float", "d_fake": "float", "d_acc": "float", "d_weight": "float",
+     "g_loss": "float", "d_loss": "float"},
+)  # fmt: skip
+# A WARNING of the rank's watch (ae.training.adversarial.GanWatch): discriminator accuracy 1.0 or
+# the adaptive weight at its clamp for WATCH_POINTS logged steps, a non-finite value, or the end
+# of such an episode.
+GAN_WARNING = LineFormat("GAN warning step {step}: {what}", {"step": "int", "what": "text"})
+# Each rank's latest GAN_STATS as JSON in the logs folder ({"rank", "step", and the six values
+# under GanStats' names}), rewritten on the cadence: rank 0 reads them into the loggers'
+# `gan/<name>/rank<N>` series (ae.training.rank_series), without a collective.
+GAN_STATS_FILE = LineFormat("gan_rank{rank}_{ts}.json", {"rank": "int"})

@@ -30,6 +30,7 @@ BENCHES: dict[str, tuple[str, set[str]]] = {
     ),
     "gpu_throughput": ("gpu_throughput", {"device", "batch_size", "samples", "rows"}),
     "input_pipeline": ("input_pipeline", {"batch_size", "rows", "jpg_decode_ms", "targets"}),
+    "loss_terms_bench": ("loss_terms", {"model", "batch_size", "rows", "validation_ms"}),
     "memory": ("memory", {"epochs", "by_shards"}),
     "models_bench": ("models_bench_both", {"epochs", "data", "quality", "comparison_grid"}),
     "plan_bench": ("plan_bench", {"plan", "cases", "ratios"}),

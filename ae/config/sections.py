@@ -228,6 +228,42 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
+class ObjectiveConfig:
+    """The latent-diffusion recipe on top of --loss (images): LPIPS and a PatchGAN discriminator
+    (docs/TRAINING.md; configs/autoencoder_kl_f8.yaml sets them as CompVis does)."""
+
+    perceptual_weight: float = _opt(
+        0.0,
+        "weight of LPIPS (VGG16) in the loss; the recipe's 1.0; > 0 needs the two weights "
+        "files of --perceptual_weights, and reports val/lpips",
+        lo=0,
+    )
+    perceptual_weights: str = _opt(
+        "auto",
+        "folder holding vgg16-397923af.pth (torchvision's VGG16) and vgg.pth (the LPIPS v0.1 "
+        "heads); auto: torch's cache ($TORCH_HOME/hub/checkpoints), heads also from an installed "
+        "lpips package",
+    )
+    disc_weight: float = _opt(
+        0.0,
+        "weight of the PatchGAN hinge loss, times the adaptive weight; the recipe's 0.5; "
+        "0 = no discriminator",
+        lo=0,
+    )
+    disc_start: int = _opt(
+        50001, "optimizer step at which the discriminator and its loss start (the recipe's)", lo=0
+    )
+    disc_lr: float = _opt(
+        0.0,
+        "discriminator LR before world-size scaling (Adam betas 0.5,0.9, no weight decay); "
+        "0 = --learning_rate",
+        lo=0,
+    )
+    disc_layers: int = _opt(3, "discriminator: stride-2 stages (taming's n_layers)", lo=1, hi=6)
+    disc_channels: int = _opt(64, "discriminator: channels of its first conv (taming's ndf)", lo=1)
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     """Checkpoints: how often, how many, and where to resume from."""
 
@@ -301,6 +337,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
     obs: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 

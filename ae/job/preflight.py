@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ae.atomic_files import fs_space
 from ae.config import Config
+from ae.config.weight_files import missing_problem
 from ae.errors import ResourceLimitError
 from ae.forensics.resources import SHM, cgroup_memory, fd_limit, host_memory
 
@@ -166,6 +167,15 @@ def rank_needs(
         memory_need(3 * state_bytes, worker_bytes, workers, local_ranks),
         fd_need(workers, world_size, prefetch),
     ]
+
+
+def weights_problem(cfg: Config) -> str | None:
+    """`--perceptual_weight` > 0 and a weights file missing: the message naming each file,
+    where it goes and how to fetch it (nothing is downloaded at run time); else None."""
+    if cfg.objective.perceptual_weight == 0:
+        return None
+    problem = missing_problem(cfg.objective.perceptual_weights)
+    return None if problem is None else f"perceptual_weights: {problem}"
 
 
 def judge(needs: list[Need]) -> tuple[list[str], list[str]]:

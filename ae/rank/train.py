@@ -27,11 +27,12 @@ from ae.forensics.watchdog import start_watchdog
 from ae.job.launch import LAUNCHER_ENV
 from ae.job.preflight import check, rank_needs
 from ae.job.restarts import RESTART_ENV
-from ae.log_lines import RESOURCE_TIGHT, main_log
+from ae.log_lines import GAN_STATS_FILE, RESOURCE_TIGHT, main_log
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
 from ae.training.metrics import start_loggers
-from ae.training.model import build_model, describe
+from ae.training.model import AutoEncoder, build_model, describe
+from ae.training.objective import load_perceptual
 from ae.training.position.resume_source import open_resume
 from ae.training.preemption import preempted_at
 from ae.training.startup_header import log_model_summary, log_rank_header, log_run_setup
@@ -74,8 +75,14 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     # the first samples here (the data module's constructor reads no shard).
     datamodule.probe()
     model, latent = build_model(
-        datamodule.spec, cfg.model, cfg.optim, ctx.world_size, batch=datamodule.first_samples()
-    )
+        datamodule.spec, cfg.model, cfg.optim, ctx.world_size, batch=datamodule.first_samples(),
+        objective=cfg.objective,
+    )  # fmt: skip
+    if isinstance(model, AutoEncoder):
+        # Before any dataloader worker: a missing or wrong weights file is one message, exit 2.
+        if (lpips := load_perceptual(cfg.objective)) is not None:
+            model.attach_perceptual(lpips)
+        model.recipe.stats_file = paths.logs_dir / GAN_STATS_FILE.format(rank=ctx.rank, ts=run_ts)
     if ctx.rank == 0:
         main_log.info(describe(model, datamodule.spec, latent))
         log_model_summary(model)

@@ -61,7 +61,9 @@ def model_from_checkpoint(
         )
     cfg = Config.from_flat(ckpt["ae_config"])  # keys this version lacks are ignored
     model_cfg = dataclasses.replace(cfg.model, compile=False)
-    module, latent = build_model(spec, model_cfg, cfg.optim, world_size=1)
+    # The discriminator of a GAN-trained checkpoint is built (random, cheap) so that its weights
+    # load strictly; LPIPS is never needed to encode.
+    module, latent = build_model(spec, model_cfg, cfg.optim, world_size=1, objective=cfg.objective)
     try:
         module.load_state_dict(ckpt["state_dict"])
     except RuntimeError as e:

@@ -83,3 +83,14 @@ def schedule_line(warmup_steps: int, total_steps: int, kind: str) -> str:
     if warmup_steps >= total_steps:
         text += "; warmup is as long as the run: the LR never reaches its peak"
     return text
+
+
+@dataclass
+class DiscSchedule(Schedule):
+    """The discriminator's group: 0 before `start` (`--disc_start`), then the generator's
+    schedule. A `Schedule`, so that a resume's re-planning moves its end with the others'."""
+
+    start: int = 0
+
+    def __call__(self, step: int) -> float:
+        return 0.0 if step < self.start else super().__call__(step)

@@ -21,12 +21,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ae.config import BUILTIN_MODELS, ModelConfig, OptimConfig
+from ae.config import BUILTIN_MODELS, ModelConfig, ObjectiveConfig, OptimConfig
 from ae.data.datamodule import ShardDataModule
 from ae.data.decoding.decode import InputSpec
 from ae.forensics.faults import fault_point
 from ae.log_lines import main_log
-from ae.training.lr import Schedule, scale_lr, schedule_line, steps_to_end
+from ae.training.lr import DiscSchedule, Schedule, scale_lr, schedule_line, steps_to_end
 from ae.training.model_check import (
     first_line,
     not_a_tensor,
@@ -36,61 +36,14 @@ from ae.training.model_check import (
     user_loss,
 )
 from ae.training.models import ModelError, user
-from ae.training.models.conv import conv_autoencoder
-from ae.training.models.mlp import mlp_autoencoder
-from ae.training.models.resnet import resnet_autoencoder
+from ae.training.models.builtin import builtin_networks, kl_divergence, resolve_name
+from ae.training.objective import Parts, Recipe, check_recipe, discriminator_for, last_layer_of
+from ae.training.optimizer import clip_groups, generator_groups, param_groups
+from ae.training.perceptual import LPIPS, SharedNet
 from ae.training.position.checkpoint_read import spec_record
 from ae.training.quality import QualityMetrics
 
 LOSSES = {"mse": F.mse_loss, "l1": F.l1_loss, "smooth_l1": F.smooth_l1_loss}
-
-
-def resolve_name(model: str, spec: InputSpec) -> str:
-    """`auto` -> `mlp` for vectors, `conv` for images; anything else as given."""
-    if model == "auto":
-        return "mlp" if spec.kind == "vector" else "conv"
-    return model
-
-
-def builtin_networks(spec: InputSpec, cfg: ModelConfig) -> tuple[nn.Module, nn.Module]:
-    """Encoder and decoder of a built-in model. A VAE's encoder outputs twice the latent
-    channels (mean, log-variance); the decoder takes the latent itself."""
-    name = resolve_name(cfg.model, spec)
-    factor = 2 if cfg.kl_weight > 0 else 1
-    wanted = "vector" if name == "mlp" else "image"
-    if spec.kind != wanted:
-        shape = "x".join(map(str, spec.shape))
-        raise ModelError(
-            f"model: {name} needs {wanted} samples; these are {spec.kind}s of {shape} (use "
-            f"{'mlp' if spec.kind == 'vector' else 'conv or resnet'}, or auto)"
-        )
-    if name == "mlp":
-        widths = cfg.hidden_dims or (cfg.hidden_dim, cfg.hidden_dim // 2)
-        return mlp_autoencoder(spec.shape[0], widths, cfg.latent_dim, factor * cfg.latent_dim)
-    if name == "conv":
-        return conv_autoencoder(spec.shape, cfg.hidden_dim, cfg.latent_dim, factor * cfg.latent_dim)
-    _, h, w = spec.shape
-    f = cfg.downsample
-    if h % f or w % f:
-        raise ModelError(
-            f"downsample: {h}x{w} images cannot be reduced by {f} (H and W must be multiples "
-            f"of it; resize the images, or pick a smaller --downsample)"
-        )
-    return resnet_autoencoder(
-        spec.shape,
-        downsample=f,
-        base_channels=cfg.base_channels,
-        channel_mult=cfg.channel_mult,
-        res_blocks=cfg.res_blocks,
-        latent_channels=cfg.latent_channels,
-        latent_out=factor * cfg.latent_channels,
-    )
-
-
-def kl_divergence(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
-    """KL(N(mean, var) || N(0, 1)), averaged over latent elements (as the reconstruction loss is
-    over input elements, so `--kl_weight` does not depend on the latent's size)."""
-    return 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).mean()
 
 
 class AutoEncoder(L.LightningModule):
@@ -103,10 +56,13 @@ class AutoEncoder(L.LightningModule):
         optim: OptimConfig | None = None,
         world_size: int = 1,
         net: nn.Module | None = None,
+        objective: ObjectiveConfig | None = None,
     ) -> None:
         super().__init__()
         model = model or ModelConfig()
         optim = optim or OptimConfig()
+        objective = objective or ObjectiveConfig()
+        check_recipe(objective, spec.kind, spec.shape)
         self.save_hyperparameters(
             {
                 "spec": spec_record(spec),  # a plain dict: the safe loader reads it
@@ -118,11 +74,21 @@ class AutoEncoder(L.LightningModule):
                 "lr_scheduler": optim.lr_scheduler,
                 "encoder_lr_mult": optim.encoder_lr_mult,
                 "decoder_lr_mult": optim.decoder_lr_mult,
+                **asdict(objective),
+                "disc_learning_rate": scale_lr(
+                    objective.disc_lr or optim.learning_rate, world_size, optim.lr_scale
+                ),
             }
         )
         self.net = net
         if net is None:
             self.encoder, self.decoder = builtin_networks(spec, model)
+        # The latent-diffusion recipe: LPIPS comes later (`attach_perceptual`), in training only.
+        self.recipe = Recipe(objective)
+        self.discriminator = None
+        if objective.disc_weight > 0:
+            self.adaptive_layer()  # a user model without a last layer: a ModelError now
+            self.discriminator = discriminator_for(objective, spec.shape)
         self.kl_weight = model.kl_weight
         self.recon_loss = LOSSES[model.loss]
         self.quality = QualityMetrics(spec)
@@ -144,21 +110,38 @@ class AutoEncoder(L.LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.decode(self.encode(x))
 
+    def adaptive_layer(self) -> nn.Parameter:
+        """The decoder's last layer: where the adaptive weight compares the gradients."""
+        return last_layer_of(self.net if self.net is not None else self)
+
+    def attach_perceptual(self, lpips: LPIPS) -> None:
+        """LPIPS for the perceptual term and `val/lpips`: beside the module, not in it."""
+        self.recipe.lpips = SharedNet(lpips)
+        self.quality.attach_lpips(self.recipe.lpips)
+
     def _step(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
         """(loss, reconstruction or None, {name: extra loss term}) of one batch."""
+        parts = self.recipe.perceptual(self._parts(x), x)
+        return parts.loss(), parts.recon, parts.logs
+
+    def _parts(self, x: torch.Tensor) -> Parts:
+        """The batch's loss terms (`Parts`), before the recipe's; a reconstruction also from a
+        user model with its own loss when the recipe needs one."""
         if self.net is not None and callable(getattr(self.net, "loss", None)):
             loss, logs = user_loss(self.net.loss(x))
-            return loss, None, logs
+            need = self.recipe.lpips is not None or self.discriminator is not None
+            recon = self(x) if need else None
+            return Parts(recon, None, loss, dict(logs or {}), rest_is_reconstruction=True)
         if self.net is not None or self.kl_weight == 0:
             recon = self(x)
-            return self.recon_loss(recon, x), recon, {}
+            return Parts(recon, self.recon_loss(recon, x), None)
         mean, logvar = self.encoder(x).chunk(2, dim=1)
         logvar = logvar.clamp(-30.0, 20.0)  # exp() stays finite
         # The reparameterised sample while training; the mean when evaluating (deterministic).
         z = mean + torch.randn_like(mean) * (0.5 * logvar).exp() if self.training else mean
         recon = self.decoder(z)
         rec, kl = self.recon_loss(recon, x), kl_divergence(mean, logvar)
-        return rec + self.kl_weight * kl, recon, {"recon": rec, "kl": kl}
+        return Parts(recon, rec, self.kl_weight * kl, {"recon": rec, "kl": kl})
 
     def setup(self, stage: str) -> None:
         # After the callbacks' setup: the EMA copy (made there) stays a plain module.
@@ -174,7 +157,6 @@ class AutoEncoder(L.LightningModule):
     # --- training and validation -----------------------------------------------------------
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         fault_point("train", self.global_step)
-        loss, _, logs = self._step(batch)
         # `self.log` costs ~0.3 ms a call (Lightning moves its metric state each time), as much
         # as a whole step of a small model: the step loss is logged at the loggers' cadence, and
         # the epoch mean is summed here and logged once, on the epoch's last batch.
@@ -182,7 +164,16 @@ class AutoEncoder(L.LightningModule):
         # Lightning hands step metrics to the loggers after the steps where
         # (optimizer steps so far + 1) % log_every_n_steps == 0: log at exactly those, or the
         # values are dropped before any logger sees them.
-        if (self.global_step + 1) % trainer.log_every_n_steps == 0:
+        on_cadence = (self.global_step + 1) % trainer.log_every_n_steps == 0
+        d = self.discriminator
+        terms = self.recipe.training(
+            self._parts(batch), batch, d, self.adaptive_layer() if d is not None else None,
+            self.global_step, with_stats=on_cadence,
+        )  # fmt: skip
+        loss, logs = terms.loss, terms.logs
+        if terms.stats is not None:  # this rank's own, in its log: no collective
+            self.recipe.report(self.global_step, self.global_rank, terms.stats)
+        if on_cadence:
             # rank 0's own loss: a sync across ranks would cost a collective per step. On the
             # progress bar only when there is one: Lightning turns a prog_bar value into a
             # Python number after every batch, a host sync per step on a GPU (bench/gpu_proof).
@@ -197,7 +188,7 @@ class AutoEncoder(L.LightningModule):
             # Epoch mean over all ranks: one collective per epoch.
             mean = self._loss_sum / self._loss_n
             self.log("train/loss_epoch", mean, on_step=False, on_epoch=True, sync_dist=True)
-        return loss
+        return terms.backward
 
     def evaluate(self, batch: torch.Tensor, quality: QualityMetrics) -> tuple[torch.Tensor, dict]:
         """What validation computes on a batch: (loss, {name: extra loss term}), the quality
@@ -217,23 +208,13 @@ class AutoEncoder(L.LightningModule):
     # --- optimizer -------------------------------------------------------------------------
     def _param_groups(self) -> list[tuple[str, list[nn.Parameter], float]]:
         hp = self.hparams
-        mults = (hp.encoder_lr_mult, hp.decoder_lr_mult)
-        owner = self.net if self.net is not None else self
-        halves = [getattr(owner, n, None) for n in ("encoder", "decoder")]
-        if not all(isinstance(m, nn.Module) for m in halves):
-            if mults != (1.0, 1.0):
-                raise ModelError(
-                    "encoder_lr_mult/decoder_lr_mult: the model has no `encoder` and `decoder` "
-                    "submodules to apply them to"
-                )
-            return [("model", list(self.parameters()), 1.0)]
-        groups = [
-            (name, list(m.parameters()), mult)
-            for name, m, mult in zip(("encoder", "decoder"), halves, mults, strict=True)
-        ]
-        taken = {id(p) for _, params, _ in groups for p in params}
-        rest = [p for p in self.parameters() if id(p) not in taken]
-        return groups + ([("other", rest, 1.0)] if rest else [])
+        d = self.discriminator
+        not_d = {id(p) for p in d.parameters()} if d is not None else set()
+        return generator_groups(
+            [p for p in self.parameters() if id(p) not in not_d],
+            self.net if self.net is not None else self,
+            (hp.encoder_lr_mult, hp.decoder_lr_mult),
+        )
 
     def configure_optimizers(self) -> dict:
         """AdamW with one parameter group per module (`--encoder_lr_mult`, `--decoder_lr_mult`),
@@ -243,13 +224,18 @@ class AutoEncoder(L.LightningModule):
             {"params": params, "lr": hp.learning_rate * mult, "name": name}
             for name, params, mult in self._param_groups()
         ]
+        n_generator = len(groups)
+        groups = param_groups(groups, self.discriminator, hp.disc_learning_rate)
         opt = torch.optim.AdamW(groups, lr=hp.learning_rate, weight_decay=hp.weight_decay)
         total = int(self.trainer.estimated_stepping_batches)
         if self.trainer.is_global_zero and self.trainer.ckpt_path is None:
             # On resume this is an estimate before the loops are restored: `replan_schedule`.
             main_log.info(schedule_line(hp.warmup_steps, total, hp.lr_scheduler))
         schedule = Schedule(hp.warmup_steps, total, hp.lr_scheduler)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        schedules: list[Schedule] = [schedule] * n_generator
+        if self.discriminator is not None:
+            schedules.append(DiscSchedule(hp.warmup_steps, total, hp.lr_scheduler, hp.disc_start))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedules)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def replan_schedule(self) -> str:
@@ -257,7 +243,8 @@ class AutoEncoder(L.LightningModule):
         settings (batch size, world size, max_epochs, ...) move. Returns what was done, or ""."""
         trainer = self.trainer
         dm = trainer.datamodule
-        schedule = getattr(self.lr_schedulers(), "lr_lambdas", [None])[0]
+        lambdas = getattr(self.lr_schedulers(), "lr_lambdas", [None])
+        schedule = lambdas[0]
         if not isinstance(schedule, Schedule):
             return ""
         step = trainer.global_step
@@ -273,13 +260,29 @@ class AutoEncoder(L.LightningModule):
             end = min(end, trainer.max_steps)
         if end == math.inf or end == schedule.total_steps:
             return ""
-        old, schedule.total_steps = schedule.total_steps, int(end)
+        old = schedule.total_steps
+        for each in lambdas:  # the discriminator's too
+            if isinstance(each, Schedule):
+                each.total_steps = int(end)
         if trainer.is_global_zero:
             main_log.info(
                 f"LR schedule re-planned at step {step}: {old} -> {int(end)} optimizer steps in "
                 "all (the LR reaches the schedule's end at the last step)"
             )
         return f"re-planned the LR schedule from {old} to {int(end)} steps"
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        if self.discriminator is None or not gradient_clip_val:
+            super().configure_gradient_clipping(
+                optimizer, gradient_clip_val, gradient_clip_algorithm
+            )
+            return
+        clip_groups(optimizer, gradient_clip_val)
 
 
 def has_codec(module: nn.Module) -> bool:
@@ -340,25 +343,37 @@ def build_model(
     optim: OptimConfig,
     world_size: int,
     batch: torch.Tensor | None = None,
+    objective: ObjectiveConfig | None = None,
 ) -> tuple[L.LightningModule, tuple[int, ...] | None]:
     """The module to train: an AutoEncoder around a built-in or user network, or the user's own
     LightningModule; and the shape of one sample's latent (None without encode/decode). Every
     problem is a ModelError naming the flag; `batch` (real samples) is checked as validation
     will compute on it (`latent_shape`)."""
     if model.model in BUILTIN_MODELS:
-        module: L.LightningModule = AutoEncoder(spec, model, optim, world_size)
+        module: L.LightningModule = AutoEncoder(spec, model, optim, world_size, objective=objective)
     else:
         obj = user.build(user.load_class(model.model), model.model_args, spec.shape)
         if isinstance(obj, L.LightningModule):
             if model.compile:
                 raise ModelError("compile: a LightningModule of your own compiles itself")
+            if objective is not None and (objective.perceptual_weight or objective.disc_weight):
+                raise ModelError(
+                    "perceptual_weight/disc_weight: a LightningModule of your own trains as it "
+                    "is; the recipe's terms are for an nn.Module with encode/decode"
+                )
             module = obj
         else:
-            module = AutoEncoder(spec, model, optim, world_size, net=obj)
+            module = AutoEncoder(spec, model, optim, world_size, net=obj, objective=objective)
     latent = latent_shape(module, spec, batch)  # checked before any worker starts
     ddp = world_size > 1 and not optim.find_unused_parameters
     if ddp and batch is not None and isinstance(module, AutoEncoder):  # our loss: known here
-        unused = unused_parameters(module, lambda x: module._step(x)[0], batch)
+        # The discriminator is not in the generator's loss: the recipe keeps its parameters in
+        # every step's graph itself (a zero-valued term before --disc_start).
+        unused = [
+            name
+            for name in unused_parameters(module, lambda x: module._step(x)[0], batch)
+            if not name.startswith("discriminator.")
+        ]
         if unused:
             total = sum(p.requires_grad for p in module.parameters())
             raise ModelError(unused_problem(unused, total))
@@ -374,7 +389,9 @@ def describe(module: L.LightningModule, spec: InputSpec, latent: tuple[int, ...]
         name = f"{type(module.net).__module__}:{type(module.net).__qualname__}"
     else:
         name = module.hparams["model"]
-    params = sum(p.numel() for p in module.parameters())
+    d = getattr(module, "discriminator", None)
+    d_params = sum(p.numel() for p in d.parameters()) if d is not None else 0
+    params = sum(p.numel() for p in module.parameters()) - d_params
     text = f"Model: {name}, {params:,} parameters"
     if latent:
         n = math.prod(latent)
@@ -384,4 +401,10 @@ def describe(module: L.LightningModule, spec: InputSpec, latent: tuple[int, ...]
         )
     if isinstance(module, AutoEncoder) and module.kl_weight > 0:
         text += f", VAE (kl_weight {module.kl_weight:g})"
+    if isinstance(module, AutoEncoder):
+        hp = module.hparams
+        if hp.perceptual_weight > 0:
+            text += f", LPIPS (perceptual_weight {hp.perceptual_weight:g})"
+        if d is not None:
+            text += f", PatchGAN discriminator ({d_params:,} parameters) from step {hp.disc_start}"
     return text

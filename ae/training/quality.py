@@ -3,7 +3,9 @@
 Images: `val/psnr` and `val/ssim` (torchmetrics, data range 1: the inputs are in [0, 1], and the
 reconstructions are clamped to it first, as an image viewer would). Vectors: `val/rel_error`, the
 mean over samples of |x_hat - x| / |x|, and `val/cosine`, the mean cosine similarity of x_hat to x.
-Both kinds also get `val/mse`, comparable across `--loss` choices.
+Both kinds also get `val/mse`, comparable across `--loss` choices. With LPIPS loaded
+(`--perceptual_weight` > 0: `attach_lpips`), images also get `val/lpips`, the mean over samples
+of the clamped reconstruction's LPIPS to its input.
 
 Every state is a running sum (no per-sample lists), so memory stays constant however long the
 validation set is; torchmetrics syncs the sums across ranks when the epoch's value is computed.
@@ -20,6 +22,7 @@ from torchmetrics import MeanMetric, MeanSquaredError
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 
 from ae.data.decoding.decode import InputSpec
+from ae.training.perceptual import SharedNet
 
 # What validation logs as `val/<name>`, by input kind (besides `val/loss`).
 METRIC_NAMES = {"image": ("mse", "psnr", "ssim"), "vector": ("mse", "rel_error", "cosine")}
@@ -46,6 +49,11 @@ class QualityMetrics(nn.Module):
         else:
             self.rel_error = MeanMetric()
             self.cosine = MeanMetric()
+        self.lpips_net: SharedNet | None = None
+
+    def attach_lpips(self, net: SharedNet) -> None:
+        self.lpips_net = net
+        self.lpips = MeanMetric()
 
     @torch.no_grad()
     def update(self, recon: torch.Tensor, x: torch.Tensor) -> None:
@@ -57,6 +65,8 @@ class QualityMetrics(nn.Module):
             clamped = recon.clamp(0.0, 1.0)
             self.psnr.update(clamped, x)
             self.ssim.update(clamped, x)
+            if self.lpips_net is not None:
+                self.lpips.update(self.lpips_net(clamped, x))
         else:
             flat_r, flat_x = recon.flatten(1), x.flatten(1)
             err = (flat_r - flat_x).norm(dim=1) / flat_x.norm(dim=1).clamp_min(1e-12)
@@ -65,5 +75,7 @@ class QualityMetrics(nn.Module):
 
     def log_to(self, module: L.LightningModule) -> None:
         """Log the metric objects: Lightning computes (synced) and resets them at epoch end."""
-        for name in METRIC_NAMES["image" if self.images else "vector"]:
+        names = METRIC_NAMES["image" if self.images else "vector"]
+        names += ("lpips",) if self.lpips_net is not None else ()
+        for name in names:
             module.log(f"val/{name}", getattr(self, name), on_step=False, on_epoch=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 import lightning as L
 
-from ae.log_lines import HEARTBEAT_FILE
+from ae.log_lines import GAN_STATS_FILE, HEARTBEAT_FILE
 from ae.stragglers import RankTiming, scores
 
 # Series name -> what it is (the tag is `<series>/rank<N>`: TensorBoard groups each series).
@@ -73,6 +73,21 @@ def rank_values(beats: dict[int, dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def gan_values(logs_dir: Path, run_ts: str) -> dict[str, float]:
+    """`gan/<name>/rank<N>`: each rank's latest discriminator stats, from its GAN_STATS_FILE
+    (`ae.training.objective`: written on the cadence once the discriminator runs)."""
+    out: dict[str, float] = {}
+    for path in Path(logs_dir).glob(GAN_STATS_FILE.format(rank="*", ts=run_ts)):
+        try:
+            raw = json.loads(path.read_text())
+            rank = int(raw.pop("rank"))
+            raw.pop("step")
+            out.update({series_tag(f"gan/{k}", rank): float(v) for k, v in raw.items()})
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 class RankSeries:
     """Rank 0 hands the per-rank series to the loggers after an optimizer step on the loggers'
     cadence (`StepBoundary` calls `after_step`), at most once per MIN_READ_INTERVAL_S."""
@@ -90,6 +105,7 @@ class RankSeries:
             return
         self._last_read = now
         values = rank_values(read_heartbeats(self.logs_dir, self.run_ts))
+        values |= gan_values(self.logs_dir, self.run_ts)
         if values:
             for lg in trainer.loggers:
                 lg.log_metrics(values, step=step)

@@ -57,6 +57,12 @@ def incompatible(
         return inputs
     if (saved.get("kl_weight", 0) > 0) != (now.get("kl_weight", 0) > 0):
         changed.append(f"kl_weight: {saved.get('kl_weight')!r} -> {now.get('kl_weight')!r}")
+    if (saved.get("disc_weight", 0) > 0) != (now.get("disc_weight", 0) > 0):
+        changed.append(
+            f"disc_weight: {saved.get('disc_weight', 0.0)!r} -> {now.get('disc_weight')!r} (a "
+            "discriminator cannot be added to or dropped from a run on resume: its optimizer "
+            "state has no such group; keep --disc_weight, and --disc_start to delay it)"
+        )
     changed += inputs
     if not changed:  # the flags agree, the data does not (another image size, field, ...)
         changed = misfits[:3] or [f"weights: {', '.join(missing[:3])} differ"]

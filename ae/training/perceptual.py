@@ -1,0 +1,243 @@
+"""LPIPS (Zhang et al. 2018, v0.1) on VGG16 features: the perceptual term of `--perceptual_weight`
+and the `val/lpips` metric.
+
+Written here rather than imported: torchvision does not install beside ae's torch, and the
+`lpips` package imports it. The layers keep torchvision's state-dict key names
+(`features.0.weight` ... `features.28.bias`), so torchvision's own ImageNet file loads unchanged,
+and the heads keep the `lpips` package's (`lin0.model.1.weight` ... `lin4.model.1.weight`), so
+its v0.1 file loads unchanged. What LPIPS computes, in the `lpips` package's order:
+
+    x in [0, 1] -> 2x - 1 -> (x - shift) / scale (ScalingLayer, ImageNet statistics in [-1, 1])
+    -> VGG16 features after relu1_2, relu2_2, relu3_3, relu4_3, relu5_3
+    -> each unit-normalised over channels (eps 1e-10 added to the norm)
+    -> squared difference -> 1x1 conv head (1 output, no bias) -> spatial mean -> sum of the 5
+
+Both files are read by the safe loader (`weights_only=True`: tensors only, no code from the
+file) and checked key by key and shape by shape: a wrong or truncated file is one
+`PerceptualWeightsError` naming it and what it should be, before any worker starts.
+
+The net is frozen and must not become part of the trained module (its 14.7 M parameters would be
+saved in every checkpoint, averaged by the EMA every step, copied by the EMA and broadcast by
+DDP): `SharedNet` holds it beside the module instead.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ae.errors import UserError
+
+# torchvision's VGG16 `features`: 3x3 convs (padding 1) + ReLU, "M" = 2x2 max pool. Index i of
+# this list is layer i of `features` (a conv's ReLU is the next index), as torchvision builds it.
+VGG16_LAYOUT: tuple[int | str, ...] = (
+    64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M",
+)  # fmt: skip
+# Indices in `features` of the ReLUs LPIPS reads: relu1_2, relu2_2, relu3_3, relu4_3, relu5_3.
+TAPS = (3, 8, 15, 22, 29)
+TAP_CHANNELS = (64, 128, 256, 512, 512)
+# The lpips package's ScalingLayer: ImageNet mean and std mapped to inputs in [-1, 1].
+SHIFT = (-0.030, -0.088, -0.188)
+SCALE = (0.458, 0.448, 0.450)
+
+VGG16_FILE = "vgg16-397923af.pth"  # torchvision's IMAGENET1K_V1 file, as torch.hub caches it
+VGG16_URL = f"https://download.pytorch.org/models/{VGG16_FILE}"
+HEADS_FILE = "vgg.pth"  # lpips wheel: lpips/weights/v0.1/vgg.pth
+HEADS_SOURCE = "the lpips wheel (pip download lpips==0.1.4 --no-deps): lpips/weights/v0.1/vgg.pth"
+
+
+class PerceptualWeightsError(UserError):
+    """A VGG16 or LPIPS heads file that is missing, unreadable or not what it should be."""
+
+
+def vgg16_shapes() -> dict[str, tuple[int, ...]]:
+    """{key: shape} of torchvision's VGG16 `features` up to relu5_3 (13 convs)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    index, cin = 0, 3
+    for item in VGG16_LAYOUT:
+        if item == "M":
+            index += 1
+            continue
+        shapes[f"features.{index}.weight"] = (int(item), cin, 3, 3)
+        shapes[f"features.{index}.bias"] = (int(item),)
+        cin, index = int(item), index + 2  # the conv and its ReLU
+    return shapes
+
+
+def heads_shapes() -> dict[str, tuple[int, ...]]:
+    return {f"lin{i}.model.1.weight": (1, c, 1, 1) for i, c in enumerate(TAP_CHANNELS)}
+
+
+class VGG16Features(nn.Module):
+    """torchvision's `vgg16().features` up to relu5_3 (the last max pool is never needed), same
+    indices and key names; `forward` returns the five LPIPS taps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = 3
+        for item in VGG16_LAYOUT:
+            if item == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+            else:
+                layers += [nn.Conv2d(cin, int(item), 3, padding=1), nn.ReLU()]
+                cin = int(item)
+        self.features = nn.Sequential(*layers[: TAPS[-1] + 1])
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        taps = []
+        for i, layer in enumerate(self.features):
+            x = layer(x)
+            if i in TAPS:
+                taps.append(x)
+        return taps
+
+
+class LinearHead(nn.Module):
+    """The lpips package's NetLinLayer: `model.0` a dropout (off in eval; no weights), `model.1`
+    the 1x1 conv, so that its key names are those of the v0.1 file."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.model = nn.Sequential(nn.Dropout(), nn.Conv2d(channels, 1, 1, bias=False))
+
+
+class LPIPS(nn.Module):
+    """Learned perceptual distance between images in [0, 1] (ae's pixel range): per sample, a
+    tensor of shape (B,). One-channel images are repeated to three. Always frozen, in eval mode
+    (the heads' dropout is off)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("shift", torch.tensor(SHIFT).view(1, 3, 1, 1))
+        self.register_buffer("scale", torch.tensor(SCALE).view(1, 3, 1, 1))
+        self.net = VGG16Features()
+        for i, c in enumerate(TAP_CHANNELS):
+            self.add_module(f"lin{i}", LinearHead(c))
+        self.requires_grad_(False)
+        self.eval()
+
+    def train(self, mode: bool = True) -> LPIPS:
+        return super().train(False)  # a metric: never dropout, whatever the owner's mode
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] == 1:
+            x, y = x.expand(-1, 3, -1, -1), y.expand(-1, 3, -1, -1)
+        # Two passes, not one over both images: the target's pass builds no graph (nothing in
+        # it needs a gradient), so backward runs through the reconstruction's half only.
+        total = x.new_zeros(x.shape[0])
+        taps = zip(self.net(self.scaled(x)), self.net(self.scaled(y)), strict=True)
+        for i, (fx, fy) in enumerate(taps):
+            head = getattr(self, f"lin{i}").model[1]
+            total = total + head((unit(fx) - unit(fy)).pow(2)).mean(dim=(1, 2, 3))
+        return total
+
+    def scaled(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2 - 1 - self.shift) / self.scale
+
+
+def unit(features: torch.Tensor) -> torch.Tensor:
+    """Unit length over channels, as the lpips package's normalize_tensor (eps on the norm)."""
+    return features / (features.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
+
+
+def read_state_dict(path: Path, what: str) -> dict[str, Any]:
+    """A torch file of tensors, read safely; torchvision's VGG16 file is in torch's legacy
+    (pre-zip) format, which cannot be memory-mapped: mapped when possible, so that a 528 MB file
+    of which 59 MB are used is not read whole by every rank."""
+    if not path.is_file():
+        raise PerceptualWeightsError(f"{what}: no such file: {path}")
+    try:
+        mmap = zipfile.is_zipfile(path)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as e:  # torch raises many kinds for a truncated or foreign file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise PerceptualWeightsError(
+            f"{what}: {path} is not a readable torch weights file ({type(e).__name__}: {first}); "
+            "a partial download? Fetch it again"
+        ) from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]  # a Lightning-style wrapper
+    if not isinstance(state, dict):
+        raise PerceptualWeightsError(f"{what}: {path} holds a {type(state).__name__}, not a dict")
+    return state
+
+
+def checked(
+    state: dict[str, Any],
+    shapes: dict[str, tuple[int, ...]],
+    path: Path,
+    what: str,
+    fix: str,
+) -> dict[str, torch.Tensor]:
+    """The tensors of `shapes` out of `state` as float32, or one error listing what is wrong:
+    missing keys, wrong shapes, non-float or non-finite values. Other keys are ignored (the
+    classifier of a full VGG16 file)."""
+    problems = []
+    out = {}
+    for key, shape in shapes.items():
+        t = state.get(key)
+        if not torch.is_tensor(t):
+            problems.append(f"{key} missing")
+        elif tuple(t.shape) != shape:
+            problems.append(f"{key} is {tuple(t.shape)}, expected {shape}")
+        elif not t.is_floating_point():
+            problems.append(f"{key} is {t.dtype}, expected a float tensor")
+        elif not torch.isfinite(t).all():
+            problems.append(f"{key} has non-finite values")
+        else:
+            out[key] = t.float()
+    if problems:
+        shown = "; ".join(problems[:4]) + (
+            f"; and {len(problems) - 4} more" if len(problems) > 4 else ""
+        )
+        raise PerceptualWeightsError(f"{what}: {path} is not {fix}: {shown}")
+    return out
+
+
+def load_lpips(vgg16_path: Path, heads_path: Path) -> LPIPS:
+    """LPIPS with torchvision's VGG16 ImageNet weights (`vgg16_path`) and the v0.1 heads
+    (`heads_path`), frozen, on the CPU. Raises PerceptualWeightsError naming the file at fault."""
+    vgg = checked(
+        read_state_dict(vgg16_path, "perceptual_weights"), vgg16_shapes(), vgg16_path,
+        "perceptual_weights", f"torchvision's VGG16 state dict ({VGG16_FILE} from {VGG16_URL})",
+    )  # fmt: skip
+    heads = checked(
+        read_state_dict(heads_path, "perceptual_weights"), heads_shapes(), heads_path,
+        "perceptual_weights", f"the LPIPS v0.1 VGG heads ({HEADS_SOURCE})",
+    )  # fmt: skip
+    # LPIPS trains its heads clamped to >= 0: negative weights are another file (random, or a
+    # head of another version), whose distances would mean nothing.
+    negative = [k for k, t in heads.items() if (t < 0).any()]
+    if negative:
+        raise PerceptualWeightsError(
+            f"perceptual_weights: {heads_path} is not the LPIPS v0.1 VGG heads: "
+            f"{', '.join(negative)} has negative weights ({HEADS_SOURCE})"
+        )
+    model = LPIPS()
+    buffers = {"shift": model.shift, "scale": model.scale}
+    model.load_state_dict({**buffers, **{f"net.{k}": v for k, v in vgg.items()}, **heads})
+    return model
+
+
+class SharedNet:
+    """A frozen network a LightningModule uses but does not own: not a submodule, so it is in no
+    state dict or checkpoint, not in `parameters()` (DDP neither wraps nor broadcasts it, the
+    EMA does not average it), and `copy.deepcopy` of its owner (the EMA's copy of the module)
+    shares it rather than copying it. Moved to the input's device at first use."""
+
+    def __init__(self, net: nn.Module) -> None:
+        self.net = net.requires_grad_(False).eval()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SharedNet:
+        return self
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        device = inputs[0].device
+        if next(self.net.buffers()).device != device:
+            self.net.to(device)
+        return self.net(*inputs)

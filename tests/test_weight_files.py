@@ -1,0 +1,88 @@
+"""Where the LPIPS files are looked for, and the launcher's message when they are not there."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from ae.config.weight_files import (
+    HEADS_FILE,
+    VGG16_FILE,
+    VGG16_URL,
+    missing_problem,
+    resolve,
+    torch_hub_checkpoints,
+)
+
+
+def test_torch_hub_rule(tmp_path: Path) -> None:
+    home = Path.home()
+    assert torch_hub_checkpoints({}) == home / ".cache/torch/hub/checkpoints"
+    assert torch_hub_checkpoints({"XDG_CACHE_HOME": "/c"}) == Path("/c/torch/hub/checkpoints")
+    both = {"XDG_CACHE_HOME": "/c", "TORCH_HOME": str(tmp_path)}
+    assert torch_hub_checkpoints(both) == tmp_path / "hub/checkpoints"
+
+
+def test_torch_hub_rule_is_torchs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch_hub = pytest.importorskip("torch.hub")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "th"))
+    assert torch_hub_checkpoints() == Path(torch_hub.get_dir()) / "checkpoints"
+    monkeypatch.delenv("TORCH_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert torch_hub_checkpoints() == Path(torch_hub.get_dir()) / "checkpoints"
+
+
+def test_auto_missing_names_both_files_where_and_how(tmp_path: Path) -> None:
+    env = {"TORCH_HOME": str(tmp_path)}
+    folder = tmp_path / "hub/checkpoints"
+    problem = missing_problem("auto", env)
+    assert problem is not None
+    assert f"missing from {folder}" in problem
+    assert f"curl -L --create-dirs -o {folder / VGG16_FILE} {VGG16_URL}" in problem
+    assert f"lpips/weights/v0.1/vgg.pth -d {folder}" in problem
+    folder.mkdir(parents=True)
+    (folder / VGG16_FILE).write_bytes(b"x")
+    problem = missing_problem("auto", env)
+    assert problem is not None and VGG16_FILE not in problem and HEADS_FILE in problem
+    (folder / HEADS_FILE).write_bytes(b"x")
+    assert missing_problem("auto", env) is None
+
+
+def test_a_folder_of_ones_own(tmp_path: Path) -> None:
+    assert "no such folder" in str(missing_problem(str(tmp_path / "nope")))
+    problem = missing_problem(str(tmp_path))
+    assert problem is not None and f"missing from {tmp_path}" in problem
+    assert "--perceptual_weights=FOLDER" not in problem  # said only for auto
+    files = resolve(str(tmp_path))
+    assert (files.vgg16, files.heads) == (tmp_path / VGG16_FILE, tmp_path / HEADS_FILE)
+
+
+def test_heads_of_an_installed_lpips_are_found_without_importing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pkg = tmp_path / "site" / "lpips"
+    (pkg / "weights/v0.1").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (pkg / "weights/v0.1/vgg.pth").write_bytes(b"heads")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    env = {"TORCH_HOME": str(tmp_path / "th")}
+    assert resolve("auto", env).heads == pkg / "weights/v0.1/vgg.pth"
+    assert "lpips" not in sys.modules
+    # a folder of one's own is that folder only
+    assert resolve(str(tmp_path), env).heads == tmp_path / HEADS_FILE
+
+
+def test_the_names_are_the_loaders() -> None:
+    """The launcher's copy of the file names (it cannot import torch) is the loader's."""
+    from ae.config import weight_files
+    from ae.training import perceptual
+
+    assert (weight_files.VGG16_FILE, weight_files.HEADS_FILE, weight_files.VGG16_URL) == (
+        perceptual.VGG16_FILE,
+        perceptual.HEADS_FILE,
+        perceptual.VGG16_URL,
+    )
