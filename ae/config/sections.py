@@ -219,6 +219,15 @@ class OptimConfig:
     weight_decay: float = _opt(1e-4, "AdamW weight decay", lo=0)
     gradient_accumulation_steps: int = _opt(1, "batches per optimizer step", lo=1)
     gradient_clip_val: float = _opt(1.0, "clip gradient norm to this (0 = off)", lo=0)
+    on_nonfinite: Literal["stop", "skip", "rollback"] = _opt(
+        "stop",
+        "a non-finite loss or gradient: stop (every rank, nothing saved after it), skip (that "
+        "optimizer step, on every rank) or rollback (to the newest checkpoint, its batches not "
+        "trained again)",
+    )
+    max_skipped_steps: int = _opt(
+        10, "skip/rollback: after this many non-finite steps, the next one stops the run", lo=0
+    )
 
 
 @dataclass(frozen=True)

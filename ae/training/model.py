@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from ae.config import BUILTIN_MODELS, ModelConfig, OptimConfig
 from ae.data.datamodule import ShardDataModule
 from ae.data.decoding.decode import InputSpec
-from ae.forensics.faults import fault_point
+from ae.forensics.faults import fault_point, poisoned_loss
 from ae.log_lines import main_log
 from ae.training.checkpoint_load import spec_record
 from ae.training.lr import Schedule, scale_lr, schedule_line, steps_to_end
@@ -166,6 +166,7 @@ class AutoEncoder(L.LightningModule):
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         fault_point("train", self.global_step)
         loss, _, logs = self._step(batch)
+        loss = poisoned_loss(loss, self.global_step)  # AE_FAULT=nan@train: tests only
         # `self.log` costs ~0.3 ms a call (Lightning moves its metric state each time), as much
         # as a whole step of a small model: the step loss is logged at the loggers' cadence, and
         # the epoch mean is summed here and logged once, on the epoch's last batch.
