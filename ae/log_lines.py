@@ -221,8 +221,8 @@ NONFINITE_SKIPPED = LineFormat(
 )
 ROLLBACK = LineFormat(
     "ROLLBACK at step {step}: weights and optimizer state back to {path} (step {to}); the "
-    "batches of steps {first}-{step} are not trained again ({count} of at most {limit})",
-    {"step": "int", "path": "text", "to": "int", "first": "int", "count": "int", "limit": "int"},
+    "batches of the steps after it are not trained again ({count} of at most {limit})",
+    {"step": "int", "path": "text", "to": "int", "count": "int", "limit": "int"},
 )
 NONFINITE_STOP = LineFormat(
     "Stopping at step {step}: non-finite value (--on_nonfinite={mode}); no checkpoint is written "

@@ -56,8 +56,15 @@ def nonfinite_json(run: RunState) -> dict[str, Any] | None:
     ranks = run.ranks.values()
     return {
         "first": [
-            {"rank": f.rank, "step": f.step, "epoch": f.epoch, "batch": f.batch,
-             "value": f.value, "samples": f.samples, "line": f.evidence.text}
+            {
+                "rank": f.rank,
+                "step": f.step,
+                "epoch": f.epoch,
+                "batch": f.batch,
+                "value": f.value,
+                "samples": f.samples,
+                "line": f.evidence.text,
+            }
             for f in firsts
         ],  # fmt: skip
         # Every rank writes each SKIPPED and ROLLBACK line: the most any rank wrote.

@@ -303,7 +303,7 @@ class NonFiniteGuard(L.Callback):
         to, step = ckpt["global_step"], trainer.global_step
         log = main_log if trainer.is_global_zero else logger
         log.warning(
-            ROLLBACK.format(step=step, path=path, to=to, first=to + 1, count=self.rollbacks,
+            ROLLBACK.format(step=step, path=path, to=to, count=self.rollbacks,
                             limit=self.limit)
         )  # fmt: skip
 
