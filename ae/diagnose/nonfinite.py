@@ -66,7 +66,7 @@ def nonfinite_json(run: RunState) -> dict[str, Any] | None:
                 "line": f.evidence.text,
             }
             for f in firsts
-        ],  # fmt: skip
+        ],
         # Every rank writes each SKIPPED and ROLLBACK line: the most any rank wrote.
         "skipped_steps": max((r.skipped_steps for r in ranks), default=0),
         "rollbacks": max((r.rollbacks for r in ranks), default=0),

@@ -224,9 +224,10 @@ class NonFiniteGuard(L.Callback):
             grads = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
             where = nonfinite_in(grads) if current else None
             value = "gradient=nan" + (f" in {where}" if where else "")
-        log.error(self._line(NONFINITE, trainer, rec, value=value))
+        log.error(NONFINITE.format(value=value, **self._detail(trainer, rec)))
 
-    def _line(self, fmt: Any, trainer: L.Trainer, rec: StepRecord, **values: Any) -> str:
+    def _detail(self, trainer: L.Trainer, rec: StepRecord) -> dict[str, Any]:
+        """Where a step's value came from: rank, step, epoch, batch(es), shard and keys."""
         epoch, batch = rec.batches[-1] if rec.batches else (trainer.current_epoch, -1)
         batches = [b for e, b in rec.batches if e == epoch] or [batch]
         members: list[Member] = []
@@ -235,19 +236,19 @@ class NonFiniteGuard(L.Callback):
             for b in batches:
                 members += batch_members(stream, b)
         samples = describe_members(members) if members else "samples unknown"
-        return fmt.format(
-            rank=trainer.global_rank, step=rec.step, epoch=epoch,
-            batch=",".join(map(str, batches)), samples=samples, **values,
-        )  # fmt: skip
+        return {
+            "rank": trainer.global_rank, "step": rec.step, "epoch": epoch,
+            "batch": ",".join(map(str, batches)), "samples": samples,
+        }  # fmt: skip
 
     def _spike(self, trainer: L.Trainer, rec: StepRecord, loss: float) -> None:
         mean, self.seen = self.mean, self.seen + 1
         if mean is not None and self.seen > SPIKE_WARMUP and loss > SPIKE_FACTOR * mean > 0:
             ratio = f"{loss / mean:.1f}"
+            detail = self._detail(trainer, rec)
             logger.warning(
-                self._line(LOSS_SPIKE, trainer, rec, loss=f"{loss:.6g}", ratio=ratio,
-                           mean=f"{mean:.6g}")
-            )  # fmt: skip
+                LOSS_SPIKE.format(loss=f"{loss:.6g}", ratio=ratio, mean=f"{mean:.6g}", **detail)
+            )
             return  # the spike stays out of the mean it is judged against
         self.mean = loss if mean is None else SPIKE_DECAY * mean + (1 - SPIKE_DECAY) * loss
 

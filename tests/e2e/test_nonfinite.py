@@ -65,7 +65,8 @@ def launch(data: tuple[Path, str, str, str], mode: str) -> RunResult:
     args = [f"--train_shards={spec}", f"--val_shards={folder / 'shards' / 'val-000000.tar'}",
             f"--batch_size={BATCH}", "--num_workers=1", "--shuffle_buffer=0", "--max_epochs=-1",
             "--max_steps=9", "--checkpointing_period=2", "--debug=true",
-            "--log_every_n_train_batches=1", f"--seed={SEED}", f"--on_nonfinite={mode}"]  # fmt: skip
+            "--log_every_n_train_batches=1", f"--seed={SEED}",
+            f"--on_nonfinite={mode}"]  # fmt: skip
     return run_launcher(args, folder / mode)
 
 
