@@ -142,6 +142,8 @@ class NonFiniteGuard(L.Callback):
         self.rollbacks = 0
         self.rollback_pending = False
         self.mean: float | None = None  # the loss's exponential mean (spikes)
+        # (step, what) of each loss spike and non-finite step: marks on the loss curve
+        self.events: list[tuple[int, str]] = []
         self.seen = 0
 
     # --- recording (device only) -----------------------------------------------------------
@@ -249,6 +251,7 @@ class NonFiniteGuard(L.Callback):
             logger.warning(
                 LOSS_SPIKE.format(loss=f"{loss:.6g}", ratio=ratio, mean=f"{mean:.6g}", **detail)
             )
+            self.events.append((rec.step, "loss spike"))
             return  # the spike stays out of the mean it is judged against
         self.mean = loss if mean is None else SPIKE_DECAY * mean + (1 - SPIKE_DECAY) * loss
 
@@ -259,6 +262,7 @@ class NonFiniteGuard(L.Callback):
         for p in pl_module.parameters():  # whatever happens next, this step is not applied
             p.grad = None
         used = self.skipped + self.rollbacks
+        self.events.append((rec.step, "non-finite"))
         if self.mode == "stop" or used >= self.limit or not current:
             log.error(
                 NONFINITE_STOP.format(

@@ -95,3 +95,28 @@ def test_samples_with_non_finite_input_are_named_alone() -> None:
     assert describe_members(members) == "shard a.tar, keys [k2] (non-finite input)"
     fine = [m for m in members if m.finite]
     assert describe_members(fine) == "shard a.tar, keys [k1]; shard b.tar, keys [k3]"
+
+
+def test_a_finite_loss_far_above_its_mean_is_a_spike(tmp_path: Path, caplog_lines) -> None:
+    data = [torch.full((2, 4), 0.5) for _ in range(40)]
+    data[30] = torch.full((2, 4), 50.0)  # step 31: a loss ~10^4 times the others
+    guard = NonFiniteGuard(OptimConfig(), CheckpointConfig(), CheckpointStore(tmp_path, 3), "32")
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=1, callbacks=[guard], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    torch.manual_seed(0)  # the same weights every time: the steps after the spike are calm
+    trainer.fit(Tiny(), train_dataloaders=DataLoader(data, batch_size=None))
+    assert guard.events == [(31, "loss spike")]
+    [line] = [m for m in caplog_lines if m.startswith("LOSS SPIKE")]
+    assert " on rank 0 at step 31 (epoch 0, batch 30), " in line
+
+
+def test_the_loss_curve_draws_the_marks(tmp_path: Path) -> None:
+    from ae.training.plots import loss_plot
+
+    series = {"train/loss": [(float(s), 1.0 / s) for s in range(1, 50)]}
+    loss_plot(series, tmp_path / "plain.png")
+    loss_plot(series, tmp_path / "marked.png", marks=[(20, "loss spike"), (30, "non-finite")])
+    assert (tmp_path / "plain.png").read_bytes() != (tmp_path / "marked.png").read_bytes()
