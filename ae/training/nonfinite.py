@@ -77,6 +77,9 @@ class NonFiniteError(UserError):
 class StepRecord:
     step: int  # the optimizer step, counted as ae counts them (the first is 1)
     batches: list[tuple[int, int]] = field(default_factory=list)  # (epoch, batch index)
+    # On the device, unread until the window is: the step's loss, the norm of its reduced
+    # gradient, and (under DDP) whether this rank's own gradient was non-finite.
+    values: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
 
 def _value(x: float) -> str:
@@ -133,7 +136,8 @@ class NonFiniteGuard(L.Callback):
         self.store = store
         self.grads_count = precision != "16-mixed"
         self.every = 1  # steps per read of the record (set at train start)
-        self.record: torch.Tensor | None = None  # (every, 3): loss, own gradient bad, norm
+        self.params: list[torch.nn.Parameter] = []
+        self.zero: torch.Tensor | None = None  # on the module's device
         self.window: list[StepRecord] = []
         self.batches: list[tuple[int, int]] = []  # the current step's
         self.loss: torch.Tensor | None = None  # the current step's, summed over its batches
@@ -151,7 +155,8 @@ class NonFiniteGuard(L.Callback):
         device = pl_module.device
         per_step = device.type == "cpu" or self.mode != "stop"
         self.every = 1 if per_step else max(1, trainer.log_every_n_steps)
-        self.record = torch.zeros(self.every, 3, device=device)
+        self.params = list(pl_module.parameters())
+        self.zero = torch.zeros((), device=device)
         model = trainer.strategy.model
         if isinstance(model, DistributedDataParallel):
             # Through a lambda: DDP compares a hook's annotations with its types, and ours are
@@ -183,27 +188,31 @@ class NonFiniteGuard(L.Callback):
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        assert self.record is not None
-        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        zero = torch.zeros((), device=self.record.device)
-        norm = torch.nn.utils.get_total_norm(grads) if grads else zero
-        own_bad = self.grad_bad if self.grad_bad is not None else ~torch.isfinite(norm)
-        row = self.record[len(self.window)]
-        row[0].copy_(self.loss if self.loss is not None else zero)
-        row[1].copy_(own_bad)
-        row[2].copy_(norm)
-        self.window.append(StepRecord(trainer.global_step + 1, self.batches))
+        assert self.zero is not None
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else self.zero
+        loss = self.loss if self.loss is not None else self.zero
+        values = (loss, norm, self.grad_bad)
+        self.window.append(StepRecord(trainer.global_step + 1, self.batches, values))
         self.batches, self.loss, self.grad_bad = [], None, None
         if len(self.window) >= self.every:
             self._read(trainer, pl_module)
 
     # --- reading and acting (host) ---------------------------------------------------------
     def _read(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        assert self.record is not None
-        rows = self.record[: len(self.window)].tolist()  # the one read of the window
         window, self.window = self.window, []
-        for rec, (loss, own_bad, norm) in zip(window, rows, strict=True):
-            own = not math.isfinite(loss) or (self.grads_count and own_bad > 0)
+        tensors = []
+        for rec in window:
+            assert rec.values is not None
+            loss, norm, bad = rec.values
+            tensors += [loss, norm.float(), (norm if bad is None else bad).float()]
+        flat = torch.stack(tensors).tolist()  # the one read of the window
+        for k, rec in enumerate(window):
+            loss, norm, bad = flat[3 * k : 3 * k + 3]
+            assert rec.values is not None
+            # Without DDP (no flag of the comm hook) a rank's own gradient is the reduced one.
+            own_bad = bad > 0 if rec.values[2] is not None else not math.isfinite(bad)
+            own = not math.isfinite(loss) or (self.grads_count and own_bad)
             reduced = self.grads_count and not math.isfinite(norm)
             if own or reduced:
                 current = rec is window[-1]
