@@ -207,6 +207,58 @@ PREEMPTED = LineFormat(
     {"signal": "word", "step": "int", "path": "text", "lr": "float"},
 )
 
+# --- non-finite values (ae.training.nonfinite) ---------------------------------------------
+# The first non-finite value of a step on the rank whose own loss or gradient (before the
+# all-reduce) held it, ERROR, once per such step. `value`: `loss=nan`, `loss=inf`, or
+# `gradient=nan in <parameter>` (the first parameter, in the model's order, whose reduced gradient
+# is not finite; `gradient=nan` when the step is known only later); `samples`: `shard <url>, keys
+# [k, ...]` for each shard of the batch, `(non-finite input)` after the keys whose decoded sample
+# holds a NaN or Inf (those alone are named when there are any).
+NONFINITE = LineFormat(
+    "NONFINITE {value} on rank {rank} at step {step} (epoch {epoch}, batch {batch}): {samples}",
+    {"value": "text", "rank": "int", "step": "int", "epoch": "int", "batch": "text",
+     "samples": "text"},
+)  # fmt: skip
+# The ranks whose own values were finite: the reduced gradient was not (another rank's value).
+NONFINITE_RECEIVED = LineFormat(
+    "Non-finite gradient after the all-reduce at step {step}: this rank's loss and gradient were "
+    "finite (another rank's NONFINITE line names the cause)",
+    {"step": "int"},
+)
+# What every rank did about it, `--on_nonfinite`: each line once per non-finite step.
+NONFINITE_SKIPPED = LineFormat(
+    "SKIPPED optimizer step {step} on every rank (non-finite gradient): {skipped} of at most "
+    "{limit} skipped",
+    {"step": "int", "skipped": "int", "limit": "int"},
+)
+ROLLBACK = LineFormat(
+    "ROLLBACK at step {step}: weights and optimizer state back to {path} (step {to}); the "
+    "batches of the steps after it are not trained again ({count} of at most {limit})",
+    {"step": "int", "path": "text", "to": "int", "count": "int", "limit": "int"},
+)
+NONFINITE_STOP = LineFormat(
+    "Stopping at step {step}: non-finite value (--on_nonfinite={mode}); no checkpoint is written "
+    "after it; newest finite checkpoint: {checkpoint}",
+    {"step": "int", "mode": "word", "checkpoint": "text"},
+)
+# At the end of a run that survived non-finite steps (rank 0, train log and console).
+NONFINITE_SUMMARY = LineFormat(
+    "Non-finite steps survived: {skipped} skipped, {rollbacks} rolled back (--on_nonfinite={mode})",
+    {"skipped": "int", "rollbacks": "int", "mode": "word"},
+)
+# A save refused because the state holds a non-finite value (the save guard); every rank.
+CHECKPOINT_REFUSED = LineFormat(
+    "Checkpoint not written at step {step} ({reason}): non-finite values in {what}",
+    {"step": "int", "reason": "text", "what": "text"},
+)
+# A finite loss far above its recent values (`ae.training.nonfinite.SPIKE_FACTOR`), WARNING.
+LOSS_SPIKE = LineFormat(
+    "LOSS SPIKE loss={loss} on rank {rank} at step {step} (epoch {epoch}, batch {batch}), "
+    "{ratio}x its recent mean {mean}: {samples}",
+    {"loss": "float", "rank": "int", "step": "int", "epoch": "int", "batch": "text",
+     "ratio": "float", "mean": "float", "samples": "text"},
+)  # fmt: skip
+
 # --- ae-encode (ae.rank.encode): the plan, each output shard, each rank, the whole job ---
 ENCODE_PLAN = LineFormat(
     "Encode plan: {shards} shards, {samples} samples on {ranks} ranks (whole shards); this "

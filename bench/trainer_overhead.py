@@ -16,6 +16,8 @@ left out alike: what is left is the cost of a step.
 
 Usage: python -m bench.trainer_overhead [--steps 600] [--repeats 3] [--quick]
     (writes bench/results/trainer_overhead.json; --quick: trainer_overhead_quick.json)
+`--nonfinite`: instead, ae with and without its non-finite guard (`ae.training.nonfinite`), the
+per-step cost of the check (trainer_overhead_nonfinite.json).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from bench.common import synthetic_shards, write_record
 
 DIM, BATCH, WARMUP = 64, 256, 20
 SIDES = ("manual", "lightning", "ae")
+UNGUARDED = "ae_unguarded"  # --nonfinite: ae without its NonFiniteGuard
 DATA = Path("/tmp/ae-bench-data")
 
 
@@ -154,7 +157,7 @@ def run_lightning(steps: int, world: int) -> dict[str, float]:
     return timer.clock.rates()
 
 
-def run_ae(steps: int, world: int, logs: Path) -> dict[str, float]:
+def run_ae(steps: int, world: int, logs: Path, guard: bool = True) -> dict[str, float]:
     """Our trainer as a rank builds it (ae/rank/train.py): logging configured, every callback on,
     a shard data module whose train loader gives the pre-made batches."""
     import logging_cfg
@@ -178,6 +181,11 @@ def run_ae(steps: int, world: int, logs: Path) -> dict[str, float]:
 
     datamodule = PremadeBatches(cfg.data, urls, urls, seed=cfg.run.seed)
     trainer = build_trainer(cfg, ctx, "bench", {})
+    if not guard:
+        from ae.training.nonfinite import NonFiniteGuard
+
+        for cb in [c for c in trainer.callbacks if isinstance(c, NonFiniteGuard)]:
+            trainer.callbacks.remove(cb)
     timer = _timer(steps)
     trainer.callbacks.append(timer)
     trainer.fit(_model(), datamodule=datamodule)
@@ -193,7 +201,8 @@ def _worker(args: argparse.Namespace) -> None:
     elif args.side == "lightning":
         rate = run_lightning(args.steps, world)
     else:
-        rate = run_ae(args.steps, world, Path(args.out).parent / "run")
+        guard = args.side != UNGUARDED
+        rate = run_ae(args.steps, world, Path(args.out).parent / "run", guard=guard)
     if int(os.environ.get("RANK", 0)) == 0:
         Path(args.out).write_text(json.dumps(rate))
     if dist.is_initialized():
@@ -243,13 +252,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternating rounds; best is kept")
     ap.add_argument("--quick", action="store_true", help="60 steps, one round: a smoke run")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--side", choices=SIDES)
+    ap.add_argument("--nonfinite", action="store_true", help="the non-finite guard's cost")
+    ap.add_argument("--side", choices=(*SIDES, UNGUARDED))
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.worker:
         _worker(args)
         return
     steps, repeats = (60, 1) if args.quick else (args.steps, args.repeats)
+    if args.nonfinite:
+        nonfinite_cost(steps, repeats, args.quick)
+        return
     rows = []
     for world in (1, 2):
         # Alternate the sides and keep the best of each, so a busy moment hits all alike.
@@ -268,6 +281,26 @@ def main() -> None:
             )
     record = {"steps": steps, "timed_steps": timed_steps(steps), "repeats": repeats, "rows": rows}
     print(f"wrote {write_record('trainer_overhead', record, quick=args.quick)}")
+
+
+def nonfinite_cost(steps: int, repeats: int, quick: bool) -> None:
+    """ae with and without the non-finite guard, alternating, best of each: the guard's cost per
+    step in microseconds (of wall time and of CPU time)."""
+    rows = []
+    for world in (1, 2):
+        rates: dict[str, list[dict[str, float]]] = {"ae": [], UNGUARDED: []}
+        for _ in range(repeats):
+            for side in rates:
+                rates[side].append(_measure(side, world, steps))
+        row: dict = {"processes": world, "all": rates}
+        for clock in ("wall", "cpu"):
+            on, off = (max(r[clock] for r in rates[s]) for s in ("ae", UNGUARDED))
+            row[clock] = {"guarded": on, "unguarded": off, "us_per_step": 1e6 * (1 / on - 1 / off)}
+            print(f"{world} process(es), {clock}: ae {on:.1f} steps/s with the guard, {off:.1f} "
+                  f"without -> {row[clock]['us_per_step']:.0f} us per step")  # fmt: skip
+        rows.append(row)
+    record = {"steps": steps, "timed_steps": timed_steps(steps), "repeats": repeats, "rows": rows}
+    print(f"wrote {write_record('trainer_overhead_nonfinite', record, quick=quick)}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,15 @@ from ae import log_lines
 from ae.config import FIELDS
 from ae.diagnose.attempts import diagnose_job
 from ae.diagnose.log_files import find_run
-from ae.log_lines import BAD_SAMPLE, COLLECTIVES_FILE, RECORD_PATTERN, LineFormat, epoch_marker
+from ae.log_lines import (
+    BAD_SAMPLE,
+    COLLECTIVES_FILE,
+    LOSS_SPIKE,
+    NONFINITE,
+    RECORD_PATTERN,
+    LineFormat,
+    epoch_marker,
+)
 from bench.synthetic_logs import TS, RankWriter, write_heartbeat, write_train_log
 from tests.support.runs import ROOT
 
@@ -526,6 +534,30 @@ def test_json_schema_in_the_contract_is_what_ae_diagnose_prints(tmp_path: Path) 
         w.start()
         w.steps(1, 6)
         w.log(BAD_SAMPLE.format(key="0007", url="/d/a-000001.tar", reason="bad"), "ERROR")
+        w.log(
+            LOSS_SPIKE.format(
+                loss=4.2,
+                rank=rank,
+                step=3,
+                epoch=0,
+                batch=2,
+                ratio=14.0,
+                mean=0.3,
+                samples="shard /d/a-000001.tar, keys [0003]",
+            ),
+            "WARNING",
+        )
+        w.log(
+            NONFINITE.format(
+                value="loss=nan",
+                rank=rank,
+                step=5,
+                epoch=0,
+                batch=4,
+                samples="shard /d/a-000001.tar, keys [0009]",
+            ),
+            "ERROR",
+        )
         w.stall("training step", 6, 10.0, collective="no" if rank == 0 else "yes (allreduce)")
         w.flush()
         write_heartbeat(tmp_path, rank, 2, pid=1, t=w.t, phase="training step", step=6)

@@ -225,12 +225,21 @@ class OptimConfig:
         "CompressAI's entropy bottleneck, trained by its own aux loss); slower per step, so off "
         "unless the model check asks for it",
     )
+    on_nonfinite: Literal["stop", "skip", "rollback"] = _opt(
+        "stop",
+        "a non-finite loss or gradient: stop (every rank, nothing saved after it), skip (that "
+        "optimizer step, on every rank) or rollback (to the newest checkpoint, its batches not "
+        "trained again)",
+    )
+    max_skipped_steps: int = _opt(
+        10, "skip/rollback: after this many non-finite steps, the next one stops the run", lo=0
+    )
 
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
     """The latent-diffusion recipe on top of --loss (images): LPIPS and a PatchGAN discriminator
-    (docs/TRAINING.md; configs/autoencoder_kl_f8.yaml sets them as CompVis does)."""
+    (docs/TRAINING.md; docs/autoencoder_kl_f8.yaml sets them as CompVis does)."""
 
     perceptual_weight: float = _opt(
         0.0,

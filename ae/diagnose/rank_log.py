@@ -25,10 +25,14 @@ from ae.diagnose.tracebacks import (
 from ae.log_lines import (
     CLOCK_OFFSET,
     EPOCH_MARKER_NAME,
+    LOSS_SPIKE,
     MARKER,
+    NONFINITE,
+    NONFINITE_SKIPPED,
     PROCESSED_TRAIN,
     RANK_EXIT,
     RANK_PROCESS,
+    ROLLBACK,
     SHARD_PLAN,
     STALL,
     STALL_REPORT,
@@ -44,6 +48,7 @@ _TEARDOWN = "phase teardown"
 _MEMORY = re.compile(r"\brss=\S+(?: workers=\S+)?(?: cuda=\S+ peak=\S+)?")
 _SHARD = re.compile(r"(\S+\.tar)\b")
 ERROR_LINES = 20  # continuation lines of an ERROR record kept (a user error's whole message)
+SPIKES_KEPT = 20
 
 
 def _needle(prefix: str) -> bytes:
@@ -111,6 +116,12 @@ class RankLog:
     sigterm: Record | None = None
     heartbeat: Heartbeat | None = None
     header_host: str | None = None  # from the rank header, for a rank without a heartbeat
+    # Non-finite values (ae.training.nonfinite): the rank's first NONFINITE line, the steps it
+    # skipped and rolled back, its loss spikes (the first SPIKES_KEPT).
+    nonfinite: Record | None = None
+    skipped_steps: int = 0
+    rollbacks: int = 0
+    spikes: list[Record] = field(default_factory=list)
 
     @property
     def host(self) -> str | None:
@@ -240,6 +251,14 @@ class _Scanner:
                 if rec is not None and (m := RANK_PROCESS.parse(rec.message)):
                     s.header_host = m["host"]
                     break
+        if s.nonfinite is None:
+            start = next(log.find_records(_needle(NONFINITE.prefix)), None)
+            s.nonfinite = None if start is None else log.record(start)
+        s.skipped_steps += sum(1 for _ in log.find_records(_needle(NONFINITE_SKIPPED.prefix)))
+        s.rollbacks += sum(1 for _ in log.find_records(_needle(ROLLBACK.prefix)))
+        for start in log.find_records(_needle(LOSS_SPIKE.prefix)):
+            if len(s.spikes) < SPIKES_KEPT and (rec := log.record(start)) is not None:
+                s.spikes.append(rec)
         for start in log.find_records(_needle(SHARD_PLAN.prefix)):
             rec = log.record(start)
             if rec is not None and (m := SHARD_PLAN.parse(rec.message)):

@@ -17,6 +17,7 @@ from ae.diagnose.findings import Finding
 from ae.diagnose.flight_recorder import Dump
 from ae.diagnose.log_files import RunFiles
 from ae.diagnose.logscan import Evidence, LogBytes
+from ae.diagnose.nonfinite import nonfinite_json
 from ae.diagnose.rank_log import RankLog, shard_of
 from ae.diagnose.rank_status import current_phase
 from ae.diagnose.stragglers import StragglerFinding, find_stragglers, rank_scores
@@ -180,6 +181,7 @@ def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
         "shard_plan_mismatch": _plan_mismatch(run),
         "data_errors": _data_errors(run),
         "stragglers": [_straggler(f) for f in find_stragglers(run)],
+        "nonfinite": nonfinite_json(run),
         "collectives": {
             "dumps": [_dump(d) for _, d in sorted(run.dumps.items())],
             "mismatches": [m.to_json() for m in verdict.mismatches],
@@ -246,8 +248,9 @@ def verdict_lines(doc: dict[str, Any], width: int = 160) -> list[str]:
         head = (f"no rank is stuck in its own work: every rank waits for the others in a "
                 f"collective at step {net['step']}; {net['cause']}")  # fmt: skip
         return [head, *(_cut(f"    {_where(e)}  {_what(e)}", width) for e in net["evidence"])]
+    survived = _survived(doc.get("nonfinite"))
     if not doc["culprits"]:
-        return [f"No rank is named as the cause (run {doc['status']})."]
+        return [f"No rank is named as the cause (run {doc['status']}).", *survived]
     lines = []
     for c in doc["culprits"]:
         host = f" on {c['host']}" if c.get("host") else ""
@@ -255,6 +258,16 @@ def verdict_lines(doc: dict[str, Any], width: int = 160) -> list[str]:
         for e in c["evidence"]:
             lines.append(_cut(f"    {_where(e)}  {_what(e)}", width))
     return lines
+
+
+def _survived(nonfinite: dict[str, Any] | None) -> list[str]:
+    """A run that survived non-finite steps (`--on_nonfinite=skip|rollback`): how, and the first
+    NONFINITE line."""
+    if not nonfinite or not nonfinite["first"]:
+        return []
+    head = (f"Non-finite steps survived: {nonfinite['skipped_steps']} skipped, "
+            f"{nonfinite['rollbacks']} rolled back; the first:")  # fmt: skip
+    return [head, *(f"    {f['line']}" for f in nonfinite["first"])]
 
 
 def _cut(line: str, width: int) -> str:

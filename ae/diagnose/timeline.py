@@ -10,7 +10,8 @@ RESOLVED or its end: `data wait` (stalled in data loading: waiting for its worke
 crashed or was killed is `dead` from its last line to the run's end. Beside each rank, the share
 of its steps' own time spent waiting for data (its heartbeat's recent window). Marks: `STALL` (a
 rank's first report of an episode), `STRAGGLER` (the detector's line, on the slow rank's lane),
-`RESTART` (a new process header in a rank's log), `FATAL`, `KILLED`. The verdict's culprits get
+`RESTART` (a new process header in a rank's log), `FATAL`, `KILLED`, `NONFINITE` and `SPIKE`
+(a NONFINITE or LOSS SPIKE line, `ae.training.nonfinite`). The verdict's culprits get
 their lane highlighted. Lines are found with the formats of `ae/log_lines.py` (the writers'
 own) and the byte search of `logscan.py`; times are corrected by each rank's clock offset.
 """
@@ -29,7 +30,9 @@ from ae.diagnose.rank_log import clock_offset
 from ae.diagnose.verdict import judge
 from ae.log_lines import (
     FATAL,
+    LOSS_SPIKE,
     MARKER,
+    NONFINITE,
     RANK_PROCESS,
     STALL,
     STALL_RESOLVED,
@@ -73,7 +76,7 @@ class Span:
 @dataclass(frozen=True)
 class Mark:
     rank: int
-    kind: str  # STALL, STRAGGLER, RESTART, FATAL, KILLED
+    kind: str  # STALL, STRAGGLER, RESTART, FATAL, KILLED, NONFINITE, SPIKE
     time: float
     text: str
 
@@ -102,6 +105,8 @@ _NEEDLES = {
     "resolved": _needle(STALL_RESOLVED.prefix),
     "process": _needle(RANK_PROCESS.prefix),
     "fatal": _needle(FATAL.prefix),
+    "nonfinite": _needle(NONFINITE.prefix),
+    "spike": _needle(LOSS_SPIKE.prefix),
 }
 
 
@@ -183,6 +188,11 @@ class _Lane:
                 self._close_stall(t)
         elif kind == "fatal" and (m := FATAL.parse(rec.message)):
             self.marks.append(Mark(self.rank, "FATAL", t, f"FATAL {m['exc_type']}"))
+        elif kind == "nonfinite" and (m := NONFINITE.parse(rec.message)):
+            text = f"NONFINITE {m['value']} step {m['step']}"
+            self.marks.append(Mark(self.rank, "NONFINITE", t, text))
+        elif kind == "spike" and (m := LOSS_SPIKE.parse(rec.message)):
+            self.marks.append(Mark(self.rank, "SPIKE", t, f"LOSS SPIKE step {m['step']}"))
 
     def finish(self, end: float) -> None:
         """Close the lane at `end` (its last line, or the run's end for a rank still open)."""
@@ -261,6 +271,8 @@ _MARK_STYLE = {  # kind -> (marker, colour)
     "STRAGGLER": ("^", "#d35400"),
     "RESTART": ("D", "#1f4e79"),
     "FATAL": ("X", "#000000"),
+    "NONFINITE": ("*", "#b30000"),
+    "SPIKE": ("P", "#d35400"),
     "KILLED": ("X", "#000000"),
 }
 

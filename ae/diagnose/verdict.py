@@ -25,6 +25,7 @@ from ae.diagnose.verdict_rules import (
     failures,
     gone,
     idle,
+    nonfinite,
     peers,
     stalls,
     unnamed_states,
@@ -35,6 +36,7 @@ Rule = Callable[[RunState, Findings], Findings]
 # The order the rules apply in: each sees what the ones before it found.
 RULES: tuple[Rule, ...] = (
     failures,
+    nonfinite,
     gone,
     stalls,
     peers,

@@ -21,6 +21,8 @@ actions:
           the gradient bucket it pairs with their gradient all-reduce, and the job hangs later)
   slow    sleep `ms` milliseconds in `_injected_slow` at every call from `step` on (until
           `until`): a straggler -- per batch at `data`, per optimizer step at `train`
+  nan     `train` only: the loss of the step turns NaN (`poisoned_loss`), on the rank named
+  inf     `train` only: the loss of the step turns +Inf (`poisoned_loss`)
 points (who calls `fault_point`):
   data        in the dataset iteration (the dataloader worker, or the rank with 0 workers),
               before the rank's batch `step` of the run (epoch * batches per epoch + batch);
@@ -52,6 +54,10 @@ Examples::
     AE_FAULT="desync@train:rank=1:step=3"            rank 1 alone all-reduces 3 numbers
     AE_FAULT="gpusleep@train:rank=0:step=5:secs=60"  rank 0's GPU runs one kernel for 60 s
     AE_FAULT="kill@train:rank=1:step=5:attempt=0"    rank 1 is killed once; the restart runs on
+    AE_FAULT="nan@train:rank=1:step=20"              rank 1's loss is NaN at step 20
+
+A NaN that comes from the data itself, not from a fault: `tests/support/shards.py`
+(`nan_sample`) writes a shard sample whose array holds one.
 
 Each fault but `slow` fires at most once per process. A `FAULT injected: ...` WARNING is logged
 first (once), so the fault is placed in the logs. With AE_FAULT unset, `fault_point` is one
@@ -64,13 +70,18 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import TypeVar
 
 from loguru import logger
 
 from ae.errors import UserError
 from ae.log_lines import FAULT_INJECTED
 
-ACTIONS = ("sleep", "raise", "segv", "kill", "oom", "slow", "grow", "desync", "gpusleep")
+ACTIONS = (
+    "sleep", "raise", "segv", "kill", "oom", "slow", "grow", "desync", "gpusleep", "nan", "inf",
+)  # fmt: skip
+# Actions on the loss of a training step (`poisoned_loss`), not at `fault_point`.
+LOSS_ACTIONS = ("nan", "inf")
 KEYS = {
     "rank": int, "step": int, "secs": float, "ms": float, "until": int, "mb": float, "size": int,
     "attempt": int,
@@ -78,6 +89,7 @@ KEYS = {
 POINTS = ("data", "train", "checkpoint", "sampling")
 # The attempt number of a job that restarts (`--max_restarts`), set by the launcher for its ranks.
 ATTEMPT_ENV = "AE_ATTEMPT"
+T = TypeVar("T")
 
 
 class InjectedFault(RuntimeError):
@@ -129,6 +141,8 @@ def parse_faults(spec: str) -> list[Fault]:
             raise FaultSpecError(f"AE_FAULT: {item!r}: slow needs ms=M (milliseconds, > 0)")
         if action == "grow" and not kwargs.get("mb", 0) > 0:
             raise FaultSpecError(f"AE_FAULT: {item!r}: grow needs mb=M (megabytes, > 0)")
+        if action in LOSS_ACTIONS and point != "train":
+            raise FaultSpecError(f"AE_FAULT: {item!r}: {action} acts on the loss: {action}@train")
         if action == "desync" and not kwargs.get("size", 3) > 0:
             raise FaultSpecError(f"AE_FAULT: {item!r}: desync needs size=K (elements, > 0)")
         faults.append(Fault(action, point, **kwargs))  # type: ignore[arg-type]
@@ -162,7 +176,7 @@ def fault_point(point: str, step: int) -> None:
         return
     rank = int(os.environ.get("RANK", 0))
     for i, fault in enumerate(faults):
-        if fault.point != point or fault.rank not in (None, rank):
+        if fault.point != point or fault.rank not in (None, rank) or fault.action in LOSS_ACTIONS:
             continue
         if fault.action == "slow":
             if step >= fault.step and (fault.until is None or step < fault.until):
@@ -181,6 +195,27 @@ def fault_point(point: str, step: int) -> None:
                 FAULT_INJECTED.format(action=fault.action, point=point, step=step, rank=rank)
             )
             _ACT[fault.action](getattr(fault, _ARG.get(fault.action, "secs")))
+
+
+def poisoned_loss(loss: T, step: int) -> T:
+    """`loss`, or NaN / +Inf in its place at the step of a `nan@train` / `inf@train` fault (once
+    per process, on the rank named); one `None` check when AE_FAULT is unset."""
+    if _faults is None:
+        return loss
+    faults = active_faults()
+    if faults is None:
+        return loss
+    rank = int(os.environ.get("RANK", 0))
+    for i, fault in enumerate(faults):
+        if fault.action not in LOSS_ACTIONS or fault.rank not in (None, rank) or i in _fired:
+            continue
+        if step >= fault.step:
+            _fired.add(i)
+            logger.warning(
+                FAULT_INJECTED.format(action=fault.action, point="train", step=step, rank=rank)
+            )
+            return loss * float(fault.action)  # x nan is NaN; x inf is +Inf for a loss > 0
+    return loss
 
 
 # Named functions, so a stack dump shows which fault is acting.

@@ -34,10 +34,11 @@ from ae.atomic_files import human_size
 from ae.config import CheckpointConfig
 from ae.forensics.faults import fault_point
 from ae.forensics.progress import in_phase, progress
-from ae.log_lines import CHECKPOINT_END, CHECKPOINT_START, RESUMED, main_log
+from ae.log_lines import CHECKPOINT_END, CHECKPOINT_REFUSED, CHECKPOINT_START, RESUMED, main_log
 from ae.run_paths import RunDir
 from ae.training.checkpoint_files import CheckpointStore
 from ae.training.model import AutoEncoder
+from ae.training.nonfinite import nonfinite_in, training_state
 from ae.training.position import checkpoint_read
 from ae.training.position.sync import PositionSync
 
@@ -184,23 +185,31 @@ class Checkpointing(L.Callback):
         # val/loss is synced across ranks, but the save below is collective: one decision.
         if not trainer.strategy.broadcast(value < self.best_loss, src=0):
             return
-        self.best_loss, self.best_step = value, trainer.global_step
-        self._save(trainer, self.store.best, f"best, val/loss={value:.6f}")
+        if self._save(trainer, self.store.best, f"best, val/loss={value:.6f}"):
+            self.best_loss, self.best_step = value, trainer.global_step
 
     # --- saving -----------------------------------------------------------------------------
     def save_step(self, trainer: L.Trainer, reason: str) -> Path:
-        """Save the training state as a step checkpoint and point `last` at it (all ranks)."""
+        """Save the training state as a step checkpoint and point `last` at it (all ranks).
+        A state with a non-finite value is not saved: `last` stays the newest finite one."""
         path = self.store.step_path(trainer.global_step)
-        self._save(trainer, path, reason)
+        if not self._save(trainer, path, reason):
+            return self.store.last
         self.saved_step, self.saved_at = trainer.global_step, self.clock()
         if trainer.is_global_zero:
             for old in self.store.commit_step(path):
                 logger.info(f"Removed {old.name} (keeping {self.store.keep} step checkpoints)")
         return path
 
-    def _save(self, trainer: L.Trainer, path: Path, reason: str) -> None:
+    def _save(self, trainer: L.Trainer, path: Path, reason: str) -> bool:
+        """Whether it saved. The guard first: the weights and optimizer state are the same on
+        every rank, so every rank refuses the same save, without a collective."""
         step = trainer.global_step
         log = main_log if trainer.is_global_zero else logger
+        bad = nonfinite_in(training_state(trainer, trainer.lightning_module))
+        if bad is not None:
+            log.error(CHECKPOINT_REFUSED.format(step=step, reason=reason, what=bad))
+            return False
         with in_phase("checkpoint save"):
             # START stays off the console (END says it all there); both are in the files.
             log.bind(console=False).info(
@@ -217,3 +226,4 @@ class Checkpointing(L.Callback):
                     step=step, reason=reason, path=path, size=size, seconds=seconds
                 )
             )
+        return True

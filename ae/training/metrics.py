@@ -46,6 +46,7 @@ from PIL import Image
 from ae.config import ConfigError, ObservabilityConfig, logger_names
 from ae.log_lines import main_log
 from ae.run_paths import RunDir
+from ae.training.nonfinite import NonFiniteGuard
 from ae.training.plots import loss_plot
 
 SERIES = {"train/loss": "train loss", "val/loss": "val loss"}
@@ -301,5 +302,6 @@ class LossCurve(L.Callback):
         if not any(math.isfinite(y) for pts in history.values() for _, y in pts):
             return
         path = self.run_dir.loss_curve
-        loss_plot(history, path)
+        guards = [cb for cb in trainer.callbacks if isinstance(cb, NonFiniteGuard)]
+        loss_plot(history, path, marks=guards[0].events if guards else [])
         main_log.info(f"Loss curve: {path}")

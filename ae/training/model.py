@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from ae.config import BUILTIN_MODELS, ModelConfig, ObjectiveConfig, OptimConfig
 from ae.data.datamodule import ShardDataModule
 from ae.data.decoding.decode import InputSpec
-from ae.forensics.faults import fault_point
+from ae.forensics.faults import fault_point, poisoned_loss
 from ae.log_lines import main_log
 from ae.training.lr import DiscSchedule, Schedule, scale_lr, schedule_line, steps_to_end
 from ae.training.model_check import (
@@ -171,6 +171,7 @@ class AutoEncoder(L.LightningModule):
             self.global_step, with_stats=on_cadence,
         )  # fmt: skip
         loss, logs = terms.loss, terms.logs
+        loss = poisoned_loss(loss, self.global_step)  # AE_FAULT=nan@train: tests only
         if terms.stats is not None:  # this rank's own, in its log: no collective
             self.recipe.report(self.global_step, self.global_rank, terms.stats)
         if on_cadence:

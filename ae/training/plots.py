@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -51,9 +52,18 @@ def reconstruction_grid(
     return canvas
 
 
-def loss_plot(series: dict[str, list[tuple[float, float]]], path: Path) -> None:
+# What each kind of step mark looks like on the loss curve: (colour, line style).
+_MARK_STYLE = {"loss spike": ("#d35400", "--"), "non-finite": ("#b30000", ":")}
+
+
+def loss_plot(
+    series: dict[str, list[tuple[float, float]]],
+    path: Path,
+    marks: Sequence[tuple[int, str]] = (),
+) -> None:
     """Lines of (step, loss) points against the optimizer step, on a log scale when every value
-    is positive (losses span decades); each point marked while a line has few of them."""
+    is positive (losses span decades); each point marked while a line has few of them. `marks`:
+    (step, `loss spike` | `non-finite`), each a vertical line (`ae.training.nonfinite`)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # only where a curve is drawn
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
@@ -69,6 +79,12 @@ def loss_plot(series: dict[str, list[tuple[float, float]]], path: Path) -> None:
         xs, ys = zip(*pts, strict=True)
         ax.plot(xs, ys, label=name, linewidth=1.6, marker="o" if len(pts) < 60 else None,
                 markersize=3)  # fmt: skip
+    labelled: set[str] = set()
+    for step, what in marks:
+        colour, style = _MARK_STYLE.get(what, ("#555555", ":"))
+        label = what if what not in labelled else None
+        labelled.add(what)
+        ax.axvline(step, color=colour, linestyle=style, linewidth=1.2, label=label)
     log_y = all(y > 0 for pts in finite.values() for _, y in pts)
     if log_y:
         ax.set_yscale("log")

@@ -21,6 +21,7 @@ from ae.training.checkpointing import AtomicCheckpointIO, Checkpointing
 from ae.training.clock import ClockOffset
 from ae.training.ema import EMA
 from ae.training.metrics import LOG_EVERY_N_STEPS, build_loggers, metric_callbacks
+from ae.training.nonfinite import NonFiniteGuard
 from ae.training.position.sync import PositionSync
 from ae.training.preemption import Preemption
 from ae.training.rank_series import RankSeries
@@ -74,6 +75,8 @@ def build_callbacks(cfg: Config, ctx: RankContext, run_ts: str) -> list[L.Callba
         checkpointing,
         preemption,
         sampling,
+        # before the step boundary: a rollback is done before anything is saved
+        NonFiniteGuard(cfg.optim, cfg.checkpoints, checkpointing.store, cfg.run.precision),
         StepBoundary(
             ema=ema,
             checkpointing=checkpointing,

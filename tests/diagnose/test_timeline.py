@@ -67,3 +67,37 @@ def test_timeline_png_and_trace_json_from_the_command_line(tmp_path: Path) -> No
             assert not open_ends or e["ts"] + e["dur"] <= open_ends[-1], e
             open_ends.append(e["ts"] + e["dur"])
     assert doc["otherData"]["verdict"] == "held back by rank 1: training step"
+
+
+def test_nonfinite_and_spike_lines_are_marks_on_their_rank(tmp_path: Path) -> None:
+    from ae.log_lines import LOSS_SPIKE, NONFINITE
+    from bench.synthetic_logs import RankWriter, write_train_log
+
+    write_train_log(tmp_path, 2)
+    for rank in (0, 1):
+        w = RankWriter(tmp_path, rank, 2)
+        w.start()
+        w.steps(1, 6)
+        if rank == 1:
+            w.log(
+                LOSS_SPIKE.format(
+                    loss=4.0,
+                    rank=1,
+                    step=3,
+                    epoch=0,
+                    batch=2,
+                    ratio=12.0,
+                    mean=0.33,
+                    samples="shard a.tar, keys [k]",
+                ),
+                "WARNING",
+            )
+            w.log(NONFINITE.format(value="loss=nan", rank=1, step=5, epoch=0, batch=4,
+                                   samples="shard a.tar, keys [k]"), "ERROR")  # fmt: skip
+        w.flush()
+    tl = build_timeline(find_run(tmp_path))
+    marks = {(m.rank, m.kind, m.text) for m in tl.marks}
+    assert marks == {
+        (1, "SPIKE", "LOSS SPIKE step 3"),
+        (1, "NONFINITE", "NONFINITE loss=nan step 5"),
+    }

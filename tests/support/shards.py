@@ -44,3 +44,11 @@ def id_samples(n: int, dim: int = 4, start: int = 0) -> list[Sample]:
         {"__key__": f"{start + i:08d}".encode(), "npy": npy_bytes(np.full(dim, start + i, "f4"))}
         for i in range(n)
     ]
+
+
+def nan_sample(key: str, dim: int = 16, at: int = 3) -> Sample:
+    """A sample whose array holds a real NaN (element `at`): a loss that turns non-finite from the
+    data itself, as a corrupt record makes it (`ae.training.nonfinite`)."""
+    array = np.full(dim, 0.5, np.float32)
+    array[at] = np.nan
+    return {"__key__": key.encode(), "npy": npy_bytes(array)}

@@ -1,0 +1,330 @@
+"""A loss or gradient that turns NaN or Inf: named (rank, step, shard and samples), and survived
+as `--on_nonfinite` says.
+
+Every optimizer step, each rank records on its device, without reading it: its loss (summed
+over the step's batches), whether its own gradient was finite before the all-reduce (a DDP comm
+hook looks at each bucket before reducing it), and the norm of the reduced gradient. The record
+is read on the host every step where that costs nothing or is needed (on a CPU, and with
+`skip` or `rollback`, which must decide before the optimizer step), and otherwise (`stop` on a
+GPU) every `log_every_n_steps` steps, when the loggers read the loss anyway; the first bad step
+is named from the window kept since the last read.
+
+Agreement without a collective of its own: a rank whose loss is non-finite while its gradient
+is finite puts a NaN into each bucket it reduces, so the reduced gradient, which every rank
+holds identically, is non-finite on all ranks whenever any rank's loss or gradient is. Every
+rank then takes the same decision at the same step from the same value. The rank(s) whose own
+loss or pre-reduce gradient held the value write the NONFINITE line; the others write
+NONFINITE_RECEIVED. Under 16-mixed, a non-finite gradient with finite losses is the gradient
+scaler's overflow (it skips that step and lowers its scale): only a loss counts there.
+
+- `stop`: every rank raises `NonFiniteError` (exit 2, after naming the newest checkpoint; the
+  save guard keeps any checkpoint due meanwhile from being written).
+- `skip`: the step's gradients are dropped (`grad = None`: the optimizer leaves every parameter
+  and its state as they were), on every rank; up to `--max_skipped_steps`.
+- `rollback`: the step is dropped too, then weights, optimizer state and the EMA go back to the
+  newest step checkpoint; the data stream goes on, so the batches since that checkpoint are not
+  trained again (the step counter and the LR schedule go on as well).
+
+A loss spike (a finite loss above `SPIKE_FACTOR` x its exponential mean over about
+`1 / (1 - SPIKE_DECAY)` steps, after `SPIKE_WARMUP` steps) is a LOSS_SPIKE WARNING with the
+same detail, on the rank that saw it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from loguru import logger
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from ae.config import CheckpointConfig, OptimConfig
+from ae.data.stream.batch_members import Member, batch_members
+from ae.data.stream.shard_stream import ShardStream
+from ae.errors import UserError
+from ae.log_lines import (
+    LOSS_SPIKE,
+    NONFINITE,
+    NONFINITE_RECEIVED,
+    NONFINITE_SKIPPED,
+    NONFINITE_STOP,
+    NONFINITE_SUMMARY,
+    ROLLBACK,
+    main_log,
+)
+from ae.training.checkpoint_files import CheckpointStore
+from ae.training.ema import EMA
+from ae.training.position import checkpoint_read
+
+SPIKE_FACTOR = 10.0  # a loss this many times its recent mean is a spike
+SPIKE_DECAY = 0.98  # the mean's decay per step (about the last 50 steps)
+SPIKE_WARMUP = 20  # steps before the first spike can be called (the mean settles)
+KEYS_SHOWN = 16  # keys named per shard; more are counted
+
+
+class NonFiniteError(UserError):
+    """The run stops on a non-finite value (`--on_nonfinite=stop`, or past
+    `--max_skipped_steps`)."""
+
+
+@dataclass
+class StepRecord:
+    step: int  # the optimizer step, counted as ae counts them (the first is 1)
+    batches: list[tuple[int, int]] = field(default_factory=list)  # (epoch, batch index)
+    # On the device, unread until the window is: the step's loss, the norm of its reduced
+    # gradient, and (under DDP) whether this rank's own gradient was non-finite.
+    values: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+
+
+def _value(x: float) -> str:
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def describe_members(members: list[Member]) -> str:
+    """`shard a.tar, keys [k1, k2]; shard b.tar, keys [...]`: the samples with non-finite input
+    alone when there are any (marked), else all the batch's."""
+    bad = [m for m in members if m.finite is False]
+    shown, note = (bad, " (non-finite input)") if bad else (members, "")
+    if not shown:
+        return "samples unknown (resampled split)"
+    by_url: dict[str, list[str]] = {}
+    for m in shown:
+        by_url.setdefault(m.url, []).append(m.key)
+    parts = []
+    for url, keys in by_url.items():
+        more = f", ... {len(keys) - KEYS_SHOWN} more" if len(keys) > KEYS_SHOWN else ""
+        parts.append(f"shard {url}, keys [{', '.join(keys[:KEYS_SHOWN])}{more}]{note}")
+    return "; ".join(parts)
+
+
+def nonfinite_in(named: list[tuple[str, torch.Tensor]]) -> str | None:
+    """The first name whose tensor holds a NaN or Inf (floating tensors only), or None. One
+    host sync: for the save guard and the step just recorded, never per step."""
+    floats = [(n, t) for n, t in named if torch.is_tensor(t) and t.is_floating_point()]
+    if not floats:
+        return None
+    flags = torch.stack([torch.isfinite(t).all() for _, t in floats]).tolist()
+    return next((n for (n, _), ok in zip(floats, flags, strict=True) if not ok), None)
+
+
+def training_state(trainer: L.Trainer, pl_module: L.LightningModule) -> list[tuple[str, Any]]:
+    """What a checkpoint would hold of the model and the optimizers, named. Identical on every
+    rank under DDP, so a decision on it needs no collective."""
+    named: list[tuple[str, Any]] = [(f"weights {n}", t) for n, t in pl_module.state_dict().items()]
+    for i, opt in enumerate(trainer.optimizers):
+        for j, state in enumerate(opt.state.values()):
+            named += [(f"optimizer {i} state {j} {k}", v) for k, v in state.items()]
+    return named
+
+
+class NonFiniteGuard(L.Callback):
+    """Before `StepBoundary` in the callbacks: a rollback is done before anything is saved."""
+
+    def __init__(
+        self, optim: OptimConfig, checkpoints: CheckpointConfig, store: CheckpointStore,
+        precision: str,
+    ) -> None:  # fmt: skip
+        self.mode = optim.on_nonfinite
+        self.limit = optim.max_skipped_steps
+        self.trust = checkpoints.trust_checkpoint
+        self.store = store
+        self.grads_count = precision != "16-mixed"
+        self.every = 1  # steps per read of the record (set at train start)
+        self.params: list[torch.nn.Parameter] = []
+        self.zero: torch.Tensor | None = None  # on the module's device
+        self.window: list[StepRecord] = []
+        self.batches: list[tuple[int, int]] = []  # the current step's
+        self.loss: torch.Tensor | None = None  # the current step's, summed over its batches
+        self.grad_bad: torch.Tensor | None = None  # the current step's own gradient, per bucket
+        self.skipped = 0
+        self.rollbacks = 0
+        self.rollback_pending = False
+        self.mean: float | None = None  # the loss's exponential mean (spikes)
+        # (step, what) of each loss spike and non-finite step: marks on the loss curve
+        self.events: list[tuple[int, str]] = []
+        self.seen = 0
+
+    # --- recording (device only) -----------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        device = pl_module.device
+        per_step = device.type == "cpu" or self.mode != "stop"
+        self.every = 1 if per_step else max(1, trainer.log_every_n_steps)
+        self.params = list(pl_module.parameters())
+        self.zero = torch.zeros((), device=device)
+        model = trainer.strategy.model
+        if isinstance(model, DistributedDataParallel):
+            # Through a lambda: DDP compares a hook's annotations with its types, and ours are
+            # strings here (`from __future__ import annotations`).
+            model.register_comm_hook(None, lambda state, bucket: self._reduce(state, bucket))
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.batches.append((trainer.current_epoch, batch_idx))
+
+    def on_before_backward(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
+    ) -> None:
+        loss = loss.detach().float()
+        self.loss = loss if self.loss is None else self.loss + loss
+
+    def _reduce(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """DDP's all-reduce of one gradient bucket, after looking at this rank's own values."""
+        buf = bucket.buffer()
+        bad = ~torch.isfinite(buf).all()
+        self.grad_bad = bad if self.grad_bad is None else self.grad_bad | bad
+        if self.loss is not None:
+            # A non-finite loss with a finite gradient still reaches every rank: one NaN added.
+            poison = ~torch.isfinite(self.loss) & ~bad
+            buf[:1].add_(torch.where(poison, float("nan"), 0.0).to(buf.dtype))
+        return allreduce_hook(state, bucket)
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        assert self.zero is not None
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else self.zero
+        loss = self.loss if self.loss is not None else self.zero
+        values = (loss, norm, self.grad_bad)
+        self.window.append(StepRecord(trainer.global_step + 1, self.batches, values))
+        self.batches, self.loss, self.grad_bad = [], None, None
+        if len(self.window) >= self.every:
+            self._read(trainer, pl_module)
+
+    # --- reading and acting (host) ---------------------------------------------------------
+    def _read(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        window, self.window = self.window, []
+        tensors = []
+        for rec in window:
+            assert rec.values is not None
+            loss, norm, bad = rec.values
+            tensors += [loss, norm.float(), (norm if bad is None else bad).float()]
+        flat = torch.stack(tensors).tolist()  # the one read of the window
+        for k, rec in enumerate(window):
+            loss, norm, bad = flat[3 * k : 3 * k + 3]
+            assert rec.values is not None
+            # Without DDP (no flag of the comm hook) a rank's own gradient is the reduced one.
+            own_bad = bad > 0 if rec.values[2] is not None else not math.isfinite(bad)
+            own = not math.isfinite(loss) or (self.grads_count and own_bad)
+            reduced = self.grads_count and not math.isfinite(norm)
+            if own or reduced:
+                current = rec is window[-1]
+                self._name(trainer, pl_module, rec, loss, own, current)
+                self._act(trainer, pl_module, rec, current)
+                return
+            self._spike(trainer, rec, loss)
+
+    def _name(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, rec: StepRecord, loss: float,
+        own: bool, current: bool,
+    ) -> None:  # fmt: skip
+        log = main_log if trainer.is_global_zero else logger
+        if not own:
+            log.warning(NONFINITE_RECEIVED.format(step=rec.step))
+            return
+        if not math.isfinite(loss):
+            value = f"loss={_value(loss)}"
+        else:
+            grads = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
+            where = nonfinite_in(grads) if current else None
+            value = "gradient=nan" + (f" in {where}" if where else "")
+        log.error(NONFINITE.format(value=value, **self._detail(trainer, rec)))
+
+    def _detail(self, trainer: L.Trainer, rec: StepRecord) -> dict[str, Any]:
+        """Where a step's value came from: rank, step, epoch, batch(es), shard and keys."""
+        epoch, batch = rec.batches[-1] if rec.batches else (trainer.current_epoch, -1)
+        batches = [b for e, b in rec.batches if e == epoch] or [batch]
+        members: list[Member] = []
+        stream = getattr(trainer.datamodule, "train_set", None)
+        if isinstance(stream, ShardStream) and stream.epoch == epoch:
+            for b in batches:
+                members += batch_members(stream, b)
+        samples = describe_members(members) if members else "samples unknown"
+        return {
+            "rank": trainer.global_rank, "step": rec.step, "epoch": epoch,
+            "batch": ",".join(map(str, batches)), "samples": samples,
+        }  # fmt: skip
+
+    def _spike(self, trainer: L.Trainer, rec: StepRecord, loss: float) -> None:
+        mean, self.seen = self.mean, self.seen + 1
+        if mean is not None and self.seen > SPIKE_WARMUP and loss > SPIKE_FACTOR * mean > 0:
+            ratio = f"{loss / mean:.1f}"
+            detail = self._detail(trainer, rec)
+            logger.warning(
+                LOSS_SPIKE.format(loss=f"{loss:.6g}", ratio=ratio, mean=f"{mean:.6g}", **detail)
+            )
+            self.events.append((rec.step, "loss spike"))
+            return  # the spike stays out of the mean it is judged against
+        self.mean = loss if mean is None else SPIKE_DECAY * mean + (1 - SPIKE_DECAY) * loss
+
+    def _act(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, rec: StepRecord, current: bool
+    ) -> None:
+        log = main_log if trainer.is_global_zero else logger
+        for p in pl_module.parameters():  # whatever happens next, this step is not applied
+            p.grad = None
+        used = self.skipped + self.rollbacks
+        self.events.append((rec.step, "non-finite"))
+        if self.mode == "stop" or used >= self.limit or not current:
+            log.error(
+                NONFINITE_STOP.format(
+                    step=rec.step, mode=self.mode, checkpoint=self.newest_checkpoint() or "none"
+                )
+            )
+            raise NonFiniteError(
+                f"non-finite value at step {rec.step} (--on_nonfinite={self.mode}, "
+                f"{used} of at most {self.limit} survived): the NONFINITE line names the rank "
+                "and samples; `ae-diagnose` shows it"
+            )
+        if self.mode == "skip":
+            self.skipped += 1
+            log.warning(NONFINITE_SKIPPED.format(step=rec.step, skipped=self.skipped,
+                                                 limit=self.limit))  # fmt: skip
+            return
+        self.rollbacks += 1
+        self.rollback_pending = True
+
+    def newest_checkpoint(self) -> Path | None:
+        files = self.store.step_files()
+        return files[-1] if files else None
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        if not self.rollback_pending:
+            return
+        self.rollback_pending = False
+        path = self.newest_checkpoint()
+        if path is None:
+            raise NonFiniteError(
+                f"non-finite value at step {trainer.global_step}: --on_nonfinite=rollback has no "
+                "checkpoint to go back to yet (set --checkpointing_period lower)"
+            )
+        ckpt = checkpoint_read.load(path, trust=self.trust, map_location=pl_module.device)
+        pl_module.load_state_dict(ckpt["state_dict"])
+        for opt, state in zip(trainer.optimizers, ckpt["optimizer_states"], strict=True):
+            opt.load_state_dict(state)
+        for cb in trainer.callbacks:
+            if isinstance(cb, EMA):  # its average, and the live weights it saved aside
+                cb.on_load_checkpoint(trainer, pl_module, ckpt)
+        to, step = ckpt["global_step"], trainer.global_step
+        log = main_log if trainer.is_global_zero else logger
+        log.warning(
+            ROLLBACK.format(step=step, path=path, to=to, count=self.rollbacks,
+                            limit=self.limit)
+        )  # fmt: skip
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero and (self.skipped or self.rollbacks):
+            main_log.warning(
+                NONFINITE_SUMMARY.format(
+                    skipped=self.skipped, rollbacks=self.rollbacks, mode=self.mode
+                )
+            )
