@@ -92,6 +92,16 @@ class EarlierCheckpoints(UserError):
         )
 
 
+class RunFolderUnwritable(UserError):
+    def __init__(self, run_dir: RunDir, error: OSError) -> None:
+        super().__init__(
+            f"--output_dir={run_dir.root} cannot be written ({error.strerror}: "
+            f"{error.filename or run_dir.root}).\n"
+            f"  The run folder holds the run's lock, logs and checkpoints: train into a folder "
+            f"you can write (another --output_dir), or make this one writable."
+        )
+
+
 class LeaderMissing(UserError):
     def __init__(self, run_dir: RunDir, job: str, waited: float) -> None:
         super().__init__(
@@ -134,8 +144,13 @@ def _read_fd(fd: int) -> LockInfo | None:
 
 
 def acquire(run_dir: RunDir, job: str, run_ts: str) -> RunLock:
-    """Take the folder's lock for `job`, or raise RunFolderBusy naming the job that holds it."""
-    run_dir.root.mkdir(parents=True, exist_ok=True)
+    """Take the folder's lock for `job`, or raise RunFolderBusy naming the job that holds it
+    (RunFolderUnwritable when the folder cannot be made or written)."""
+    try:
+        run_dir.root.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(run_dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    except OSError as e:  # read-only filesystem, no permission, a file in the way
+        raise RunFolderUnwritable(run_dir, e) from None
     path = run_dir.lock
     info = LockInfo(
         socket.gethostname(), os.getpid(), run_ts, time.strftime("%Y-%m-%d %H:%M:%S"), job

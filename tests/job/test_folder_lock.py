@@ -122,3 +122,32 @@ def test_a_run_in_the_same_second_gets_the_next_ts(tmp_path: Path) -> None:
     (tmp_path / "train_20261123_101559.log").write_text("")
     (tmp_path / "launcher_20261123_101600.log").write_text("")
     assert unused_run_ts(tmp_path, "20261123_101559") == "20261123_101601"
+
+
+def _read_only_mounts() -> bool:
+    """Whether this machine lets a user namespace mount a read-only tmpfs (root bypasses file
+    modes, so a read-only filesystem is the way to make a folder no one can write)."""
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _read_only_mounts(), reason="needs `unshare -rm` (user namespaces)")
+@pytest.mark.parametrize("sub", ["", "run"], ids=["the_folder", "a_folder_inside"])
+def test_a_read_only_output_dir_is_one_message_naming_the_folder(tmp_path: Path, sub: str) -> None:
+    """The launcher on a read-only --output_dir (or one to create inside a read-only folder):
+    exit 2, one message naming the folder, no traceback."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    out = ro / sub if sub else ro
+    script = (
+        f"mount -t tmpfs -o ro tmpfs {ro} && exec {sys.executable} -m ae.cli.launch "
+        f"--output_dir={out} --max_epochs=1"
+    )
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], cwd=ROOT, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said
+    assert f"--output_dir={out} cannot be written (Read-only file system" in said
+    assert "Traceback" not in said and "OSError" not in said
