@@ -27,6 +27,7 @@ from ae.job.folder_lock import (
     unused_run_ts,
 )
 from ae.run_paths import RunDir
+from bench.synthetic_logs import write_heartbeat
 from tests.support.runs import ROOT
 
 HOLDER = textwrap.dedent(
@@ -151,3 +152,63 @@ def test_a_read_only_output_dir_is_one_message_naming_the_folder(tmp_path: Path,
     assert done.returncode == 2, said
     assert f"--output_dir={out} cannot be written (Read-only file system" in said
     assert "Traceback" not in said and "OSError" not in said
+
+
+HOLDER_WITH_CHILD = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from pathlib import Path
+    from ae.job.folder_lock import acquire
+    from ae.run_paths import RunDir
+    lock = acquire(RunDir(Path(sys.argv[1])), "local job", "20261123_101500")
+    child = subprocess.Popen(["sleep", "600"], pass_fds=lock.descriptors())
+    print(child.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_killed_launchers_child_keeps_the_folder_locked(tmp_path: Path) -> None:
+    """The launcher's child inherits the lock's descriptor: the launcher SIGKILLed, the folder
+    stays locked (no takeover) until the child is gone too, and the refusal says so."""
+    run_dir = RunDir(tmp_path / "run")
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", HOLDER_WITH_CHILD, str(run_dir.root)], cwd=ROOT,
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert launcher.stdout is not None
+    child = int(launcher.stdout.readline())
+    try:
+        launcher.kill()
+        launcher.wait(timeout=30)
+        with pytest.raises(RunFolderBusy) as err:
+            acquire(run_dir, "local job", "20261123_101600")
+        assert f"(pid {launcher.pid} on " in err.value.render()
+        assert "its launcher is gone, but the processes it started still hold" in err.value.render()
+    finally:
+        os.kill(child, signal.SIGKILL)
+    time.sleep(0.2)  # the child reaped by init
+    lock = acquire(run_dir, "local job", "20261123_101600")
+    assert lock.taken_over is not None and lock.taken_over.pid == launcher.pid
+    lock.release()
+
+
+def test_a_live_rank_of_a_run_in_the_folder_blocks_a_takeover(tmp_path: Path) -> None:
+    """No process holds the lock, but a rank of the folder's run lives (its heartbeat's pid):
+    no takeover; the refusal names the rank."""
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.logs.mkdir(parents=True)
+    rank = subprocess.Popen(["sleep", "600"])
+    try:
+        time.sleep(0.1)
+        write_heartbeat(run_dir.logs, 1, 2, pid=rank.pid, t=time.time(), phase="training step",
+                        step=5, ts="20261123_101500")  # fmt: skip
+        with pytest.raises(RunFolderBusy) as err:
+            acquire(run_dir, "local job", "20261123_101600")
+        assert f"a job whose ranks still run: rank 1 (pid {rank.pid}, run 20261123_101500)" in (
+            err.value.render()
+        )
+    finally:
+        rank.kill()
+        rank.wait()
+    acquire(run_dir, "local job", "20261123_101600").release()  # gone: free
