@@ -3,7 +3,11 @@
 # First use creates .venv/ and installs the project into it; later runs reuse it (reinstalling
 # only when pyproject.toml changes). `--install-only` stops after that step.
 set -euo pipefail
+# Paths the user gives (--output_dir=runs/x, --model=mymod:Cls, shard specs, --config) are
+# relative to where the command was run: install from the checkout, then run from there.
+caller="$PWD"
 cd "$(dirname "$0")"
+checkout="$PWD"
 
 VENV=.venv
 PY="${AE_PYTHON:-python3}"
@@ -26,4 +30,5 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; 
 fi
 
 if [ "${1:-}" = "--install-only" ]; then exit 0; fi
-exec "$VENV/bin/python" -m ae.cli.launch "$@"
+cd "$caller"
+exec "$checkout/$VENV/bin/python" -m ae.cli.launch "$@"

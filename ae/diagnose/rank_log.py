@@ -23,16 +23,21 @@ from ae.diagnose.tracebacks import (
     read_crashes,
 )
 from ae.log_lines import (
+    CHECKPOINT_END,
+    CHECKPOINT_START,
     CLOCK_OFFSET,
     EPOCH_MARKER_NAME,
     LOSS_SPIKE,
     MARKER,
     NONFINITE,
     NONFINITE_SKIPPED,
+    PREEMPTED,
     PROCESSED_TRAIN,
     RANK_EXIT,
     RANK_PROCESS,
     ROLLBACK,
+    SAMPLING_END,
+    SAMPLING_START,
     SHARD_PLAN,
     STALL,
     STALL_REPORT,
@@ -55,6 +60,12 @@ def _needle(prefix: str) -> bytes:
     """A message prefix as it appears after the `[Rank r/W]` tag."""
     return b"] " + prefix.encode()
 
+
+# The lines that name the optimizer step the rank was at: its step is the newest of them (or the
+# heartbeat's, when newer). The training step lines come only every few batches; a checkpoint, a
+# sampling, a stall or a stop signal since then says the step too.
+_STEP_LINES = (TRAIN_STEP, CHECKPOINT_START, CHECKPOINT_END, SAMPLING_START, SAMPLING_END, STALL,
+               STOP_SIGNAL, STOP_SIGNAL_STUCK, PREEMPTED)  # fmt: skip
 
 # The rank got a stop signal (torchrun stopping a failed job, preemption): ae's own lines, and
 # Lightning's (its handler is the one in place before training starts).
@@ -185,8 +196,10 @@ class _Scanner:
             s.progress_time = max(s.progress_time or 0.0, rec.time)
             if epoch := EPOCH_MARKER_NAME.match(m["name"]):
                 s.epoch = int(epoch["epoch"])
-        if (rec := self._last(log, TRAIN_STEP.prefix)) and (m := TRAIN_STEP.parse(rec.message)):
-            s.step, s.step_time = int(m["step"]), rec.time
+        for fmt in _STEP_LINES:
+            rec = self._last(log, fmt.prefix)
+            if rec and (m := fmt.parse(rec.message)) and _newer(s.step_time, rec.time):
+                s.step, s.step_time = int(m["step"]), rec.time
         for fmt in (TRAIN_STEP, PROCESSED_TRAIN, VAL_STEP):
             if rec := self._last(log, fmt.prefix):
                 s.progress_time = max(s.progress_time or 0.0, rec.time)

@@ -11,7 +11,7 @@ nothing failed has no culprits.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ae.diagnose.collectives import Mismatch
 from ae.diagnose.evidence import RunState
@@ -108,17 +108,40 @@ def _status(run: RunState, found: Findings) -> str:
     return "stopped"
 
 
+def processes_gone(run: RunState) -> bool:
+    """Every rank's process is known to have ended: its exit line, torchrun's report, its
+    heartbeat's state or its pid (on this host) says so."""
+    if run.missing or not run.ranks:
+        return False
+    for r in run.ranks.values():
+        hb = r.heartbeat
+        ended = hb is not None and (hb.alive is False or hb.state != "running")
+        if not (r.exit is not None or r.rank in run.ends or ended):
+            return False
+    return True
+
+
+def _after_the_end(run: RunState, verdict: Verdict) -> Verdict:
+    """A hang whose processes are all gone (stopped with Ctrl-C, killed) is over: `stopped`. The
+    culprits and the ranks' states stay: what held the job back, and what each rank was doing
+    when it ended (the timeline draws a stall to the end)."""
+    if verdict.status not in ("hung", "running") or not processes_gone(run):
+        return verdict
+    return replace(verdict, status="stopped")
+
+
 def judge(run: RunState) -> Verdict:
     if (net := network_partition(run)) is not None:
-        return _network_verdict(run, net)
+        return _after_the_end(run, _network_verdict(run, net))
     found = Findings()
     for rule in RULES:
         found = rule(run, found)
     culprits = name_resources(found.culprits, run.ranks)
-    return Verdict(
+    verdict = Verdict(
         _status(run, found),
         sorted(culprits, key=lambda f: f.rank),
         sorted(found.victims, key=lambda f: f.rank),
         dict(found.states),
         mismatches=list(found.mismatches),
     )
+    return _after_the_end(run, verdict)

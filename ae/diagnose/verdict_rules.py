@@ -24,6 +24,7 @@ from ae.diagnose.tracebacks import Crash
 GAP_S = 6.0
 STALE_S = 30.0  # a heartbeat this much older than the run's newest sign of life: writer gone
 DEFAULT_STALL_TIMEOUT = 300.0  # --stall_timeout default, when the train log does not say
+MISMATCH_CAUSE = "collective mismatch"
 
 _MISMATCH_RULES = {
     "extra": "issued a collective (#{seq}) that the other ranks did not",
@@ -326,7 +327,7 @@ def collective_mismatch(run: RunState, so_far: Findings) -> Findings:
             phase = current_phase(r) if r is not None else None
             if r is not None and r.crashes:  # aborted, or timed out in the mismatched collective
                 states[rank] = "crashed"
-            kept.append(Finding(rank, phase, "collective mismatch", rule, m.evidence))
+            kept.append(Finding(rank, phase, MISMATCH_CAUSE, rule, m.evidence))
     victims = [v for v in (*so_far.victims, *demoted) if v.rank not in named]
     return Findings(tuple(kept), tuple(victims), states, tuple(found))
 
@@ -349,7 +350,8 @@ def deaths(run: RunState, so_far: Findings) -> Findings:
     a non-zero exit code without an exit line or a failure of its own, is named for that,
     `killed (SIGKILL)` / `exited N`, also when it had stalled first (the stall moves into the
     rule); if a signal other than a stop signal killed it, it is a culprit even if it only
-    waited: nothing in the job kills that way. Ranks that ended after it were stopped by
+    waited: nothing in the job kills that way. A collective mismatch stays the cause (the end
+    joins its rule): it is why the rank ended. Ranks that ended after it were stopped by
     torchrun: their findings stay as the rules made them."""
     culprits, victims, states = list(so_far.culprits), list(so_far.victims), dict(so_far.states)
     for r in run.ranks.values():
@@ -369,6 +371,16 @@ def deaths(run: RunState, so_far: Findings) -> Findings:
             culprits.append(Finding(r.rank, current_phase(r), "", "", last, r.last_sign_of_life))
             at = len(culprits) - 1
         found = culprits[at]
+        if found.cause == MISMATCH_CAUSE:
+            # The mismatch is why it ended (its peers' --pg_timeout, or gloo's abort): it stays
+            # the cause, whether the logs are read before that end or after it.
+            culprits[at] = replace(
+                found,
+                rule=f"{found.rule}; then its process ended: {end.describe}, says torchrun",
+                evidence=[*found.evidence, end.evidence],
+            )
+            states[r.rank] = "killed" if end.signal else "error exit"
+            continue
         before = f"; before: {found.cause} ({found.rule})" if found.cause else ""
         if found.cause == "killed without trace":
             before = f"; {found.rule}"

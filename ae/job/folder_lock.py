@@ -1,11 +1,14 @@
 """One run per output folder: the lock of the job that runs in it, and the refusal to start a
 fresh run over an earlier run's checkpoints.
 
-The lock is `<output_dir>/run.lock` (`RunDir.lock`), held with `flock` by one process per job:
-the launcher of the first node (or of SLURM task 0). It holds the holder's host, pid, run TS,
-start time and job, so a second launch fails within seconds naming the job in the way. The
-kernel drops a `flock` when its process dies, however it dies: a lock file left by a killed
-launcher is stale, and the next launch takes it over (and says so). The launchers of the other
+The lock is `<output_dir>/run.lock` (`RunDir.lock`), held with `flock` by one job: the launcher
+of the first node (or of SLURM task 0) takes it, and its child (torchrun) inherits the
+descriptor. It holds the launcher's host, pid, run TS, start time and job, so a second launch
+fails within seconds naming the job in the way. The kernel drops a `flock` when the last
+descriptor of it closes, however its processes die: a killed launcher's job keeps the folder
+until its torchrun, which follows the launcher (`ae.job.torchrun`), is gone; then the file is
+stale, and the next launch takes it over (and says so) -- unless a rank of a run in the folder
+still lives on this host (`live_ranks`, by the heartbeats). The launchers of the other
 nodes (or tasks) never take it: they wait until the file names their own job and adopt its run
 TS, so the job's ranks all log under one TS; they fail at once when another job holds it.
 
@@ -31,7 +34,9 @@ import psutil
 from loguru import logger
 
 from ae import atomic_files
+from ae.diagnose.heartbeats import Heartbeat, read_heartbeat
 from ae.errors import UserError
+from ae.log_lines import HEARTBEAT_FILE
 from ae.run_paths import RunDir
 
 LOCK_RETRY_S = 2.0  # a follower probing the lock holds it (shared) for a moment
@@ -70,13 +75,34 @@ def read_lock(path: Path) -> LockInfo | None:
 
 
 class RunFolderBusy(UserError):
-    def __init__(self, run_dir: RunDir, holder: LockInfo | None) -> None:
+    def __init__(
+        self, run_dir: RunDir, holder: LockInfo | None, live: list[Heartbeat] | None = None
+    ) -> None:
         who = holder.describe() if holder else "a job whose lock file is not written yet"
+        if live:
+            who = f"a job whose ranks still run: {', '.join(_rank_process(h) for h in live)}"
+        elif holder is not None and holder.gone():
+            who += (
+                "; its launcher is gone, but the processes it started still hold the folder "
+                "(they save a checkpoint and stop on their own)"
+            )
         super().__init__(
             f"{run_dir.root} is in use by another run: {who}.\n"
             f"  Wait for it to end, stop it, or train into another --output_dir "
             f"(one run per folder: {run_dir.lock})."
         )
+
+
+def _rank_process(h: Heartbeat) -> str:
+    run_ts = "_".join(h.path.stem.split("_")[-2:])  # heartbeat_rank<R>_<TS>.json
+    return f"rank {h.rank} (pid {h.pid}, run {run_ts})"
+
+
+def live_ranks(logs: Path) -> list[Heartbeat]:
+    """The rank processes of this folder's runs that live on this host (by their heartbeat's
+    pid, not reused since): a job whose launcher and torchrun are gone may still have ranks."""
+    found = (read_heartbeat(p) for p in sorted(logs.glob(HEARTBEAT_FILE.format(rank="*", ts="*"))))
+    return [h for h in found if h is not None and h.alive]
 
 
 class EarlierCheckpoints(UserError):
@@ -89,6 +115,16 @@ class EarlierCheckpoints(UserError):
             f"  To continue that run: --resume_from_checkpoint=last\n"
             f"  To start afresh: another --output_dir, or --overwrite=true (deletes those "
             f"checkpoints; logs are kept)"
+        )
+
+
+class RunFolderUnwritable(UserError):
+    def __init__(self, run_dir: RunDir, error: OSError) -> None:
+        super().__init__(
+            f"--output_dir={run_dir.root} cannot be written ({error.strerror}: "
+            f"{error.filename or run_dir.root}).\n"
+            f"  The run folder holds the run's lock, logs and checkpoints: train into a folder "
+            f"you can write (another --output_dir), or make this one writable."
         )
 
 
@@ -106,6 +142,11 @@ class RunLock:
 
     def __init__(self, path: Path, fd: int | None, info: LockInfo, taken_over: LockInfo | None):
         self.path, self.fd, self.info, self.taken_over = path, fd, info, taken_over
+
+    def descriptors(self) -> tuple[int, ...]:
+        """The descriptor holding the flock, for a child to inherit: the lock then stays held
+        until every process holding it has closed it or died (none without kernel locks)."""
+        return () if self.fd is None else (self.fd,)
 
     def release(self) -> None:
         if self.fd is None and read_lock(self.path) != self.info:
@@ -134,8 +175,13 @@ def _read_fd(fd: int) -> LockInfo | None:
 
 
 def acquire(run_dir: RunDir, job: str, run_ts: str) -> RunLock:
-    """Take the folder's lock for `job`, or raise RunFolderBusy naming the job that holds it."""
-    run_dir.root.mkdir(parents=True, exist_ok=True)
+    """Take the folder's lock for `job`, or raise RunFolderBusy naming the job that holds it
+    (RunFolderUnwritable when the folder cannot be made or written)."""
+    try:
+        run_dir.root.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(run_dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    except OSError as e:  # read-only filesystem, no permission, a file in the way
+        raise RunFolderUnwritable(run_dir, e) from None
     path = run_dir.lock
     info = LockInfo(
         socket.gethostname(), os.getpid(), run_ts, time.strftime("%Y-%m-%d %H:%M:%S"), job
@@ -166,6 +212,9 @@ def acquire(run_dir: RunDir, job: str, run_ts: str) -> RunLock:
             os.close(fd)
             continue
         previous = _read_fd(fd)  # a holder that never released it: killed
+        if live := live_ranks(run_dir.logs):  # its ranks outlived every holder of the lock
+            os.close(fd)
+            raise RunFolderBusy(run_dir, previous, live)
         _write(fd, info)
         return RunLock(path, fd, info, previous)
 
@@ -175,6 +224,8 @@ def _acquire_without_locks(run_dir: RunDir, info: LockInfo) -> RunLock:
     holder = read_lock(run_dir.lock)
     if holder is not None and not holder.gone():
         raise RunFolderBusy(run_dir, holder)
+    if live := live_ranks(run_dir.logs):
+        raise RunFolderBusy(run_dir, holder, live)
     atomic_files.write(run_dir.lock, json.dumps(asdict(info)).encode())  # read whole or not
     return RunLock(run_dir.lock, None, info, holder)
 

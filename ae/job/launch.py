@@ -98,7 +98,7 @@ def child_command(
         return [sys.executable, "-u", "-m", RANK_MODULE, *argv, *extra], env
     port = topo.master_port or str(free_port())
     cmd = [
-        sys.executable, "-m", TORCHRUN_MODULE, str(launcher_log),
+        sys.executable, "-m", TORCHRUN_MODULE, str(launcher_log), str(os.getpid()),
         f"--nnodes={topo.nnodes}", f"--node_rank={topo.node_rank}",
         f"--nproc_per_node={nproc}", f"--master_addr={topo.master_addr}", f"--master_port={port}",
         *rank_command(cfg.obs.debug, RANK_MODULE), *argv, *extra,
@@ -150,7 +150,7 @@ def launch(argv: list[str]) -> int:
         logger.warning("Interrupted before training started")
         return stop_exit_code(signal.SIGINT)
     try:
-        return run(cfg, topo, nproc, ts, argv, len(train_urls), [train_spec, val_spec])
+        return run(cfg, topo, nproc, ts, argv, len(train_urls), [train_spec, val_spec], lock)
     finally:
         if lock is not None:
             lock.release()
@@ -158,10 +158,11 @@ def launch(argv: list[str]) -> int:
 
 def run(
     cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], n_train: int,
-    specs: list[str | None],
+    specs: list[str | None], lock: RunLock | None = None,
 ) -> int:  # fmt: skip
     """The job's attempts: the first, then, after a failure, a restart from the newest
-    checkpoint while `--max_restarts` and the stop rules allow (`ae.job.restarts`)."""
+    checkpoint while `--max_restarts` and the stop rules allow (`ae.job.restarts`). `lock`: the
+    folder's lock this launcher holds, shared with each attempt's child."""
     logs = cfg.run.dir.logs
     logs.mkdir(parents=True, exist_ok=True)
     restarts = Restarts(cfg.run.max_restarts, logs, cfg.run.dir.checkpoints)
@@ -174,7 +175,7 @@ def run(
     restart: Restart | None = None
     while True:
         rc, stops = attempt(
-            cfg, topo, nproc, ts, argv, specs, restart, len(restarts.failed), n_train
+            cfg, topo, nproc, ts, argv, specs, restart, len(restarts.failed), n_train, lock
         )
         code = ending(cfg, topo, ts, rc, stops)
         if code is None:
@@ -204,10 +205,12 @@ def run(
 
 def attempt(
     cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], specs: list[str],
-    restart: Restart | None, number: int, n_train: int,
+    restart: Restart | None, number: int, n_train: int, lock: RunLock | None = None,
 ) -> tuple[int, Stops]:  # fmt: skip
     """One attempt of the job, as run TS `ts`: this node's child (torchrun, or a SLURM task's
-    rank), to its end; its exit code and the stops that came."""
+    rank), to its end; its exit code and the stops that came. The child holds `lock` too (an
+    inherited descriptor of the same flock): a killed launcher leaves the folder locked until
+    its child, which follows it (`ae.job.torchrun`), is gone."""
     logs = cfg.run.dir.logs
     launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
     extra = [f"--devices={nproc}", f"--num_nodes={topo.nnodes}"]
@@ -233,12 +236,13 @@ def attempt(
             f"{torchrun}"
             f"\n  follow    : tail -f {logs}/debug_rank*_{ts}.log"
         )
-    proc = start_child(cmd, env)
+    proc = start_child(cmd, env, keep_fds=lock.descriptors() if lock is not None else ())
     # Another node that dies closes no connection: its heartbeats tell (`ae.job.peer_nodes`).
     # The leader's console also says the other ranks' errors and stalls (`ae.job.rank_lines`).
     peers_said = rank_lines(logs / TRAIN_LOG_FILE.format(ts=ts)) if topo.leader else nullcontext()
     with peers_said:
-        rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
+        peers = PeerNodes(logs, ts) if topo.nnodes > 1 else None
+        rc, stops = wait(proc, *((peers.check, peers.stopped_elsewhere) if peers else ()))
     return rc, stops
 
 
@@ -247,6 +251,9 @@ def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int |
     job and said so (a stop signal; a failure on another node than the first); else the child's
     non-zero exit code (a failure that the caller reports, or restarts)."""
     logs = cfg.run.dir.logs
+    if stops.elsewhere is not None:  # every rank saved: a stop, said by each node's launcher
+        logger.warning(f"{stops.elsewhere}; {RESUME}")
+        return -stop_exit_code(signal.SIGTERM)
     if stops.lost is not None:  # a failure, whatever the SIGKILLed torchrun returned
         rc = rc if rc > 0 else 1
     rc = 128 - rc if rc < 0 else rc  # a child killed by signal N: 128 + N, as a shell says

@@ -10,6 +10,13 @@ and stops its own ranks: SIGTERM through torchrun, then SIGKILL a few seconds la
 blocked in a collective with the lost node can neither run its signal handler nor save; the
 failure report that follows names the dead node's ranks.
 
+A stop signal that reached only another node's ranks (that node's launcher killed, so its
+torchrun stopped them; `scancel` of one node) stops every rank at the same step, with a
+checkpoint (`ae.training.preemption`). But the torchrun of this node then waits in its exit
+barrier for that node's torchrun, which left without one, for 300 s: once this host's ranks
+have all ended after the PREEMPTED line, `stopped_elsewhere` says so, and the launcher stops its
+torchrun and reports the stop.
+
 Staleness is measured on this host's monotonic clock, from the moment a file's content last
 changed: the hosts' clocks need not agree (on NFS, close-to-open consistency makes each open
 see the newest file that the writer renamed into place). A lost link, by contrast, leaves every
@@ -25,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ae.diagnose.heartbeats import read_heartbeat
-from ae.log_lines import HEARTBEAT_FILE
+from ae.log_lines import HEARTBEAT_FILE, PREEMPTED, RECORD_PATTERN, TRAIN_LOG_FILE
 
 NODE_LOST_S = 20.0  # four missed heartbeats (one every 5 s at most)
 CHECK_S = 1.0
@@ -42,6 +49,7 @@ class PeerNodes:
     _beats: dict[int, tuple[float, float]] = field(default_factory=dict)  # rank -> (time, seen)
     _hosts: dict[int, str] = field(default_factory=dict)
     _next_check: float = 0.0
+    _next_stop_check: float = 0.0
 
     def check(self, now: float | None = None) -> str | None:
         """A sentence naming the lost host(s) and their ranks, or None while all beat."""
@@ -74,4 +82,39 @@ class PeerNodes:
         return (
             f"Node lost: no heartbeat for {self.lost_after_s:.0f} s from {named} (its processes "
             "died, or the host did); stopping this node's ranks"
+        )
+
+    def stopped_elsewhere(self, now: float | None = None) -> str | None:
+        """A sentence naming the ranks of other hosts that got a stop signal and the checkpoint
+        every rank saved, once this host's ranks have all ended after it; else None."""
+        now = time.monotonic() if now is None else now
+        if now < self._next_stop_check:
+            return None
+        self._next_stop_check = now + CHECK_S
+        pattern = HEARTBEAT_FILE.format(rank="*", ts=self.run_ts)
+        here = [
+            hb
+            for p in self.logs.glob(pattern)
+            if (hb := read_heartbeat(p)) and hb.host == self.host
+        ]
+        if not here or any(hb.state == "running" and hb.alive is not False for hb in here):
+            return None
+        train_log = self.logs / TRAIN_LOG_FILE.format(ts=self.run_ts)
+        text = train_log.read_text(errors="replace") if train_log.is_file() else ""
+        saved: dict[str, str] | None = None
+        signalled: dict[int, str] = {}  # rank -> the signal it got (not "peer": its peers did)
+        for line in text.splitlines():
+            if (rec := RECORD_PATTERN.match(line)) and (m := PREEMPTED.parse(rec["message"])):
+                saved = m
+                if m["signal"] != "peer":
+                    signalled[int(rec["rank"])] = m["signal"]
+        for hb in here:  # a rank of this host that got it: this node's own stop
+            signalled.pop(hb.rank, None)
+        if saved is None or not signalled:
+            return None
+        hosts = {rank: self._hosts.get(rank, "another host") for rank in signalled}
+        who = ", ".join(f"rank {r} on {hosts[r]} ({sig})" for r, sig in sorted(signalled.items()))
+        return (
+            f"Stopped on another node: {who} got a stop signal (its launcher stopped or killed?); "
+            f"every rank saved step {saved['step']}: {saved['path']}"
         )

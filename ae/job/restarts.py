@@ -77,13 +77,11 @@ def judge(logs: Path, ts: str, rc: int) -> Attempt:
     culprits = doc["culprits"]
     if (net := doc.get("network")) is not None:
         step, causes = net["step"], (net["cause"],)
-    elif culprits:
-        step = steps.get(culprits[0]["rank"])
-        causes = tuple(sorted(c["cause"] for c in culprits))
     else:
-        step, causes = None, (f"exit {rc}",)
-    if step is None:
+        # The ranks step together: the job's step is the newest any rank shows. A killed rank's
+        # own may be older (its last line or heartbeat came before the kill).
         step = max((s for s in steps.values() if s is not None), default=0)
+        causes = tuple(sorted(c["cause"] for c in culprits)) if culprits else (f"exit {rc}",)
     codes = tuple(sorted({r["exit_code"] for r in doc["ranks"] if r["exit_code"]}))
     return Attempt(ts, head, step, causes, codes)
 

@@ -47,14 +47,17 @@ class Stops:
     killed: bool = False  # a second Ctrl-C: everything SIGKILLed
     lost: str | None = None  # another node of the job was lost (`ae.job.peer_nodes`)
     requeue: bool = False  # REQUEUE_SIGNAL came: save, then requeue the job
+    elsewhere: str | None = None  # the job saved and stopped on a stop signal to another node
 
 
-def start_child(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+def start_child(
+    cmd: list[str], env: dict[str, str], keep_fds: tuple[int, ...] = ()
+) -> subprocess.Popen:
     """The child in a session of its own, REQUEUE_SIGNAL ignored in it and below it (an ignored
-    signal stays ignored across exec; a handler would not)."""
+    signal stays ignored across exec; a handler would not); `keep_fds` stay open in it."""
     previous = signal.signal(REQUEUE_SIGNAL, signal.SIG_IGN)
     try:
-        return subprocess.Popen(cmd, env=env, start_new_session=True)
+        return subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=keep_fds)
     finally:
         signal.signal(REQUEUE_SIGNAL, previous)
 
@@ -99,11 +102,15 @@ def stop_signals(proc: subprocess.Popen) -> Iterator[Stops]:
 
 
 def wait(
-    proc: subprocess.Popen, peers_lost: Callable[[], str | None] | None = None
+    proc: subprocess.Popen,
+    peers_lost: Callable[[], str | None] | None = None,
+    stopped_elsewhere: Callable[[], str | None] | None = None,
 ) -> tuple[int, Stops]:
     """Wait for the child, passing stop signals on; returns its exit code and what came.
     `peers_lost` (multi-node runs) says when another node is gone: the child is then stopped
-    with SIGTERM, as a failure rather than a stop the user asked for."""
+    with SIGTERM, as a failure rather than a stop the user asked for. `stopped_elsewhere` says
+    when the job saved and stopped on another node's stop signal: torchrun, waiting for that
+    node in its exit barrier, is stopped with SIGTERM."""
     with stop_signals(proc) as stops:
         told, lost_at = False, 0.0
         while True:
@@ -111,6 +118,10 @@ def wait(
                 return proc.wait(timeout=POLL_S), stops
             except subprocess.TimeoutExpired:
                 pass
+            watch = stopped_elsewhere is not None and stops.first is stops.elsewhere is None
+            if watch and (said := stopped_elsewhere()) is not None:  # type: ignore[misc]
+                stops.elsewhere = said
+                proc.send_signal(signal.SIGTERM)
             if peers_lost is not None and stops.lost is None and (lost := peers_lost()):
                 stops.lost, lost_at = lost, time.monotonic()
                 logger.error(lost)

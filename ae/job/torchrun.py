@@ -7,18 +7,43 @@ and 2. Pointing only the Python streams at the file moves torchrun's own words o
 and keeps the ranks' (rank 0's summary lines); the launcher prints the diagnosis instead of the
 report, which stays in the file for anyone who wants it.
 
-    python -m ae.job.torchrun LOG_FILE [torchrun arguments ...]
+It dies with the launcher (`follow_launcher`): the launcher runs it in a session of its own (so
+that Ctrl-C reaches the launcher alone), where a SIGKILL of the launcher's process group, or the
+SIGHUP of a closed terminal, would not reach it. The kernel sends it SIGTERM when the launcher
+dies, however it dies; torchrun passes it on to the ranks, which save a checkpoint at their next
+step and stop (`ae.training.preemption`), as after a `kill -TERM` of the launcher. It inherits
+the launcher's `run.lock` descriptor (`ae.job.folder_lock`), so the folder stays locked until it
+and its ranks are gone.
+
+    python -m ae.job.torchrun LOG_FILE LAUNCHER_PID [torchrun arguments ...]
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 import sys
 import traceback
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def follow_launcher(launcher_pid: int) -> None:
+    """SIGTERM to this process when its parent, the launcher, dies. The kernel sends it when the
+    thread that started this process ends: the launcher's main thread, which lives as long as the
+    launcher does. A launcher gone before the request (its death sent nothing): stop now."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    if os.getppid() != launcher_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
 
 def main(argv: list[str]) -> int:
-    log_file, *args = argv
+    log_file, launcher_pid, *args = argv
+    follow_launcher(int(launcher_pid))
     # Until torchrun installs its handlers, Ctrl-C ends it as SIGTERM does: at once, quietly.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     with open(log_file, "a", buffering=1, encoding="utf-8", errors="backslashreplace") as log:

@@ -195,3 +195,34 @@ def test_importing_one_module_loads_only_what_it_needs() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["['ae.diagnose',", "'ae.diagnose.logscan']"]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_watch_is_readable_on_a_narrow_terminal(tmp_path: Path, width: int) -> None:
+    """At 80 and 120 columns each row still shows its rank, state, epoch, step, seconds since
+    progress and the verdict in full (the less needed columns are left out, long text wraps),
+    and no line is wider than the console."""
+    now = time.time()
+    main = "collective: all_reduce (DDP gradient all-reduce in backward)"
+    write_heartbeat(tmp_path, 0, 2, pid=os.getpid(), t=now, phase="training step", step=1234,
+                    main=main)  # fmt: skip
+    write_heartbeat(tmp_path, 1, 2, pid=os.getpid(), t=now, phase="data loading", step=1233,
+                    stalled=True, last_progress=now - 600)  # fmt: skip
+    console = Console(record=True, width=width, force_terminal=False)
+    watch(tmp_path, TS, console, interval=0.01, count=1)
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= width for line in lines)
+    header = next(line for line in lines if "rank" in line)
+    cells = [c.strip() for c in header.strip("┃").split("┃")]
+    assert cells[:2] == ["rank", "state"] and {"epoch", "step", "idle s", "verdict"} <= set(cells)
+    rows = [
+        dict(zip(cells, (c.strip() for c in line.strip("│").split("│")), strict=True))
+        for line in lines
+        if re.match(r"│ +\d+ │", line)  # a rank's first line (its wrapped text follows)
+    ]
+    assert [(r["rank"], r["state"], r["epoch"], r["step"]) for r in rows] == [
+        ("0", "running", "0", "1234"),
+        ("1", "running", "0", "1233"),
+    ]
+    assert rows[0]["idle s"] == "0" and rows[1]["idle s"] in ("600", "601")
+    assert rows[1]["verdict"].startswith("CULPRIT: data")

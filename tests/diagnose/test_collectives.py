@@ -16,10 +16,13 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from ae.diagnose.collectives import align, backend_words, find_mismatches
 from ae.diagnose.flight_recorder import Dump, read_dump
 from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose, verdict_lines
+from bench.synthetic_logs import TS, RankWriter, write_train_log
 
 FIXTURES = Path(__file__).parent / "fixtures" / "collectives"
 HANG_TS, ABORT_TS = "20261126_063959", "20261126_063933"
@@ -148,3 +151,35 @@ def test_nccl_timeout_lines_align_like_one_call_dumps(tmp_path: Path) -> None:
     behind = backend_words({0: native(0, 13, 3224), 1: native(1, 12, 3224)})
     (m,) = find_mismatches({}, behind, {})
     assert (m.kind, m.seq, m.ranks) == ("behind", 13, [1])
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["live", "after_pg_timeout"])
+def test_a_mismatch_stays_the_headline_after_its_rank_exited(tmp_path: Path, ended: bool) -> None:
+    """The bucket-size extra all-reduce of `hang/`: both ranks wait in a collective. Read live,
+    the mismatch is the verdict; read after --pg_timeout ended the job (torchrun saw rank 1 exit 1
+    first, no exit line of its own), the mismatch is still the headline, the exit in its rule."""
+    for rank in (0, 1):
+        dump = FIXTURES / "hang" / f"collectives_rank{rank}_{HANG_TS}.json"
+        shutil.copy(dump, tmp_path / f"collectives_rank{rank}_{TS}.json")
+    w0, w1 = (RankWriter(tmp_path, rank, 2) for rank in (0, 1))
+    write_train_log(tmp_path, 2)
+    for w in (w0, w1):
+        w.start()
+        w.steps(1, 3)
+        w.stall("training step", 3, 3.0, collective="yes (all_reduce)",
+                frame="_engine_run_backward (torch/autograd/graph.py:979)")  # fmt: skip
+        w.flush()
+    if ended:
+        report = ["Root Cause (first observed failure):", "[0]:",
+                  "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 4194001)"]  # fmt: skip
+        (tmp_path / f"launcher_{TS}.log").write_text("\n".join(report) + "\n")
+    doc = diagnose(find_run(tmp_path))
+    (c,) = doc["culprits"]
+    assert (c["rank"], c["cause"]) == (1, "collective mismatch"), c
+    assert verdict_lines(doc)[0].endswith("collective mismatch")
+    if ended:
+        assert doc["status"] == "failed"
+        assert c["rule"].endswith("then its process ended: exited 1, says torchrun")
+        assert c["evidence"][-1]["text"] == "exitcode  : 1 (pid: 4194001)"
+    else:
+        assert doc["status"] == "hung"

@@ -562,3 +562,30 @@ def test_a_stalled_rank_that_left_on_a_stop_signal_keeps_its_stall(tmp_path: Pat
     doc = run_diagnose(tmp_path)
     assert culprits(doc) == [(1, "training step", "training step")]
     assert doc["ranks"][1]["exit_code"] == 143 and doc["ranks"][1]["signal"] is None
+
+
+@pytest.mark.parametrize("gone", [False, True], ids=["live", "processes_gone"])
+def test_a_hang_whose_processes_are_all_gone_reads_stopped_not_hung(
+    tmp_path: Path, gone: bool
+) -> None:
+    """Rank 1 stalls in its own step, rank 0 waits for it: hung while their processes live.
+    Stopped with Ctrl-C (rank 1 left on the stop signal, rank 0's pid gone): `stopped`, the
+    stall still the verdict."""
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.steps(1, 3)
+    w1.stall("training step", 3, 3.1)
+    w0.stall("training step", 3, 3.0, collective="yes (DDP gradient all-reduce in backward)",
+             frame="_engine_run_backward (torch/autograd/graph.py:979)")  # fmt: skip
+    if gone:
+        w1.log(STOP_SIGNAL_STUCK.format(signal="SIGINT", idle="12", phase="training step",
+                                        step=3), "WARNING")  # fmt: skip
+    w0.flush()
+    w1.flush()
+    pid = dead_pid() if gone else os.getpid()
+    for rank in (0, 1):
+        write_heartbeat(tmp_path, rank, 2, pid=pid, t=time.time() - 5, phase="training step",
+                        step=3, stalled=True)  # fmt: skip
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(1, "training step", "training step")]
+    assert doc["status"] == ("stopped" if gone else "hung")

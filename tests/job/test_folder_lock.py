@@ -27,6 +27,7 @@ from ae.job.folder_lock import (
     unused_run_ts,
 )
 from ae.run_paths import RunDir
+from bench.synthetic_logs import write_heartbeat
 from tests.support.runs import ROOT
 
 HOLDER = textwrap.dedent(
@@ -122,3 +123,92 @@ def test_a_run_in_the_same_second_gets_the_next_ts(tmp_path: Path) -> None:
     (tmp_path / "train_20261123_101559.log").write_text("")
     (tmp_path / "launcher_20261123_101600.log").write_text("")
     assert unused_run_ts(tmp_path, "20261123_101559") == "20261123_101601"
+
+
+def _read_only_mounts() -> bool:
+    """Whether this machine lets a user namespace mount a read-only tmpfs (root bypasses file
+    modes, so a read-only filesystem is the way to make a folder no one can write)."""
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _read_only_mounts(), reason="needs `unshare -rm` (user namespaces)")
+@pytest.mark.parametrize("sub", ["", "run"], ids=["the_folder", "a_folder_inside"])
+def test_a_read_only_output_dir_is_one_message_naming_the_folder(tmp_path: Path, sub: str) -> None:
+    """The launcher on a read-only --output_dir (or one to create inside a read-only folder):
+    exit 2, one message naming the folder, no traceback."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    out = ro / sub if sub else ro
+    script = (
+        f"mount -t tmpfs -o ro tmpfs {ro} && exec {sys.executable} -m ae.cli.launch "
+        f"--output_dir={out} --max_epochs=1"
+    )
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], cwd=ROOT, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said
+    assert f"--output_dir={out} cannot be written (Read-only file system" in said
+    assert "Traceback" not in said and "OSError" not in said
+
+
+HOLDER_WITH_CHILD = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from pathlib import Path
+    from ae.job.folder_lock import acquire
+    from ae.run_paths import RunDir
+    lock = acquire(RunDir(Path(sys.argv[1])), "local job", "20261123_101500")
+    child = subprocess.Popen(["sleep", "600"], pass_fds=lock.descriptors())
+    print(child.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_killed_launchers_child_keeps_the_folder_locked(tmp_path: Path) -> None:
+    """The launcher's child inherits the lock's descriptor: the launcher SIGKILLed, the folder
+    stays locked (no takeover) until the child is gone too, and the refusal says so."""
+    run_dir = RunDir(tmp_path / "run")
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", HOLDER_WITH_CHILD, str(run_dir.root)], cwd=ROOT,
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert launcher.stdout is not None
+    child = int(launcher.stdout.readline())
+    try:
+        launcher.kill()
+        launcher.wait(timeout=30)
+        with pytest.raises(RunFolderBusy) as err:
+            acquire(run_dir, "local job", "20261123_101600")
+        assert f"(pid {launcher.pid} on " in err.value.render()
+        assert "its launcher is gone, but the processes it started still hold" in err.value.render()
+    finally:
+        os.kill(child, signal.SIGKILL)
+    time.sleep(0.2)  # the child reaped by init
+    lock = acquire(run_dir, "local job", "20261123_101600")
+    assert lock.taken_over is not None and lock.taken_over.pid == launcher.pid
+    lock.release()
+
+
+def test_a_live_rank_of_a_run_in_the_folder_blocks_a_takeover(tmp_path: Path) -> None:
+    """No process holds the lock, but a rank of the folder's run lives (its heartbeat's pid):
+    no takeover; the refusal names the rank."""
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.logs.mkdir(parents=True)
+    rank = subprocess.Popen(["sleep", "600"])
+    try:
+        time.sleep(0.1)
+        write_heartbeat(run_dir.logs, 1, 2, pid=rank.pid, t=time.time(), phase="training step",
+                        step=5, ts="20261123_101500")  # fmt: skip
+        with pytest.raises(RunFolderBusy) as err:
+            acquire(run_dir, "local job", "20261123_101600")
+        assert f"a job whose ranks still run: rank 1 (pid {rank.pid}, run 20261123_101500)" in (
+            err.value.render()
+        )
+    finally:
+        rank.kill()
+        rank.wait()
+    acquire(run_dir, "local job", "20261123_101600").release()  # gone: free

@@ -40,3 +40,43 @@ def test_a_rank_that_ended_on_its_own_is_not_lost(tmp_path: Path) -> None:
     assert peers.check(now=0.0) is None
     beat(tmp_path, 1, 1001.0, "node1", state="exited")
     assert peers.check(now=NODE_LOST_S * 3) is None
+
+
+def preempted_line(rank: int, signal: str) -> str:
+    return (
+        f"2026-11-21 12:00:05.000 | WARNING  | [Rank {rank}/4] PREEMPTED by {signal} at step 7: "
+        f"checkpoint /run/checkpoints/last.ckpt saved; stopping (LR 0.001)"
+    )
+
+
+def test_a_stop_that_reached_another_node_is_said_once_this_hosts_ranks_ended(
+    tmp_path: Path,
+) -> None:
+    """Node 1's ranks got SIGTERM (its launcher killed): every rank saved step 7. While this
+    host's ranks run, nothing; once they ended, the sentence names node 1's ranks and the save."""
+    peers = PeerNodes(tmp_path, TS, host="node0")
+    for rank, host in enumerate(["node0", "node0", "node1", "node1"]):
+        beat(tmp_path, rank, 1000.0, host)
+    assert peers.check(now=0.0) is None
+    lines = [preempted_line(0, "peer"), preempted_line(1, "peer"), preempted_line(2, "SIGTERM"),
+             preempted_line(3, "SIGTERM")]  # fmt: skip
+    (tmp_path / f"train_{TS}.log").write_text("\n".join(lines) + "\n")
+    assert peers.stopped_elsewhere(now=1.0) is None  # this host's ranks still run
+    for rank in (0, 1):
+        beat(tmp_path, rank, 1001.0, "node0", state="exited")
+    said = peers.stopped_elsewhere(now=3.0)
+    assert said == (
+        "Stopped on another node: rank 2 on node1 (SIGTERM), rank 3 on node1 (SIGTERM) got a "
+        "stop signal (its launcher stopped or killed?); every rank saved step 7: "
+        "/run/checkpoints/last.ckpt"
+    )
+
+
+def test_a_stop_of_this_nodes_own_ranks_or_no_save_is_not_another_nodes(tmp_path: Path) -> None:
+    peers = PeerNodes(tmp_path, TS, host="node0")
+    beat(tmp_path, 0, 1000.0, "node0", state="exited")
+    beat(tmp_path, 1, 1000.0, "node1", state="exited")
+    assert peers.stopped_elsewhere(now=0.0) is None  # no PREEMPTED line: ended another way
+    lines = [preempted_line(0, "SIGTERM"), preempted_line(1, "peer")]
+    (tmp_path / f"train_{TS}.log").write_text("\n".join(lines) + "\n")
+    assert peers.stopped_elsewhere(now=5.0) is None  # this node's own rank got it

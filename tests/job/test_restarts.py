@@ -130,3 +130,32 @@ def test_ae_diagnose_lists_the_attempts_of_a_job_from_any_of_them(
     table = capsys.readouterr().out
     assert "Attempts of this job: 2" in table and f"1  run {TS2}  finished\n" in table
     assert f"0  run {TS1}  failed: rank 1 on node1, phase " in table
+
+
+def test_a_kill_between_step_lines_is_placed_at_the_newest_step_any_rank_shows(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 SIGKILLed at step 125 (checkpoints every 40): its last step line says 93, its
+    checkpoint lines 120; rank 0 got torchrun's SIGTERM at step 125. The RESTART line says the
+    kill came at step 125, resuming from 120: 5 steps redone (not `at step 93 ... 0 redone`)."""
+    logs, ckpts = tmp_path / "logs", checkpoints(tmp_path / "checkpoints", 40, 80, 120)
+    write_train_log(logs, 2, ts=TS1)
+    w0, w1 = RankWriter(logs, 0, 2, ts=TS1), RankWriter(logs, 1, 2, ts=TS1)
+    for w in (w0, w1):
+        w.start()
+        w.log("========== EPOCH 1 TRAINING START ==========")
+        w.steps(91, 93)  # the step lines come every few batches
+        path = ckpts / "step-00000120.ckpt"
+        w.log(f"========== CHECKPOINT SAVE START ========== step 120 (periodic) -> {path}")
+        w.log(f"========== CHECKPOINT SAVE END ========== step 120 (periodic): {path}, 1 KB, 0.01s")
+    w0.log("Stop signal SIGTERM received in phase training step at step 125", "WARNING", dt=1.0)
+    for w in (w0, w1):
+        w.flush()
+    report = ["Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
+              "  exitcode  : -9 (pid: 4194001)  (SIGKILL)"]  # fmt: skip
+    (logs / f"launcher_{TS1}.log").write_text("\n".join(report) + "\n")
+    nxt = Restarts(1, logs, ckpts).after_failure(TS1, 1)
+    assert isinstance(nxt, Restart)
+    line = RESTART.parse(nxt.line)
+    assert line is not None and line["failed"].endswith("killed (SIGKILL)"), nxt.line
+    assert (line["step"], line["resume"], line["redone"]) == ("125", "120", "5"), nxt.line

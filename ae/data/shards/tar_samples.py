@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Literal, TypeVar
 
 from ae.data.shards.compression import decompressed
+from ae.data.shards.pipes import plain_errors
 from ae.data.shards.tar_members import TruncatedTar, iter_members
 
 RawSample = dict[str, Any]
@@ -59,7 +60,7 @@ def open_shard(url: str, offset: int = 0) -> TarStream:
     # loading it.
     from webdataset.gopen import gopen
 
-    raw = gopen(url, "rb")
+    raw = plain_errors(gopen(url, "rb"))  # a failed curl or pipe: said plainly
     try:
         if offset:
             raw.seek(offset)

@@ -1,0 +1,47 @@
+"""A shard read through a command (`curl` for http(s)://, `pipe:CMD`) that fails: the error says
+what failed in plain words, never WebDataset's argument tuple (ae.data.shards.pipes)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from ae.config import DataConfig
+from ae.data.input_probe import probe_decoder
+from ae.data.shards.errors import DataError
+from ae.data.shards.pipes import ShardCommandError
+from ae.data.shards.tar_samples import iter_samples
+
+
+def closed_port() -> int:
+    """A local port with nothing listening (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("reader", ["fast", "tarfile"])
+def test_a_url_with_nothing_listening_says_curl_could_not_connect(reader: str) -> None:
+    url = f"http://127.0.0.1:{closed_port()}/x.tar"
+    with pytest.raises(ShardCommandError) as e:
+        list(iter_samples(url, reader=reader))  # type: ignore[arg-type]
+    assert str(e.value) == (
+        "could not download it: curl exit 7 (could not connect to the server: nothing "
+        "listening, or a firewall)"
+    )
+
+
+def test_a_failing_pipe_command_is_named_with_its_exit_status() -> None:
+    with pytest.raises(ShardCommandError, match=r"^the command `exit 3` exited 3$"):
+        list(iter_samples("pipe:exit 3"))
+
+
+def test_the_no_readable_sample_message_names_the_url_and_what_failed() -> None:
+    """What the user reads (exit 2): the URL and curl's failure, not curl's argument tuple."""
+    url = f"http://127.0.0.1:{closed_port()}/x.tar"
+    with pytest.raises(DataError) as e:
+        probe_decoder("train", [url], DataConfig())
+    said = e.value.render()
+    assert f"last problem: {url}: ShardCommandError: could not download it: curl exit 7" in said
+    assert "'--connect-timeout'" not in said and "bufsize" not in said

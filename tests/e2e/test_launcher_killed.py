@@ -1,0 +1,154 @@
+"""A launcher killed from outside -- SIGKILL to its process group, the SIGHUP of a closed terminal
+-- takes its job with it: torchrun follows it (PR_SET_PDEATHSIG), its ranks save and stop, and
+the folder stays locked until the last of them is gone, so no second job starts beside them.
+
+One launch per case. Every rank sleeps 8 s in training step 3 (`AE_FAULT`); the launcher is
+killed in that sleep, so the job's processes are known to live while a second launch tries the
+folder. With two nodes, node 1's launcher is the one killed: node 0 ends with a verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.live import wait_for
+from tests.support.runs import ROOT, run_processes
+from tests.support.two_hosts import TwoHosts, available, cleanup_stale
+
+pytestmark = pytest.mark.slow
+
+SLEEP = "sleep@train:step=3:secs=8"  # every rank, in its step 3: the launcher dies meanwhile
+KILLS = [signal.SIGKILL, signal.SIGHUP]
+
+
+def shard_args(make_shards) -> list[str]:
+    train = make_shards([200, 200], name="train")
+    val = make_shards([16], name="val")
+    return [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=8", "--max_epochs=50",
+            "--num_workers=1", "--checkpointing_period=2"]  # fmt: skip
+
+
+def base_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
+    return {**env, "AE_CACHE_DIR": str(tmp_path / "cache"), "AE_FAULT": SLEEP}
+
+
+def fault_fired(logs: Path, ranks: int) -> bool:
+    found = [p for p in logs.glob("debug_rank*_*.log") if "FAULT injected" in p.read_text()]
+    return len(found) == ranks
+
+
+def second_launch(out: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """The user starts again into the same folder, resuming: refused while the job lives. Its
+    shard spec names nothing, so a launch that got the folder ends there (exit 2) untrained."""
+    argv = [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out}",
+            "--resume_from_checkpoint=last", f"--train_shards={out}/none-{{0..1}}.tar"]  # fmt: skip
+    return subprocess.run(
+        argv, cwd=ROOT, env={**env, "AE_FAULT": ""}, capture_output=True, text=True, timeout=120
+    )
+
+
+def all_gone(out: Path, family: list[psutil.Process], timeout: float = 90) -> None:
+    """Every process of the job ends: those seen before the kill, and any naming the folder."""
+    _, alive = psutil.wait_procs(family, timeout=timeout)
+    assert not alive, [p.pid for p in alive]
+    wait_for("no process naming the run folder", lambda: not run_processes(out), timeout=30)
+
+
+def job_family(launcher: int) -> list[psutil.Process]:
+    """The launcher's descendants: torchrun, the ranks, their dataloader workers."""
+    return psutil.Process(launcher).children(recursive=True)
+
+
+def run_timestamps(logs: Path) -> set[str]:
+    return {
+        m[1] for p in logs.glob("debug_rank*.log") if (m := re.search(r"_(\d{8}_\d{6})", p.name))
+    }
+
+
+@pytest.mark.parametrize("sig", KILLS, ids=lambda s: s.name)
+def test_one_node_job_follows_its_killed_launcher(tmp_path: Path, make_shards, sig) -> None:
+    out, env = tmp_path / "run", base_env(tmp_path)
+    logs = out / "logs"
+    console = (tmp_path / "console.txt").open("w")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out}", *shard_args(make_shards)],
+        cwd=ROOT, env=env, stdout=console, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for("every rank in its sleeping step", lambda: fault_fired(logs, 2), timeout=180)
+        family = job_family(launcher.pid)
+        assert len(family) >= 3, family  # torchrun and two ranks (and their workers)
+        os.killpg(launcher.pid, sig)
+        assert launcher.wait(timeout=10) == -sig
+        second = second_launch(out, env)
+        all_gone(out, family)
+    finally:
+        for p in run_processes(out):
+            p.kill()
+    said = second.stdout + second.stderr
+    assert second.returncode == 2, said
+    assert "is in use by another run" in said and "its launcher is gone" in said, said
+    assert run_timestamps(logs) and len(run_timestamps(logs)) == 1  # no second job's logs
+    train_log = next(logs.glob("train_*.log")).read_text()
+    assert "Stop signal SIGTERM received" in train_log
+    assert re.search(r"PREEMPTED by SIGTERM at step \d+: checkpoint \S+ saved", train_log)
+    # All gone, the folder is free: the next launch takes the lock file over.
+    third = second_launch(out, env)
+    assert "Took over" in third.stdout + third.stderr, third.stdout + third.stderr
+
+
+@pytest.fixture(scope="module")
+def two_hosts_possible() -> None:
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"two hosts: {why}")
+    cleanup_stale()
+
+
+@pytest.mark.parametrize("sig", KILLS, ids=lambda s: s.name)
+def test_node_1s_killed_launcher_ends_the_job_with_a_verdict_on_node_0(
+    tmp_path: Path, make_shards, two_hosts_possible, sig
+) -> None:
+    out = tmp_path / "run"
+    logs = out / "logs"
+    port = 29620 + KILLS.index(sig)
+    args = [f"--output_dir={out}", *shard_args(make_shards), "--devices=1"]
+    with TwoHosts() as hosts:
+        nodes = []
+        for node in (0, 1):
+            env = {**base_env(tmp_path), "NNODES": "2", "NODE_RANK": str(node),
+                   "MASTER_ADDR": hosts.addrs[0], "MASTER_PORT": str(port)}  # fmt: skip
+            env = {k: v for k, v in env.items() if not k.endswith("_SOCKET_IFNAME")}
+            sink = (tmp_path / f"console_node{node}.txt").open("w")
+            nodes.append(hosts.popen(node, [sys.executable, "-m", "ae.cli.launch", *args],
+                                     env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+                                     start_new_session=True))  # fmt: skip
+        node0, node1 = nodes
+        wait_for("every rank in its sleeping step", lambda: fault_fired(logs, 2), timeout=180)
+        family = job_family(node0.pid) + job_family(node1.pid)
+        killed_at = time.monotonic()
+        os.killpg(node1.pid, sig)
+        assert node1.wait(timeout=10) == -sig
+        code = node0.wait(timeout=120)
+        took = time.monotonic() - killed_at
+        all_gone(out, family)
+    text = (tmp_path / "console_node0.txt").read_text()
+    assert code == 128 + signal.SIGTERM, text  # a stop: every rank saved
+    assert took < 60, (took, text)  # not torchrun's 300 s exit barrier
+    assert "Traceback" not in text, text
+    assert re.search(
+        r"Stopped on another node: rank 1 on node1 \(SIGTERM\) got a stop signal .*; every rank "
+        r"saved step \d+: \S+last\.ckpt; resume with --resume_from_checkpoint=last",
+        text,
+    ), text
+    assert len(run_timestamps(logs)) == 1
