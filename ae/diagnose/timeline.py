@@ -12,7 +12,7 @@ of its steps' own time spent waiting for data (its heartbeat's recent window). M
 rank's first report of an episode), `STRAGGLER` (the detector's line, on the slow rank's lane),
 `RESTART` (a new process header in a rank's log), `FATAL`, `KILLED`, `NONFINITE` and `SPIKE`
 (a NONFINITE or LOSS SPIKE line, `ae.training.nonfinite`). The verdict's culprits get
-their lane highlighted. Lines are found with the formats of `ae/log_lines.py` (the writers'
+their lane highlighted. Lines are found with the formats of `ae/log_lines/` (the writers'
 own) and the byte search of `logscan.py`; times are corrected by each rank's clock offset.
 """
 

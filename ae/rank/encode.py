@@ -37,8 +37,7 @@ from ae.training.encoding import (
     model_from_checkpoint,
     uses_ema,
 )
-from ae.training.model import describe
-from ae.training.startup_header import log_rank_header
+from ae.training.startup_header import describe, log_rank_header
 from logging_cfg import RankContext
 
 

@@ -31,11 +31,11 @@ from ae.log_lines import GAN_STATS_FILE, RESOURCE_TIGHT, main_log
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
 from ae.training.metrics import start_loggers
-from ae.training.model import AutoEncoder, build_model, describe
+from ae.training.model import AutoEncoder, build_model
 from ae.training.objective import load_perceptual
 from ae.training.position.resume_source import open_resume
 from ae.training.preemption import preempted_at
-from ae.training.startup_header import log_model_summary, log_rank_header, log_run_setup
+from ae.training.startup_header import describe, log_model_summary, log_rank_header, log_run_setup
 from ae.training.trainer import build_trainer
 from logging_cfg import RankContext
 

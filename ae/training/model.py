@@ -379,33 +379,3 @@ def build_model(
             total = sum(p.requires_grad for p in module.parameters())
             raise ModelError(unused_problem(unused, total))
     return module, latent
-
-
-def describe(module: L.LightningModule, spec: InputSpec, latent: tuple[int, ...] | None) -> str:
-    """`Model: resnet, 771,123 parameters, latent 4x8x8 (256 numbers, 48x fewer than the
-    input)`."""
-    if not isinstance(module, AutoEncoder):
-        name = f"{type(module).__module__}:{type(module).__qualname__} (LightningModule)"
-    elif module.net is not None:
-        name = f"{type(module.net).__module__}:{type(module.net).__qualname__}"
-    else:
-        name = module.hparams["model"]
-    d = getattr(module, "discriminator", None)
-    d_params = sum(p.numel() for p in d.parameters()) if d is not None else 0
-    params = sum(p.numel() for p in module.parameters()) - d_params
-    text = f"Model: {name}, {params:,} parameters"
-    if latent:
-        n = math.prod(latent)
-        text += (
-            f", latent {'x'.join(map(str, latent))} ({n} numbers, "
-            f"{math.prod(spec.shape) / n:.3g}x fewer than the input)"
-        )
-    if isinstance(module, AutoEncoder) and module.kl_weight > 0:
-        text += f", VAE (kl_weight {module.kl_weight:g})"
-    if isinstance(module, AutoEncoder):
-        hp = module.hparams
-        if hp.perceptual_weight > 0:
-            text += f", LPIPS (perceptual_weight {hp.perceptual_weight:g})"
-        if d is not None:
-            text += f", PatchGAN discriminator ({d_params:,} parameters) from step {hp.disc_start}"
-    return text

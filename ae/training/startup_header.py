@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import os
 import platform
 import socket
@@ -17,9 +18,11 @@ from loguru import logger
 import ae
 from ae import atomic_files
 from ae.config import Config
+from ae.data.decoding.decode import InputSpec
 from ae.data.shards.demo import is_demo
 from ae.log_lines import EFFECTIVE_BATCH, RANK_PROCESS, RESOLVED_CONFIG, main_log
 from ae.training.lr import effective_lr_line
+from ae.training.model import AutoEncoder
 from logging_cfg import LogPaths, RankContext
 
 _ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
@@ -106,3 +109,33 @@ def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, va
 
 def log_model_summary(model: L.LightningModule) -> None:
     main_log.bind(console=False).info(f"Model:\n{ModelSummary(model, max_depth=2)}")
+
+
+def describe(module: L.LightningModule, spec: InputSpec, latent: tuple[int, ...] | None) -> str:
+    """`Model: resnet, 771,123 parameters, latent 4x8x8 (256 numbers, 48x fewer than the
+    input)`."""
+    if not isinstance(module, AutoEncoder):
+        name = f"{type(module).__module__}:{type(module).__qualname__} (LightningModule)"
+    elif module.net is not None:
+        name = f"{type(module.net).__module__}:{type(module.net).__qualname__}"
+    else:
+        name = module.hparams["model"]
+    d = getattr(module, "discriminator", None)
+    d_params = sum(p.numel() for p in d.parameters()) if d is not None else 0
+    params = sum(p.numel() for p in module.parameters()) - d_params
+    text = f"Model: {name}, {params:,} parameters"
+    if latent:
+        n = math.prod(latent)
+        text += (
+            f", latent {'x'.join(map(str, latent))} ({n} numbers, "
+            f"{math.prod(spec.shape) / n:.3g}x fewer than the input)"
+        )
+    if isinstance(module, AutoEncoder) and module.kl_weight > 0:
+        text += f", VAE (kl_weight {module.kl_weight:g})"
+    if isinstance(module, AutoEncoder):
+        hp = module.hparams
+        if hp.perceptual_weight > 0:
+            text += f", LPIPS (perceptual_weight {hp.perceptual_weight:g})"
+        if d is not None:
+            text += f", PatchGAN discriminator ({d_params:,} parameters) from step {hp.disc_start}"
+    return text

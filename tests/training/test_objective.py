@@ -16,10 +16,11 @@ from torch.utils.data import DataLoader
 from ae.config import ModelConfig, ObjectiveConfig, OptimConfig
 from ae.data.decoding.decode import InputSpec
 from ae.training.lr import DiscSchedule
-from ae.training.model import AutoEncoder, build_model, describe
+from ae.training.model import AutoEncoder, build_model
 from ae.training.models import ModelError
 from ae.training.objective import load_perceptual
 from ae.training.position.model_fit import incompatible
+from ae.training.startup_header import describe
 from tests.support.weights import random_heads, random_vgg16, save
 
 SPEC = InputSpec("image", (3, 32, 32))
