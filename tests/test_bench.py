@@ -48,7 +48,19 @@ BENCHES: dict[str, tuple[str, set[str]]] = {
     ),
 }
 # Modules of bench/ that are not benchmarks: shared helpers and data.
-HELPERS = {"__init__", "common", "real_images", "synthetic_logs"}
+HELPERS = {
+    *("__init__", "common", "real_images", "synthetic_logs"),
+    # bench.gpu_proof's modules
+    *(
+        "gpu_correctness",
+        "gpu_data",
+        "gpu_hand",
+        "gpu_parts",
+        "gpu_probe",
+        "gpu_runner",
+        "gpu_timing",
+    ),
+}
 
 
 def test_every_bench_is_listed() -> None:
