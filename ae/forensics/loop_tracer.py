@@ -87,12 +87,16 @@ class DebugCallback(L.Callback):
         step = trainer.global_step
         step_times.batch_end(time.perf_counter(), step - self._global_step)
         self._global_step = step
-        progress.enter("data loading", step=step)
         self._batches += 1
         on_cadence = self._batches % self.every_train == 0
+        loss = float("nan")
+        if (self.debug or on_cadence) and isinstance(outputs, dict):
+            # .item() waits for the device to finish the step: only on the lines that print the
+            # loss, and still in `training step`, so a kernel that hangs is reported as the step
+            # it is (on an H200 a hung kernel read as `data loading`: bench/gpu_proof).
+            loss = outputs["loss"].item()
+        progress.enter("data loading", step=step)
         if self.debug or on_cadence:
-            # .item() syncs with the device: only on the lines that print the loss.
-            loss = outputs["loss"].item() if isinstance(outputs, dict) else float("nan")
             if self.debug:  # per batch: the cheap path, not logger.debug
                 debug_line(self._step_line(trainer, loss, self._debug_detail(trainer, batch)))
             if on_cadence:

@@ -91,3 +91,26 @@ def test_the_all_reduce_is_timed_from_the_last_gradient_on_a_ddp_model(
             assert torch.allclose(a.grad, b.grad)  # the mean over 1 rank: the same gradients
     finally:
         dist.destroy_process_group()
+
+
+def test_the_loss_is_read_in_the_training_step_phase() -> None:
+    """The cadence's `.item()` waits for the GPU's step: a kernel that hangs there must read as
+    `training step`, not `data loading` (seen on an H200 with AE_FAULT=gpusleep)."""
+    from types import SimpleNamespace
+
+    from ae.forensics.loop_tracer import DebugCallback
+    from ae.forensics.progress import progress
+
+    seen: list[str] = []
+
+    class Loss:
+        def item(self) -> float:
+            seen.append(progress.phase)
+            return 1.0
+
+    tracer = DebugCallback(debug=False, every_train=1, every_val=1)
+    trainer = SimpleNamespace(global_step=1, num_training_batches=100, current_epoch=0)
+    progress.enter("training step", step=0)
+    tracer.on_train_batch_end(trainer, None, {"loss": Loss()}, None, 0)
+    assert seen == ["training step"]
+    assert progress.phase == "data loading"
