@@ -24,7 +24,7 @@ def _jpeg(width: int, height: int, mode: str = "RGB", seed: int = 0, **save: obj
     return buf.getvalue()
 
 
-SIZES = [(256, 256), (500, 400), (257, 300), (1023, 681), (130, 70), (40, 30)]
+SIZES = [(256, 256), (256, 128), (500, 400), (257, 300), (1023, 681), (130, 70), (40, 30)]
 SAVES = [
     {"quality": 90},  # 4:2:0
     {"quality": 75, "subsampling": 0},  # 4:4:4
