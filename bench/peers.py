@@ -98,6 +98,7 @@ def prepare(kind: str, n: int, shards: int, batch: int, root: Path) -> dict[str,
     urls, tar_s = write_tars(kind, data, root / "tars", shards)
     index_s = timed(lambda: ae_index(urls))
     info: dict[str, Any] = {"samples": n, "batch": batch, "tar_urls": urls}
+    info["count_cache"] = str(root / "ae-counts")  # local for the remote (throttled) reads too
     info["convert_s"] = {
         "webdataset_tarwriter": tar_s,
         "ae_index": index_s,
@@ -157,7 +158,7 @@ def read_ae(info: dict, kind: str, workers: int, _: str) -> Reader:
         batch_size=info["batch"],
         num_workers=workers,
         image_size=JPG_SIZE if kind == "jpg" else 0,
-        count_cache=str(Path(info["tar_urls"][0]).parent.parent / "ae-counts"),
+        count_cache=info["count_cache"],
     )
     urls = info["tar_urls"]
     dm = ShardDataModule(cfg, urls, urls, seed=0)
@@ -389,7 +390,9 @@ def main() -> None:
     datasets, rows = {}, []
     for kind in args.kinds.split(","):
         info = prepare(kind, *sizes[kind], Path(args.data))
-        datasets[kind] = {k: v for k, v in info.items() if k not in ("tar_urls", "dirs")}
+        datasets[kind] = {
+            k: v for k, v in info.items() if k not in ("tar_urls", "dirs", "count_cache")
+        }
         print(f"{kind}: convert {info['convert_s']}, bytes {info['bytes']}", flush=True)
         for workers in workers_list:
             runs: dict[str, list[dict]] = {}
