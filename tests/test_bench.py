@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.peer_data import peer_versions
 from tests.support.runs import ROOT
 
 # bench module -> (its record's name, keys of the record besides bench/quick/machine)
@@ -32,6 +33,7 @@ BENCHES: dict[str, tuple[str, set[str]]] = {
     "input_pipeline": ("input_pipeline", {"batch_size", "rows", "jpg_decode_ms", "targets"}),
     "loss_terms_bench": ("loss_terms", {"model", "batch_size", "rows", "validation_ms"}),
     "memory": ("memory", {"epochs", "by_shards"}),
+    "peers": ("peers", {"versions", "batch_size", "datasets", "rows"}),
     "models_bench": ("models_bench_both", {"epochs", "data", "quality", "comparison_grid"}),
     "plan_bench": ("plan_bench", {"plan", "cases", "ratios"}),
     "preflight_bench": (
@@ -49,7 +51,7 @@ BENCHES: dict[str, tuple[str, set[str]]] = {
 }
 # Modules of bench/ that are not benchmarks: shared helpers and data.
 HELPERS = {
-    *("__init__", "common", "real_images", "synthetic_logs"),
+    *("__init__", "common", "peer_data", "real_images", "synthetic_logs"),
     # bench.gpu_proof's modules
     *(
         "gpu_correctness",
@@ -72,6 +74,8 @@ def test_every_bench_is_listed() -> None:
 @pytest.mark.parametrize("bench", sorted(BENCHES))
 def test_quick_mode_runs_and_writes_its_record(bench: str, tmp_path: Path) -> None:
     name, keys = BENCHES[bench]
+    if bench == "peers" and peer_versions() is None:  # the bench itself would print `skipped:`
+        pytest.skip("the peers extra is not installed (bench/README.md: pip install '.[peers]')")
     env = {**os.environ, "AE_BENCH_RESULTS": str(tmp_path)}  # not the full runs' records
     # A few seconds to half a minute each on a quiet 2-core machine (~4 min in all); under a load
     # of 15 the slowest (models_bench: two CPU trainings) took over 5 minutes.

@@ -1,10 +1,12 @@
 """`ae-shards`: make, index and check WebDataset shards for `ae`.
 
-    ae-shards write SRC OUT_DIR [--prefix train] [--per_shard 1000] [--key NAME]
+    ae-shards write SRC OUT_DIR [--prefix train] [--per_shard 1000] [--key NAME] [--compress gz]
         SRC: a .npy array (one sample per row), a .npz file (the array named --key, or its only
         array), or a folder of images (.png/.jpg/.jpeg/.webp/.gif/.bmp/.tif, recursively, in
         sorted order, stored as they are: any size and mode). Writes
-        OUT_DIR/<prefix>-000000.tar, ... each with its index sidecar.
+        OUT_DIR/<prefix>-000000.tar, ... each with its index sidecar; `--compress gz`:
+        `.tar.gz` shards, several times fewer bytes for small samples (for shards read over
+        http or from object storage; local shards are read fastest plain).
     ae-shards index SPEC [--force] [--jobs N]
         Writes the index sidecar of every local shard of SPEC that lacks a current one, walking
         N shards at a time in N processes.
@@ -60,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--prefix", default="train", help="shard name prefix (default: train)")
     w.add_argument("--per_shard", type=int, default=1000, help="samples per shard (1000)")
     w.add_argument("--key", default=None, help="array name inside a .npz with several")
+    w.add_argument(
+        "--compress", choices=("none", "gz"), default="none",
+        help="gz: gzip'd .tar.gz shards, fewer bytes for remote reads (default: none)",
+    )  # fmt: skip
     i = sub.add_parser("index", help="write index sidecars for existing local shards")
     i.add_argument("spec", help="shard spec: brace pattern, glob, folder")
     i.add_argument("--force", action="store_true", help="rewrite current indexes too")

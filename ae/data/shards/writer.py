@@ -1,5 +1,11 @@
 """Write samples into WebDataset `.tar` shards (one tar member per sample field), each with its
-index sidecar (`ae.data.shards.index`), so training counts samples without reading the shards."""
+index sidecar (`ae.data.shards.index`), so training counts samples without reading the shards.
+
+`compress="gz"` writes gzip'd shards (`.tar.gz`, still WebDataset's format): every member's
+512-byte header and padding compress to almost nothing, so small samples cost several times
+fewer bytes (64-dim float32 vectors: 7.8x fewer). That is for shards read from object storage or
+http, where bytes are time; local shards stay plain: a compressed shard is read from the top
+(its sidecar holds the count, no offsets) and never takes the columnar path."""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import io
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from PIL import Image
@@ -16,6 +23,9 @@ from ae.data.shards.index import write_index
 from ae.data.shards.keys import safe_key
 
 Sample = dict[str, bytes]  # {"__key__": b"000123", "png": b"...", "cls": b"3"}
+Compression = Literal["none", "gz"]
+SUFFIXES: dict[Compression, str] = {"none": ".tar", "gz": ".tar.gz"}
+GZIP_LEVEL = 6  # gzip's own default: level 9 takes twice as long here for 1% fewer bytes
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
@@ -37,13 +47,17 @@ class ShardWriter:
     fsynced); `close()` puts it in place and writes its index, so the shard appears whole or not
     at all."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, compress: Compression = "none") -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.compressed = compress != "none"
         # Open across add() calls: committed by close(), dropped by discard().
         self._out = AtomicFile(path, durable=False)
         out = self._out.file
-        self._tar = tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
+        kw = {"compresslevel": GZIP_LEVEL} if self.compressed else {}
+        self._tar = tarfile.open(  # noqa: SIM115
+            str(path), "w:gz" if self.compressed else "w", out, format=tarfile.USTAR_FORMAT, **kw
+        )
         self.offsets: list[int] = []
         self._keys: set[str] = set()
 
@@ -69,12 +83,14 @@ class ShardWriter:
     def close(self) -> int:
         """Finish the shard and its index; returns its sample count."""
         try:
-            self._tar.close()  # the end-of-archive blocks: these may find the disk full too
+            self._tar.close()  # the end-of-archive blocks (and gzip's trailer) may find the disk
+            # full too; tarfile closes the gzip stream it opened, not the file beneath it
         except BaseException:
             self._out.discard()
             raise
         self._out.commit()
-        write_index(self.path, len(self.offsets), self.offsets)
+        # offsets count uncompressed bytes: no use for seeking in a gzip'd shard
+        write_index(self.path, len(self.offsets), None if self.compressed else self.offsets)
         return len(self.offsets)
 
     def discard(self) -> None:
@@ -83,9 +99,9 @@ class ShardWriter:
         self._out.discard()
 
 
-def write_shard(path: Path, samples: Iterable[Sample]) -> int:
+def write_shard(path: Path, samples: Iterable[Sample], compress: Compression = "none") -> int:
     """Write one shard atomically and its index; return the sample count."""
-    writer = ShardWriter(path)
+    writer = ShardWriter(path, compress)
     try:
         for sample in samples:
             writer.add(sample)
@@ -96,16 +112,20 @@ def write_shard(path: Path, samples: Iterable[Sample]) -> int:
 
 
 def write_shards(
-    out_dir: Path, prefix: str, samples: Iterable[Sample], per_shard: int
+    out_dir: Path,
+    prefix: str,
+    samples: Iterable[Sample],
+    per_shard: int,
+    compress: Compression = "none",
 ) -> list[Path]:
-    """Write `<prefix>-000000.tar`, ... with at most `per_shard` samples each (streamed: only one
-    shard's samples are held at a time)."""
+    """Write `<prefix>-000000.tar` (`.tar.gz` gzip'd), ... with at most `per_shard` samples
+    each (streamed: only one shard's samples are held at a time)."""
     paths: list[Path] = []
     chunk: list[Sample] = []
 
     def flush() -> None:
-        path = out_dir / f"{prefix}-{len(paths):06d}.tar"
-        write_shard(path, chunk)
+        path = out_dir / f"{prefix}-{len(paths):06d}{SUFFIXES[compress]}"
+        write_shard(path, chunk, compress)
         paths.append(path)
         chunk.clear()
 

@@ -23,7 +23,7 @@ from ae.config import DataConfig
 from ae.data.shards.index import read_index, write_index
 from ae.data.shards.spec import expand_shards, is_remote
 from ae.data.shards.tar_header_count import scan_shard
-from ae.data.shards.writer import Sample, npy_bytes, write_shards
+from ae.data.shards.writer import SUFFIXES, Sample, npy_bytes, write_shards
 from ae.data.tools.inspect_shards import Inspector, print_reports
 from ae.errors import UserError
 
@@ -86,9 +86,9 @@ def cmd_write(args: argparse.Namespace, console: Console) -> int:
     src, out = Path(args.src), Path(args.out_dir)
     if not src.exists():
         raise CliError(f"{src}: no such file or folder")
-    if any(out.glob(f"{args.prefix}-*.tar")):
+    if any(out.glob(f"{args.prefix}-*.tar*")):
         # Fewer new shards than old ones would leave stale shards that a folder spec picks up.
-        raise CliError(f"{out} already holds {args.prefix}-*.tar shards; use another folder")
+        raise CliError(f"{out} already holds {args.prefix}-*.tar* shards; use another folder")
     total, samples = _source_samples(src, args.key)
     with _progress(console) as bar:
         task = bar.add_task(f"writing {total} samples", total=total)
@@ -98,8 +98,9 @@ def cmd_write(args: argparse.Namespace, console: Console) -> int:
                 yield sample
                 bar.advance(task)
 
-        paths = write_shards(out, args.prefix, counted(), args.per_shard)
-    pattern = f"{out}/{args.prefix}-{{000000..{len(paths) - 1:06d}}}.tar"
+        paths = write_shards(out, args.prefix, counted(), args.per_shard, args.compress)
+    suffix = SUFFIXES[args.compress]
+    pattern = f"{out}/{args.prefix}-{{000000..{len(paths) - 1:06d}}}{suffix}"
     console.print(
         f"Wrote {plural(total, 'sample')} into {plural(len(paths), 'shard')} (+ .idx sidecars) "
         f"in {out}"

@@ -1,0 +1,444 @@
+"""ae against its peers: WebDataset, litdata and MosaicML streaming, on the same generated data.
+
+Two datasets, written once (cached under `--data`) in each library's own format, the writing
+timed (conversion):
+
+- `vec`: 200,000 x 64 float32 vectors, batch 4096. WebDataset's `TarWriter` shards (ae and
+  webdataset read the same tars; ae adds its index sidecar, `ae-shards index`, timed apart),
+  litdata's `optimize` chunks, MosaicML's `MDSWriter` shards.
+- `jpg`: 256x256 RGB JPEGs (quality 90, smooth synthetic pictures, all distinct) taken to 64x64
+  float32 (C, H, W) in [0, 1], batch 256. The same bytes in every format.
+
+Each reader goes through its library's intended PyTorch path with shuffling on and, with workers,
+persistent workers: ae through `ShardDataModule.train_dataloader()` (the loader a training run
+takes batches from, as `ae-shards bench` does), webdataset through `WebDataset(...).shuffle(1000)`
+`.batched(B)` in a DataLoader, litdata through `StreamingDataset` + `StreamingDataLoader`,
+MosaicML through `StreamingDataset` + a DataLoader. Reported per reader, for 0 and 2 workers:
+samples/s of the first epoch (worker start-up included) and of the next (warm) epoch, and the
+ratio of ae to each peer in the same run.
+
+Fairness, shown both ways where a peer needs a setting:
+- JPEG decode: a peer's plain way decodes the full 256x256 picture with Pillow and resizes it
+  (`*_full` rows); its `*_draft` row does ae's decode work (Pillow `draft()`: the JPEG decoded at
+  1/4 scale, then the same resize), written as a peer's user would write it, with Pillow; and
+  `litdata_turbo` gives the fastest peer ae's own decoder library too (TurboJPEG at the same
+  scale, `ae.data.decoding.jpeg`), so the pipeline around the decode is all that differs.
+- litdata's `batch_decode` (vectors): `litdata` keeps its defaults (items deserialized in
+  windows of 256, the shuffle permuting within aligned windows); `litdata_item` decodes item by
+  item with a full in-chunk shuffle (`batch_decode=0, item_shuffle_window="full"`).
+Rates are wall clock and, as the figure a shared machine disturbs least, samples per CPU second
+of the process and its workers; `--repeat` rounds alternate the readers, and the medians count.
+
+And the bytes a sample costs from a slow source: the vector tars served over http on localhost
+through a rate limit (`--rate_mb`), read by ae plain and gzip'd (`.tar.gz`: the 512-byte headers
+and padding of every member compress to almost nothing).
+
+Usage: python -m bench.peers [--quick]   (writes bench/results/peers[_quick].json)
+Needs the `peers` extra: pip install -e '.[peers]' -c <(echo torch==$(python -c 'import torch;
+print(torch.__version__.split("+")[0])'))   (torch held at the installed version)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import simplejpeg
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from ae.config import DataConfig
+from ae.data.datamodule import ShardDataModule
+from ae.data.decoding.images import fit, to_array
+from ae.data.shards.index import write_index
+from ae.data.shards.tar_header_count import scan_shard
+from bench.common import write_record
+from bench.peer_data import (
+    JPG_BATCH,
+    JPG_SIZE,
+    PEERS,
+    SHUFFLE_BUFFER,
+    VEC_BATCH,
+    du,
+    gzip_tars,
+    import_streaming,
+    make_jpegs,
+    make_vectors,
+    peer_versions,
+    serve,
+    timed,
+    write_litdata,
+    write_mds,
+    write_tars,
+)
+
+
+def ae_index(urls: list[str]) -> None:
+    """ae's index sidecar of each tar (what `ae-shards index` writes)."""
+    for url in urls:
+        scan = scan_shard(url)
+        write_index(Path(url), scan.samples, scan.offsets)
+
+
+def prepare(kind: str, n: int, shards: int, batch: int, root: Path) -> dict[str, Any]:
+    """Every format of one dataset, written afresh: the writing is the conversion figure."""
+    root = root / f"{kind}-{n}"
+    data = make_vectors(n) if kind == "vec" else make_jpegs(n)
+    urls, tar_s = write_tars(kind, data, root / "tars", shards)
+    index_s = timed(lambda: ae_index(urls))
+    info: dict[str, Any] = {"samples": n, "batch": batch, "tar_urls": urls}
+    info["count_cache"] = str(root / "ae-counts")  # local for the remote (throttled) reads too
+    info["convert_s"] = {
+        "webdataset_tarwriter": tar_s,
+        "ae_index": index_s,
+        "litdata_optimize": write_litdata(kind, data, root / "litdata"),
+        "mosaicml_mdswriter": write_mds(kind, data, root / "mds"),
+    }
+    info["bytes"] = {
+        "payload": int(data.nbytes) if kind == "vec" else sum(map(len, data)),
+        "tar": du(urls),
+        "ae_index": du([u + ".idx" for u in urls if Path(u + ".idx").exists()]),
+        "litdata": du(root / "litdata"),
+        "mds": du(root / "mds"),
+    }
+    info["dirs"] = {"litdata": str(root / "litdata"), "mds": str(root / "mds")}
+    return info
+
+
+# --- readers: each returns a loader to iterate epoch after epoch, and its set_epoch------------
+
+
+def full_decode(data: bytes) -> np.ndarray:
+    """A peer's plain JPEG path: Pillow decodes the whole picture; then the same resize and crop
+    as ae's (`fit`), so the only difference left is the draft."""
+    with Image.open(io.BytesIO(data)) as img:
+        return to_array(fit(img.convert("RGB"), JPG_SIZE))
+
+
+def draft_decode(data: bytes) -> np.ndarray:
+    """The same decode work as ae's (`ae.data.decoding.images.decode_image` with a size): Pillow's
+    `draft()` at the largest scale that keeps 64x64 (1/4 here), the drafted picture's extent,
+    then the same resize and crop -- written out here, as a peer's user would, so that what ae
+    saves in its own pipeline around the decode counts for ae."""
+    with Image.open(io.BytesIO(data)) as img:
+        drafted = img.draft(None, (JPG_SIZE, JPG_SIZE))
+        extent = drafted[1][2:] if drafted is not None else None
+        return to_array(fit(img.convert("RGB"), JPG_SIZE, extent=extent))
+
+
+def turbo_decode(data: bytes) -> np.ndarray:
+    """ae's decoder library given to a peer: TurboJPEG (`simplejpeg`, an ae dependency) at the
+    same 1/4 scale as the draft, then the same resize and crop -- so that what is left between
+    ae and the peer is the pipeline around the decode."""
+    pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=JPG_SIZE, min_width=JPG_SIZE)
+    return to_array(fit(Image.fromarray(pixels), JPG_SIZE))
+
+
+DECODES = {"full": full_decode, "draft": draft_decode, "turbo": turbo_decode}
+Reader = tuple[Iterable[Any], Callable[[int], None]]
+
+
+def _loader_kw(workers: int) -> dict[str, Any]:
+    return {"num_workers": workers, "persistent_workers": workers > 0}
+
+
+def read_ae(info: dict, kind: str, workers: int, _: str) -> Reader:
+    cfg = DataConfig(
+        batch_size=info["batch"],
+        num_workers=workers,
+        image_size=JPG_SIZE if kind == "jpg" else 0,
+        count_cache=info["count_cache"],
+    )
+    urls = info["tar_urls"]
+    dm = ShardDataModule(cfg, urls, urls, seed=0)
+    dm.setup("fit")
+    return dm.train_dataloader(), dm.set_epoch
+
+
+def _wds_jpg(decode: Callable[[bytes], np.ndarray], sample: tuple) -> tuple:
+    return (decode(sample[0]),)
+
+
+def read_webdataset(info: dict, kind: str, workers: int, variant: str) -> Reader:
+    import webdataset as wds
+
+    urls = info["tar_urls"]
+    ds = wds.WebDataset(urls, shardshuffle=len(urls), workersplitter=wds.split_by_worker)
+    ds = ds.shuffle(SHUFFLE_BUFFER)
+    if kind == "vec":
+        ds = ds.decode().to_tuple("npy").batched(info["batch"])
+    else:  # raw bytes, then the variant's decode
+        ds = ds.to_tuple("jpg").map(partial(_wds_jpg, DECODES[variant])).batched(info["batch"])
+    loader = DataLoader(ds, batch_size=None, **_loader_kw(workers))
+    return loader, lambda epoch: None  # shardshuffle reseeds every epoch itself
+
+
+class _JpgTransform:
+    """litdata / MosaicML item -> the decoded image (a class: picklable for the workers)."""
+
+    def __init__(self, decode: Callable[[bytes], np.ndarray]) -> None:
+        self.decode = decode
+
+    def __call__(self, item: dict[str, Any]) -> np.ndarray:
+        return self.decode(item["jpg"])
+
+
+def read_litdata(info: dict, kind: str, workers: int, variant: str) -> Reader:
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    kw: dict[str, Any] = {"shuffle": True, "seed": 0}
+    if variant == "item":  # item by item, a full in-chunk shuffle
+        kw |= {"batch_decode": 0, "item_shuffle_window": "full"}
+    if kind == "jpg":
+        kw["transform"] = _JpgTransform(DECODES[variant])
+    ds = StreamingDataset(info["dirs"]["litdata"], **kw)
+    loader = StreamingDataLoader(ds, batch_size=info["batch"], **_loader_kw(workers))
+    return loader, lambda epoch: None  # the loader counts its epochs
+
+
+def read_mosaicml(info: dict, kind: str, workers: int, variant: str) -> Reader:
+    streaming = import_streaming()
+    streaming.base.util.clean_stale_shared_memory()
+    batch = info["batch"]
+
+    class Dataset(streaming.StreamingDataset):
+        def __getitem__(self, i: int) -> Any:
+            item = super().__getitem__(i)
+            return item["x"] if kind == "vec" else DECODES[variant](item["jpg"])
+
+    ds = Dataset(local=info["dirs"]["mds"], shuffle=True, shuffle_seed=0, batch_size=batch)
+    loader = DataLoader(ds, batch_size=batch, **_loader_kw(workers))
+    return loader, lambda epoch: None  # it counts its epochs itself
+
+
+READERS: dict[str, Callable[[dict, str, int, str], Reader]] = {
+    "ae": read_ae,
+    "webdataset": read_webdataset,
+    "litdata": read_litdata,
+    "mosaicml": read_mosaicml,
+}
+
+
+def variants(kind: str) -> list[tuple[str, str, str]]:
+    """(row name, reader, variant) of one dataset."""
+    if kind == "vec":
+        return [
+            ("ae", "ae", ""),
+            ("webdataset", "webdataset", ""),
+            ("litdata", "litdata", ""),
+            ("litdata_item", "litdata", "item"),
+            ("mosaicml", "mosaicml", ""),
+        ]
+    rows = [("ae", "ae", "")]
+    for peer in ("webdataset", "litdata", "mosaicml"):
+        rows += [(f"{peer}_full", peer, "full"), (f"{peer}_draft", peer, "draft")]
+    return [*rows, ("litdata_turbo", "litdata", "turbo")]  # the fastest peer, ae's decoder
+
+
+def _batch_len(batch: Any) -> int:
+    while isinstance(batch, (list, tuple, dict)):
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    return len(batch)
+
+
+MIN_CPU_S = 0.2  # the least CPU time a pass needs for its per-CPU-second figure
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds so far of this process and its children alive (the loader's workers): on a
+    shared machine the figure that other processes disturb least."""
+    me = psutil.Process()
+    total = 0.0
+    for proc in (me, *me.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def epoch_rate(loader: Iterable[Any], cap_s: float) -> tuple[float, float, int, bool]:
+    """(samples/s, samples per CPU second of the process tree, samples, whole epoch?) of one
+    pass, stopped after `cap_s` seconds (a slow peer's epoch of 200,000 vectors takes minutes on
+    2 cores): from the iterator's creation (workers start there) to the last batch taken."""
+    n, t0, c0 = 0, time.perf_counter(), tree_cpu_s()
+    it = iter(loader)
+    whole = True
+    for batch in it:
+        n += _batch_len(batch)
+        if time.perf_counter() - t0 > cap_s:
+            whole = False
+            break
+    dt, dc = time.perf_counter() - t0, tree_cpu_s() - c0
+    del it
+    # CPU times tick at 10 ms: a shorter pass (ae's vectors in --quick) gets no CPU figure
+    return n / dt, n / dc if dc >= MIN_CPU_S else None, n, whole
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b is not None else None
+
+
+def end_workers(loader: Iterable[Any]) -> None:
+    """Shut a loader's persistent workers down now. Left to the garbage collector, the loader's
+    cycle is torn down in any order, and litdata's workers then wait out torch's 5 s join
+    timeout each (10 s of idle per litdata row with 2 workers; measured)."""
+    iterator = getattr(loader, "_iterator", None)  # torch keeps persistent workers' iterator
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+
+
+def measure(info: dict, kind: str, name: str, reader: str, variant: str, workers: int,
+            cap_s: float) -> dict[str, Any]:  # fmt: skip
+    t0 = time.perf_counter()
+    loader, set_epoch = READERS[reader](info, kind, workers, variant)
+    setup_s = time.perf_counter() - t0
+    row: dict[str, Any] = {"setup_s": setup_s}
+    for epoch, label in enumerate(("first", "warm")):
+        set_epoch(epoch)
+        rate, per_cpu_s, n, whole = epoch_rate(loader, cap_s)
+        row[label] = rate
+        row[f"{label}_per_cpu_s"] = per_cpu_s
+        row[f"{label}_samples"] = n
+        row[f"{label}_whole"] = whole
+    end_workers(loader)
+    del loader
+    if reader == "mosaicml":  # its shared memory ends with its dataset (a cycle), before the next
+        gc.collect()  # a second or more with the peers imported: not after every reader
+    return row
+
+
+# --- the throttled source -----------------------------------------------------------------
+
+
+def throttled(info: dict, rate_mb: float, workers: int, cap_s: float) -> list[dict[str, Any]]:
+    """ae reading the vector tars over http at `rate_mb` MB/s per shard stream, plain and gzip'd
+    (one epoch each), each with its index sidecar beside it (the count; a gzip'd shard's has no
+    offsets), as `ae-shards write` leaves them."""
+    urls = info["tar_urls"]
+    gzipped = gzip_tars(urls)
+    for url, gz in zip(urls, gzipped, strict=True):  # as `ae-shards write --compress gz` does
+        write_index(Path(gz), scan_shard(url).samples, None)
+    rows = []
+    for label, files in (("plain", urls), ("gzip", gzipped)):
+        folder = Path(files[0]).parent
+        server, base = serve(folder, rate_mb * 1e6)
+        remote = [f"{base}/{Path(f).name}" for f in files]
+        remote_info = {**info, "tar_urls": remote}
+        try:
+            t0 = time.perf_counter()
+            loader, _ = read_ae(remote_info, "vec", workers, "")
+            setup_s = time.perf_counter() - t0
+            rate, _, n, whole = epoch_rate(loader, cap_s)
+        finally:
+            server.shutdown()
+        size = du(files)
+        rows.append({
+            "shards": label, "workers": workers, "rate_mb_per_s": rate_mb, "bytes": size,
+            "bytes_per_sample": size / info["samples"], "setup_s": setup_s,
+            "samples_per_s": rate, "samples": n, "whole_epoch": whole,
+        })  # fmt: skip
+        print(f"throttled {rate_mb} MB/s, {workers} workers, {label} ({size / 1e6:.1f} MB): "
+              f"{rate:,.0f} samples/s (setup/count {setup_s:.1f} s)", flush=True)  # fmt: skip
+    return rows
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="small data, for a smoke run")
+    ap.add_argument("--data", default="/tmp/ae-bench-data/peers")
+    ap.add_argument("--kinds", default="vec,jpg")
+    ap.add_argument("--workers", default="0,2")
+    ap.add_argument("--repeat", type=int, help="rounds, readers alternating; the median counts")
+    ap.add_argument("--epoch_cap_s", type=float, help="stop an epoch after this long")
+    ap.add_argument("--rate_mb", type=float, default=20.0, help="throttled source, MB/s")
+    args = ap.parse_args()
+    versions = peer_versions()
+    if versions is None:
+        print(f"skipped: the peers extra is not installed ({', '.join(PEERS)})")
+        return
+    os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # no PyPI call per dataset
+    from loguru import logger
+
+    logger.remove()  # ae's per-epoch INFO lines (no logging is configured in a bench)
+    repeat = args.repeat or (1 if args.quick else 2)
+    cap_s = args.epoch_cap_s or (1.0 if args.quick else 20.0)
+    # (samples, tar shards, batch): --quick only checks that every reader runs, in seconds
+    sizes = {
+        "vec": (2_048, 2, 256) if args.quick else (200_000, 8, VEC_BATCH),
+        "jpg": (128, 2, 16) if args.quick else (4_096, 8, JPG_BATCH),
+    }
+    workers_list = [int(w) for w in args.workers.split(",")]
+    datasets, rows = {}, []
+    for kind in args.kinds.split(","):
+        info = prepare(kind, *sizes[kind], Path(args.data))
+        datasets[kind] = {
+            k: v for k, v in info.items() if k not in ("tar_urls", "dirs", "count_cache")
+        }
+        print(f"{kind}: convert {info['convert_s']}, bytes {info['bytes']}", flush=True)
+        for workers in workers_list:
+            runs: dict[str, list[dict]] = {}
+            for _ in range(repeat):
+                for name, reader, variant in variants(kind):
+                    r = measure(info, kind, name, reader, variant, workers, cap_s)
+                    runs.setdefault(name, []).append(r)
+            row: dict[str, Any] = {"kind": kind, "workers": workers, "readers": {}}
+            for name, rs in runs.items():
+                row["readers"][name] = {
+                    "first": statistics.median(r["first"] for r in rs),
+                    "warm": statistics.median(r["warm"] for r in rs),
+                    "warm_per_cpu_s": _median(r["warm_per_cpu_s"] for r in rs),
+                    "setup_s": statistics.median(r["setup_s"] for r in rs),
+                    "whole_epochs": all(r["first_whole"] and r["warm_whole"] for r in rs),
+                }
+            ae = row["readers"]["ae"]
+            row["ae_vs"] = {
+                name: {e: _ratio(ae[e], r[e]) for e in ("first", "warm", "warm_per_cpu_s")}
+                for name, r in row["readers"].items()
+                if name != "ae"
+            }
+            row["load_average"] = os.getloadavg()[0]
+            rows.append(row)
+            for name, r in row["readers"].items():
+                vs = row["ae_vs"].get(name)
+                cpu = r["warm_per_cpu_s"]
+                line = f"{kind} w={workers} {name:18s} first {r['first']:>11,.0f}/s  warm "
+                line += f"{r['warm']:>11,.0f}/s  " + (f"{cpu:>11,.0f}/CPU s" if cpu else " " * 17)
+                if vs:
+                    line += f"  ae {vs['warm']:.2f}x"
+                    if vs["warm_per_cpu_s"]:
+                        line += f" ({vs['warm_per_cpu_s']:.2f}x per CPU s)"
+                print(line, flush=True)
+        if kind == "vec":
+            datasets[kind]["throttled"] = [
+                row for w in workers_list for row in throttled(info, args.rate_mb, w, cap_s * 3)
+            ]
+    path = write_record(
+        "peers",
+        {"versions": versions, "batch_size": {k: sizes[k][2] for k in datasets},
+         "repeat": repeat, "epoch_cap_s": cap_s, "datasets": datasets, "rows": rows},
+        quick=args.quick,
+    )  # fmt: skip
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
