@@ -6,7 +6,8 @@ next rendezvous round, and the healthy nodes' agents see it waiting and restart 
 does not give is what ae promises of every attempt, and its restart count cannot tell the
 attempt: a node whose workers were still healthy restarts them as a membership change, which
 torchrun does not count, so `TORCHELASTIC_RESTART_COUNT` differs between nodes of one attempt
-(tests/job/test_elastic.py shows it on torchrun's own agent).
+(`_invoke_run` in torch/distributed/elastic/agent/server/api.py: `remaining_restarts` drops only
+for a failed worker group).
 
 So each agent, after every rendezvous and before it starts its workers (`before_workers`), takes
 the attempt from the round's store: the agent of group rank 0 judges the attempt that just ended
@@ -95,8 +96,9 @@ def agree(attempts: Attempts, store: Any, group_rank: int, nodes: int) -> dict[s
     Group rank 0 ends only once every node has read an ending (the store may live in its
     process)."""
     if group_rank == 0:
-        decision = attempts.decide()
-        store.set(DECISION_KEY, json.dumps(decision))
+        payload = json.dumps(attempts.decide())
+        store.set(DECISION_KEY, payload)
+        decision = json.loads(payload)  # as every other node reads it
         if "exit" in decision:
             deadline = time.monotonic() + DECISION_WAIT_S
             while int(store.add(ACK_KEY, 0)) < nodes - 1 and time.monotonic() < deadline:

@@ -40,7 +40,7 @@ from ae.errors import UserError
 from ae.forensics.faults import ATTEMPT_ENV, active_faults
 from ae.job.elastic import ELASTIC_ENV
 from ae.job.folder_lock import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
-from ae.job.network import prepare_node
+from ae.job.network import prepare_node, route_to
 from ae.job.outcome import RESUME, preempted, report_failure, report_stop, stop_exit_code
 from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import check, launcher_needs
@@ -110,7 +110,14 @@ def child_command(
                  f"--max-restarts={cfg.run.max_restarts + 1}"]  # fmt: skip
         # Node 0 hosts the rendezvous store: torchrun's own guess compares MASTER_ADDR with the
         # hostname's address, which is 127.0.1.1 on Debian's default /etc/hosts.
-        nodes.append(f"--rdzv-conf=is_host={int(topo.node_rank == 0)}")
+        # The node that becomes group rank 0 names its address to every rank (their
+        # MASTER_ADDR): the one that reaches the master, not the hostname's (127.0.1.1 likewise).
+        local = route_to(topo.master_addr, int(port)).source_ip
+        nodes += [f"--rdzv-conf=is_host={int(topo.node_rank == 0)}", f"--local-addr={local}"]
+        # Each round's ranks get a store of their own (group rank 0's first rank hosts it): the
+        # agents' shared one outlives the round, and a rank of the next attempt would read the
+        # dead attempt's gloo addresses from it.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         ts = LAUNCHER_LOG_FILE.regex.fullmatch(launcher_log.name)["ts"]
         env[ELASTIC_ENV] = json.dumps({
             "max_restarts": cfg.run.max_restarts, "ts": ts,
@@ -270,7 +277,10 @@ def attempt(
     # The leader's console also says the other ranks' errors and stalls (`ae.job.rank_lines`).
     peers_said = rank_lines(logs / TRAIN_LOG_FILE.format(ts=ts)) if topo.leader else nullcontext()
     with peers_said:
-        rc, stops = wait(proc, PeerNodes(logs, ts).check if topo.nnodes > 1 else None)
+        # Under torchrun's elastic agent a rank that dies mid-attempt is a restart, not a lost
+        # node, and the next attempt beats under another run TS: the agents watch each other.
+        watch = topo.nnodes > 1 and not elastic(cfg, topo)
+        rc, stops = wait(proc, PeerNodes(logs, ts).check if watch else None)
     return rc, stops
 
 
