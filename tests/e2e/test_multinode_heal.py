@@ -88,3 +88,25 @@ def test_a_rank_killed_on_host_1_restarts_both_hosts_with_the_same_losses(runs) 
     second = train_logs[1].read_text()
     assert any(RESTART.parse(t[t.find("RESTART") :]) for t in second.splitlines() if "RESTART" in t)
     assert "Training finished at step 12" in second
+
+
+@pytest.fixture(scope="module")
+def repeating(tmp_path_factory) -> tuple[Path, list[int]]:
+    """Host 1's rank killed at step 6 in every attempt: the same failure twice."""
+    tmp = tmp_path_factory.mktemp("repeat")
+    train = shards(tmp / "shards", "train", [40, 40, 40, 40])
+    val = shards(tmp / "shards", "val", [16])
+    args = [f"--train_shards={train}", f"--val_shards={val}", "--devices=1", "--batch_size=8",
+            "--num_workers=0", "--max_epochs=-1", "--max_steps=12", "--checkpointing_period=4",
+            "--debug=true", "--max_restarts=3"]  # fmt: skip
+    return two_node_run(tmp, "repeat", args, 29635, fault="kill@train:step=6")
+
+
+def test_a_failure_that_repeats_ends_both_hosts_with_exit_3(repeating) -> None:
+    out, codes = repeating
+    assert codes == [3, 3], console(out, 0) + console(out, 1)
+    for node in (0, 1):  # one restart, then the same message on every node
+        text = console(out, node)
+        assert len([t for t in text.splitlines() if RESTART.parse(t[t.find("RESTART") :])]) == 1
+        assert "not restarting: the same failure at step 6 twice" in text, text
+    assert len(list((out / "logs").glob("train_*.log"))) == 2  # no third attempt started
