@@ -14,7 +14,9 @@ per attempt, while the stop rules of `ae.job.restarts` allow.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import sys
 import time
@@ -33,10 +35,12 @@ from ae.config import (
 from ae.config.model_path import locate_class
 from ae.data.shards.demo import with_demo_defaults
 from ae.data.shards.spec import resolve_shards
+from ae.diagnose.log_files import list_runs
 from ae.errors import UserError
 from ae.forensics.faults import ATTEMPT_ENV, active_faults
+from ae.job.elastic import ELASTIC_ENV
 from ae.job.folder_lock import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
-from ae.job.network import prepare_node
+from ae.job.network import prepare_node, route_to
 from ae.job.outcome import RESUME, preempted, report_failure, report_stop, stop_exit_code
 from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import check, launcher_needs, weights_problem
@@ -97,13 +101,46 @@ def child_command(
             env.update({k: v for k, v in DEBUG_ENV.items() if k not in os.environ})
         return [sys.executable, "-u", "-m", RANK_MODULE, *argv, *extra], env
     port = topo.master_port or str(free_port())
+    if elastic(cfg, topo):
+        # torchrun's elastic agent restarts every node's workers together (`ae.job.elastic`);
+        # one more restart than --max_restarts, so that every agent reaches the round in which
+        # the stop rules end the job (a node restarted by a change of membership counts none).
+        nodes = [f"--nnodes={topo.nnodes}", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint={topo.master_addr}:{port}", f"--rdzv-id={rdzv_id(topo)}",
+                 f"--max-restarts={cfg.run.max_restarts + 1}"]  # fmt: skip
+        # Node 0 hosts the rendezvous store: torchrun's own guess compares MASTER_ADDR with the
+        # hostname's address, which is 127.0.1.1 on Debian's default /etc/hosts.
+        # The node that becomes group rank 0 names its address to every rank (their
+        # MASTER_ADDR): the one that reaches the master, not the hostname's (127.0.1.1 likewise).
+        local = route_to(topo.master_addr, int(port)).source_ip
+        nodes += [f"--rdzv-conf=is_host={int(topo.node_rank == 0)}", f"--local-addr={local}"]
+        # Each round's ranks get a store of their own (group rank 0's first rank hosts it): the
+        # agents' shared one outlives the round, and a rank of the next attempt would read the
+        # dead attempt's gloo addresses from it.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        ts = LAUNCHER_LOG_FILE.regex.fullmatch(launcher_log.name)["ts"]
+        env[ELASTIC_ENV] = json.dumps({
+            "max_restarts": cfg.run.max_restarts, "ts": ts,
+            "logs": str(cfg.run.dir.logs), "checkpoints": str(cfg.run.dir.checkpoints),
+        })  # fmt: skip
+    else:
+        nodes = [f"--nnodes={topo.nnodes}", f"--node_rank={topo.node_rank}",
+                 f"--master_addr={topo.master_addr}", f"--master_port={port}"]  # fmt: skip
     cmd = [
-        sys.executable, "-m", TORCHRUN_MODULE, str(launcher_log), str(os.getpid()),
-        f"--nnodes={topo.nnodes}", f"--node_rank={topo.node_rank}",
-        f"--nproc_per_node={nproc}", f"--master_addr={topo.master_addr}", f"--master_port={port}",
-        *rank_command(cfg.obs.debug, RANK_MODULE), *argv, *extra,
+        sys.executable, "-m", TORCHRUN_MODULE, str(launcher_log), str(os.getpid()), *nodes,
+        f"--nproc_per_node={nproc}", *rank_command(cfg.obs.debug, RANK_MODULE), *argv, *extra,
     ]  # fmt: skip
     return cmd, env
+
+
+def elastic(cfg: Config, topo: Topology) -> bool:
+    """Several nodes under torchrun with --max_restarts: torchrun's agent restarts the job."""
+    return cfg.run.max_restarts > 0 and topo.nnodes > 1 and topo.task is None
+
+
+def rdzv_id(topo: Topology) -> str:
+    """One rendezvous run id per job, the same on every node (`topo.job` names the job)."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", topo.job).strip("_")
 
 
 def launch(argv: list[str]) -> int:
@@ -166,17 +203,21 @@ def run(
     logs = cfg.run.dir.logs
     logs.mkdir(parents=True, exist_ok=True)
     restarts = Restarts(cfg.run.max_restarts, logs, cfg.run.dir.checkpoints)
-    if cfg.run.max_restarts and (topo.nnodes > 1 or topo.task is not None):
+    if cfg.run.max_restarts and topo.task is not None:
         logger.warning(
-            "--max_restarts: restarts need one node under torchrun (docs/RUNS.md); this job "
-            "ends at its first failure"
+            "--max_restarts: restarts need torchrun (one task per node under SLURM, "
+            "docs/RUNS.md); this job ends at its first failure"
         )
+        restarts.max = 0
+    if elastic(cfg, topo):  # torchrun's agent restarts; its last attempt is the newest run
         restarts.max = 0
     restart: Restart | None = None
     while True:
         rc, stops = attempt(
             cfg, topo, nproc, ts, argv, specs, restart, len(restarts.failed), n_train, lock
         )
+        if elastic(cfg, topo):
+            ts = max((t for t in list_runs(logs) if t >= ts), default=ts)
         code = ending(cfg, topo, ts, rc, stops)
         if code is None:
             return 0
@@ -241,7 +282,10 @@ def attempt(
     # The leader's console also says the other ranks' errors and stalls (`ae.job.rank_lines`).
     peers_said = rank_lines(logs / TRAIN_LOG_FILE.format(ts=ts)) if topo.leader else nullcontext()
     with peers_said:
-        peers = PeerNodes(logs, ts) if topo.nnodes > 1 else None
+        # Under torchrun's elastic agent a rank that dies mid-attempt is a restart, not a lost
+        # node, and the next attempt beats under another run TS: the agents watch each other.
+        watch = topo.nnodes > 1 and not elastic(cfg, topo)
+        peers = PeerNodes(logs, ts) if watch else None
         rc, stops = wait(proc, *((peers.check, peers.stopped_elsewhere) if peers else ()))
     return rc, stops
 

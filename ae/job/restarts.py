@@ -115,6 +115,7 @@ class Restarts:
         self.logs = logs
         self.checkpoints = checkpoints
         self.failed: list[Attempt] = []
+        self.said: str | None = None  # the line with which the last judgment ended the job
 
     def after_failure(self, ts: str, rc: int) -> Restart | int | None:
         """After attempt `ts` failed with `rc`: the next attempt; or the job's exit code when it
@@ -124,16 +125,19 @@ class Restarts:
         self.failed.append(attempt)
         for code in attempt.rank_exit_codes:
             if code in NO_RESTART:
-                logger.info(f"Not restarting: {NO_RESTART[code]} (exit {code} from a rank)")
+                self.said = f"Not restarting: {NO_RESTART[code]} (exit {code} from a rank)"
+                logger.info(self.said)
                 return None
         if len(self.failed) >= 2:
             before = self.failed[-2]
             if (before.causes, before.step) == (attempt.causes, attempt.step):
-                logger.error(f"{SAME_FAILURE.format(step=attempt.step)}: {attempt.failed}")
+                self.said = f"{SAME_FAILURE.format(step=attempt.step)}: {attempt.failed}"
+                logger.error(self.said)
                 return SAME_FAILURE_EXIT
         n = len(self.failed)
         if n > self.max:
-            logger.error(f"Not restarting: all {self.max} restart(s) used")
+            self.said = f"Not restarting: all {self.max} restart(s) used"
+            logger.error(self.said)
             return None
         found = newest_checkpoint(self.checkpoints)
         if found is None:

@@ -26,6 +26,8 @@ import signal
 import sys
 import traceback
 
+from ae.job.elastic import ELASTIC_ENV, JobEnds, install
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -53,7 +55,13 @@ def main(argv: list[str]) -> int:
             # stream that sys.stderr is when they are created.
             from torch.distributed.run import main as torchrun
 
+            if (elastic := os.environ.get(ELASTIC_ENV)) is not None:
+                # Its lines go to this node's console: loguru took sys.stderr at its import.
+                install(elastic)
+
             torchrun(args)
+        except JobEnds as e:
+            return e.code
         except SystemExit as e:
             return e.code if isinstance(e.code, int) else 1
         except BaseException:  # ChildFailedError, SignalException: the report, in the file
