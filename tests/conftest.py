@@ -7,11 +7,29 @@ from pathlib import Path
 
 import pytest
 
-from ae.data.writer import write_shard
 from bench.real_images import mixed_collection
 from tests.support import slurm as slurm_support
 from tests.support.runs import RunResult, run_launcher
-from tests.support.shards import image_samples, vector_samples
+from tests.support.shards import write_test_shards
+
+# The slowest tests of each run, written to .pytest_durations.txt (printed by .ci/run).
+pytest_plugins = ["tests.support.durations"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (./run_tests.sh), the long tests first: a worker that draws one at the
+    end keeps the others idle until it is done. First each xdist_group (its tests run one after
+    another on one worker), then the other slow tests, then the rest, each in collection order.
+    Every worker sorts alike, as xdist requires; a plain `pytest` keeps collection order."""
+    if not hasattr(config, "workerinput"):
+        return
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("xdist_group") is not None:
+            return 0
+        return 1 if item.get_closest_marker("slow") is not None else 2
+
+    items.sort(key=rank)
 
 
 @pytest.fixture
@@ -20,13 +38,7 @@ def make_shards(tmp_path: Path) -> Callable[..., str]:
     Sample keys are globally unique and consecutive across the shards."""
 
     def make(sizes: list[int], kind: str = "npy", name: str = "train", dim: int = 16) -> str:
-        out = tmp_path / "shards"
-        start = 0
-        for i, n in enumerate(sizes):
-            samples = vector_samples(n, dim, start) if kind == "npy" else image_samples(n, 8, start)
-            write_shard(out / f"{name}-{i:06d}.tar", samples)
-            start += n
-        return str(out / f"{name}-{{000000..{len(sizes) - 1:06d}}}.tar")
+        return write_test_shards(tmp_path / "shards", sizes, kind, name, dim)
 
     return make
 

@@ -21,7 +21,9 @@ import torch
 from tests.support.runs import ROOT
 from tests.support.slurm import job_state, wait_for_job_end
 
-pytestmark = pytest.mark.slow
+# One SLURM cluster for the session (the `slurm` fixture): its tests run one after another, in
+# one xdist worker (a session fixture is per worker: two would start and stop it under each other).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 
 def env() -> dict[str, str]:

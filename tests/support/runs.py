@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,4 +73,17 @@ def run_processes(out_dir: Path) -> list[psutil.Process]:
     for proc in psutil.process_iter(["cmdline"]):
         if any(str(out_dir) in arg for arg in proc.info["cmdline"] or []):
             found.append(proc)
+    return found
+
+
+def processes_left(out_dir: Path, grace_s: float = 15) -> list[list[str]]:
+    """The command lines of a run's processes still alive after `grace_s` (none, once it ended
+    cleanly: dataloader workers of a SIGKILLed rank notice their parent is gone within seconds)."""
+    end = time.monotonic() + grace_s
+    while (left := run_processes(out_dir)) and time.monotonic() < end:
+        time.sleep(0.5)
+    found = []
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            found.append(proc.cmdline())
     return found
