@@ -11,10 +11,10 @@ if ! .venv/bin/python -c "import wandb, mlflow" 2>/dev/null; then
   timeout 600 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[wandb,mlflow]" \
     || echo "run_tests: the wandb/mlflow extras could not be installed; their tests skip" >&2
 fi
-# Parallel workers (pytest-xdist): most end-to-end tests wait (timeouts, process startup, SLURM),
-# so 4 workers on 2 cores finish far sooner than one. AE_TEST_WORKERS sets how many. Tests that
-# share a machine-wide resource carry one xdist_group and so run one after another in one worker.
-.venv/bin/python -m pytest -n "${AE_TEST_WORKERS:-4}" --dist loadgroup "$@"
+# Parallel workers (pytest-xdist): many end-to-end tests mostly wait (timeouts, process startup,
+# SLURM), so 3 workers on 2 cores finish far sooner than one; AE_TEST_WORKERS sets how many. The
+# tests that must not run side by side are one xdist_group (SERIAL, tests/support/runs.py).
+.venv/bin/python -m pytest -n "${AE_TEST_WORKERS:-3}" --dist loadgroup "$@"
 rc=$?
 # pytest exit 5 = "no tests collected": that is a failure here, never a pass.
 if [ "$rc" -eq 5 ]; then echo "run_tests: no tests were collected" >&2; exit 1; fi

@@ -1,6 +1,7 @@
 """Launches that several end-to-end tests share: one run, several tests asserting on it, each
-named for what it checks. Tests over one shared run carry the run's `xdist_group`, so that
-pytest-xdist gives them to one worker, which launches it once (a session fixture is per worker)."""
+named for what it checks. Tests over one shared run are all in the SERIAL xdist_group
+(tests/support/runs.py), so that pytest-xdist gives them to one worker, which launches the run
+once (a session fixture is per worker)."""
 
 from __future__ import annotations
 

@@ -18,9 +18,9 @@ import pytest
 from ae.log_lines import STALL, STALL_RESOLVED
 from tests.e2e.conftest import FinishedRun
 from tests.support.live import live_run
-from tests.support.runs import ROOT, run_launcher
+from tests.support.runs import ROOT, SERIAL, run_launcher
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SERIAL]  # live answers within 5 s, stall timeouts
 
 T = 3  # --stall_timeout of these runs
 LIVE_ANSWER_S = 5.0
@@ -108,7 +108,6 @@ def test_live_hangs_in_data_loading_then_in_a_training_step(make_shards, tmp_pat
         assert re.search(r"STALL", res.stdout) and "training step" in res.stdout
 
 
-@pytest.mark.xdist_group("rank_1_raises")
 def test_exception_on_one_rank(rank_1_raises_at_step_3: FinishedRun) -> None:
     res = rank_1_raises_at_step_3.result  # shard_args(make_shards, 1), the same run
     assert res.returncode != 0

@@ -17,9 +17,9 @@ from ae.diagnose.report import diagnose
 from ae.diagnose.run_files import find_run
 from ae.log_lines import FATAL, HEARTBEAT_FIELDS, RECORD_PATTERN, STALL, STALL_RESOLVED
 from tests.e2e.conftest import FinishedRun
-from tests.support.runs import RunResult, processes_left, run_launcher, run_processes
+from tests.support.runs import SERIAL, RunResult, processes_left, run_launcher, run_processes
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SERIAL]  # stall timeouts and their back-off
 
 T = 3  # --stall_timeout of these runs
 
@@ -172,7 +172,6 @@ def test_stalls_reported_by_stuck_and_waiting_ranks(make_shards, run_dir: Path) 
     assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(0, "peer failure: RuntimeError")]
 
 
-@pytest.mark.xdist_group("rank_1_raises")
 def test_exception_on_rank1_is_fatal_everywhere_and_ends_the_job(
     rank_1_raises_at_step_3: FinishedRun,
 ) -> None:

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.runs import ROOT
+from tests.support.runs import ROOT, SERIAL
 from tests.support.slurm import job_state, wait_for_job_end
 
-# One SLURM cluster for the session (the `slurm` fixture): its tests run one after another, in
-# one xdist worker (a session fixture is per worker: two would start and stop it under each other).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+# One SLURM cluster for the session (the `slurm` fixture, per xdist worker: two workers would
+# start and stop it under each other's jobs).
+pytestmark = [pytest.mark.slow, SERIAL]
 
 
 def env() -> dict[str, str]:
