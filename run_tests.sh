@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing (via ./train_ae.sh --install-only), runs the suite.
-# Extra arguments go to pytest (e.g. ./run_tests.sh -m "not slow", ./run_tests.sh -k config).
+# Extra arguments go to pytest (e.g. ./run_tests.sh -m "not slow", ./run_tests.sh -k config;
+# ./run_tests.sh -n 0: one process, no workers).
 set -uo pipefail
 cd "$(dirname "$0")"
 ./train_ae.sh --install-only || exit 1
@@ -10,7 +11,10 @@ if ! .venv/bin/python -c "import wandb, mlflow" 2>/dev/null; then
   timeout 600 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[wandb,mlflow]" \
     || echo "run_tests: the wandb/mlflow extras could not be installed; their tests skip" >&2
 fi
-.venv/bin/python -m pytest "$@"
+# Parallel workers (pytest-xdist): many end-to-end tests mostly wait (timeouts, process startup,
+# SLURM), so 3 workers on 2 cores finish far sooner than one; AE_TEST_WORKERS sets how many. The
+# tests that must not run side by side are one xdist_group (SERIAL, tests/support/runs.py).
+.venv/bin/python -m pytest -n "${AE_TEST_WORKERS:-3}" --dist loadgroup "$@"
 rc=$?
 # pytest exit 5 = "no tests collected": that is a failure here, never a pass.
 if [ "$rc" -eq 5 ]; then echo "run_tests: no tests were collected" >&2; exit 1; fi

@@ -7,11 +7,49 @@ from pathlib import Path
 
 import pytest
 
-from ae.data.shards.writer import write_shard
 from bench.real_images import mixed_collection
 from tests.support import slurm as slurm_support
 from tests.support.runs import RunResult, run_launcher
-from tests.support.shards import image_samples, vector_samples
+from tests.support.shards import write_test_shards
+
+_GROUP_LOST = pytest.StashKey[bool]()
+
+# The slowest tests of each run, written to .pytest_durations.txt (printed by .ci/run).
+pytest_plugins = ["tests.support.durations"]
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which names each test's group
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (./run_tests.sh), the long tests first: a worker that draws one at the
+    end keeps the others idle until it is done. The SERIAL group comes first anyway (xdist hands
+    out the largest group first), then the other slow tests, then the rest, in collection order.
+    Every worker sorts alike, as xdist requires; a plain `pytest` keeps collection order.
+
+    And where pytest drops the groups (pytest 9.2 ignores the group that xdist 3.8 writes into
+    each test's node id: pytest-xdist issue 1386), the grouped tests fail, saying so, instead of
+    running side by side and failing in ways that would not say why."""
+    if not hasattr(config, "workerinput"):
+        return
+    if config.getvalue("loadgroup"):
+        for item in items:
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+                item.stash[_GROUP_LOST] = True
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("xdist_group") is not None:
+            return 0
+        return 1 if item.get_closest_marker("slow") is not None else 2
+
+    items.sort(key=rank)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.stash.get(_GROUP_LOST, False):
+        pytest.fail(
+            f"pytest {pytest.__version__} drops xdist_group (pytest-xdist issue 1386): this SERIAL "
+            "test would run beside others; install the dev extra's pytest (./run_tests.sh does)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture
@@ -20,13 +58,7 @@ def make_shards(tmp_path: Path) -> Callable[..., str]:
     Sample keys are globally unique and consecutive across the shards."""
 
     def make(sizes: list[int], kind: str = "npy", name: str = "train", dim: int = 16) -> str:
-        out = tmp_path / "shards"
-        start = 0
-        for i, n in enumerate(sizes):
-            samples = vector_samples(n, dim, start) if kind == "npy" else image_samples(n, 8, start)
-            write_shard(out / f"{name}-{i:06d}.tar", samples)
-            start += n
-        return str(out / f"{name}-{{000000..{len(sizes) - 1:06d}}}.tar")
+        return write_test_shards(tmp_path / "shards", sizes, kind, name, dim)
 
     return make
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.live import diagnose, wait_for
-from tests.support.runs import ROOT, run_launcher
+from tests.support.runs import ROOT, SERIAL, run_launcher
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SERIAL]  # stall and pg timeouts
 
 MODEL = "tests.support.desync_models"
 BUCKET = 3224  # TinyAutoEncoder's parameters on 16-number vectors: one gradient bucket

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from ae.log_lines import STALL, STALL_RESOLVED
+from tests.e2e.conftest import FinishedRun
 from tests.support.live import live_run
-from tests.support.runs import ROOT, run_launcher
+from tests.support.runs import ROOT, SERIAL, run_launcher
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SERIAL]  # live answers within 5 s, stall timeouts
 
 T = 3  # --stall_timeout of these runs
 LIVE_ANSWER_S = 5.0
@@ -107,10 +108,8 @@ def test_live_hangs_in_data_loading_then_in_a_training_step(make_shards, tmp_pat
         assert re.search(r"STALL", res.stdout) and "training step" in res.stdout
 
 
-def test_exception_on_one_rank(make_shards, tmp_path: Path) -> None:
-    res = run_launcher(
-        shard_args(make_shards, 1), tmp_path / "run", env={"AE_FAULT": "raise@train:rank=1:step=3"}
-    )
+def test_exception_on_one_rank(rank_1_raises_at_step_3: FinishedRun) -> None:
+    res = rank_1_raises_at_step_3.result  # shard_args(make_shards, 1), the same run
     assert res.returncode != 0
     doc, _ = diagnose_json(res.logs)
     assert culprits(doc) == [(1, "training step", "exception: InjectedFault")], doc

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,9 +16,10 @@ import pytest
 from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose
 from ae.log_lines import FATAL, HEARTBEAT_FIELDS, RECORD_PATTERN, STALL, STALL_RESOLVED
-from tests.support.runs import RunResult, run_launcher, run_processes
+from tests.e2e.conftest import FinishedRun
+from tests.support.runs import SERIAL, RunResult, processes_left, run_launcher, run_processes
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SERIAL]  # stall timeouts and their back-off
 
 T = 3  # --stall_timeout of these runs
 
@@ -60,12 +60,9 @@ def run_dir(tmp_path: Path) -> Iterator[Path]:
             proc.kill()
 
 
-def assert_no_process_left(out_dir: Path, grace_s: float = 15) -> None:
-    # Dataloader workers of a SIGKILLed rank notice their parent is gone within seconds.
-    end = time.monotonic() + grace_s
-    while (left := run_processes(out_dir)) and time.monotonic() < end:
-        time.sleep(0.5)
-    assert not left, [p.cmdline() for p in left]
+def assert_no_process_left(out_dir: Path) -> None:
+    left = processes_left(out_dir)
+    assert not left, left
 
 
 def launch_timed(args: list[str], out: Path, fault: str) -> tuple[RunResult, datetime]:
@@ -175,12 +172,10 @@ def test_stalls_reported_by_stuck_and_waiting_ranks(make_shards, run_dir: Path) 
     assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(0, "peer failure: RuntimeError")]
 
 
-def test_exception_on_rank1_is_fatal_everywhere_and_ends_the_job(make_shards, run_dir) -> None:
-    res, ended = launch_timed(
-        [*shards(make_shards), "--num_workers=1", f"--stall_timeout={T}"],
-        run_dir,
-        "raise@train:rank=1:step=3",
-    )
+def test_exception_on_rank1_is_fatal_everywhere_and_ends_the_job(
+    rank_1_raises_at_step_3: FinishedRun,
+) -> None:
+    res, ended = rank_1_raises_at_step_3.result, rank_1_raises_at_step_3.ended
     assert res.returncode != 0
     r1 = read_records(res.log("debug_rank1_*.log")[0])
     (fatal,) = [r for r in r1 if r.message.startswith("FATAL")]
@@ -200,7 +195,7 @@ def test_exception_on_rank1_is_fatal_everywhere_and_ends_the_job(make_shards, ru
     assert "InjectedFault: raise fault injected by AE_FAULT" in report
     assert "_injected_raise" in report and "ChildFailedError" not in res.output
     assert (ended - fatal.time).total_seconds() < 60
-    assert_no_process_left(run_dir)
+    assert not rank_1_raises_at_step_3.left, rank_1_raises_at_step_3.left
 
 
 def test_segv_and_sigkill_leave_their_traces(make_shards, run_dir: Path) -> None:

@@ -23,10 +23,10 @@ import pytest
 
 from ae.data.shards.writer import write_shard
 from tests.support.live import diagnose, diagnose_json, wait_for
-from tests.support.runs import ROOT, run_processes
+from tests.support.runs import ROOT, SERIAL, run_processes
 from tests.support.shards import vector_samples
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SERIAL]  # kills at a moment; stall timeouts
 
 KILLED = "killed (SIGKILL)"
 

@@ -21,10 +21,13 @@ import psutil
 import pytest
 
 from tests.support.live import wait_for
-from tests.support.runs import ROOT, run_processes
+from tests.support.runs import ROOT, SERIAL, run_processes
 from tests.support.two_hosts import TwoHosts, available, cleanup_stale
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    SERIAL,
+]  # network namespaces; a second launch refused while the job lives
 
 SLEEP = "sleep@train:step=3:secs=8"  # every rank, in its step 3: the launcher dies meanwhile
 KILLS = [signal.SIGKILL, signal.SIGHUP]

@@ -17,7 +17,7 @@ import pytest
 
 from ae.job.restarts import SAME_FAILURE_EXIT, newest_checkpoint
 from ae.log_lines import HANG_TIMEOUT, RESTART
-from tests.support.runs import ROOT, RunResult, run_launcher
+from tests.support.runs import ROOT, SERIAL, RunResult, run_launcher
 
 pytestmark = pytest.mark.slow
 
@@ -87,6 +87,7 @@ def test_a_killed_rank_restarts_the_job_exactly(make_shards, tmp_path: Path) -> 
     assert attempts[1]["status"] == "finished" and RESTART.parse(attempts[1]["restart"]) == line
 
 
+@SERIAL  # --stall_timeout=2, --hang_timeout=5: a step slowed by others' load would hang too
 def test_a_hang_past_hang_timeout_restarts(make_shards, tmp_path: Path) -> None:
     """Rank 0 sleeps in its training step 6: after --hang_timeout it writes its STALL report and
     exits with its own code; the job restarts and finishes."""

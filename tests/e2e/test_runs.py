@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from ae.job.folder_lock import read_lock
-from tests.support.runs import ROOT, run_launcher, run_processes
+from tests.support.runs import ROOT, SERIAL, run_launcher, run_processes
 
-pytestmark = pytest.mark.slow
+# SERIAL: a second launch refused and a second Ctrl-C obeyed, each within 5 s
+pytestmark = [pytest.mark.slow, SERIAL]
 
 C_LOG_LINE = re.compile(r"^\[?[IWE]\d{4} \d\d:\d\d", re.M)  # c10d/glog: `[I1123 09:47:17...`
 

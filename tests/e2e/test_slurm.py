@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.runs import ROOT
+from tests.support.runs import ROOT, SERIAL
 from tests.support.slurm import job_state, wait_for_job_end
 
-pytestmark = pytest.mark.slow
+# One SLURM cluster for the session (the `slurm` fixture, per xdist worker: two workers would
+# start and stop it under each other's jobs).
+pytestmark = [pytest.mark.slow, SERIAL]
 
 
 def env() -> dict[str, str]:

@@ -22,8 +22,9 @@ import pytest
 
 from ae.log_lines import MARKER, RECORD_PATTERN, STRAGGLER, STRAGGLER_RESOLVED
 from tests.support.live import diagnose, diagnose_json, live_run, wait_for
+from tests.support.runs import SERIAL
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SERIAL]  # named within the window + 10 s
 
 WINDOW = 10  # --straggler_window of these runs (5 s let the load of a shared 2-core machine in)
 LATE_S = WINDOW + 10  # the bar: named within the window + 10 s of the slowdown's start

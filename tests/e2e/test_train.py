@@ -14,7 +14,7 @@ import pytest
 
 from ae.job.folder_lock import read_lock
 from ae.log_lines import EPOCH_STEP_TIMES
-from tests.support.runs import ROOT, run_launcher
+from tests.support.runs import ROOT, SERIAL, run_launcher
 
 pytestmark = pytest.mark.slow
 
@@ -89,6 +89,7 @@ def test_demo_run_without_shards(launch) -> None:
     assert "[c10d" in res.text("native_rank0_*.log") and "[c10d" in res.text("native_rank1_*.log")
 
 
+@SERIAL  # refused within 10 s
 @pytest.mark.parametrize("flag", ["--batch_size=-1", "--no_such_flag=3"])
 def test_bad_flag_fails_fast_without_workers(tmp_path: Path, flag: str) -> None:
     t0 = time.monotonic()

@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,14 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# Tests that must not run beside one another under pytest-xdist (./run_tests.sh): a machine-wide
+# resource (the SLURM cluster, network namespaces, a memory cgroup, /dev/shm), or timing bounds
+# (a stall within --stall_timeout, a live answer within 5 s, a straggler named within its window)
+# that several such runs at once on 2 cores would break. One group: one worker runs them one after
+# another, beside the other workers' tests. Tests that share one launch (tests/e2e/conftest.py)
+# are in it too, so that their session fixture runs once.
+SERIAL = pytest.mark.xdist_group("serial")
 
 
 @dataclass
@@ -72,4 +81,17 @@ def run_processes(out_dir: Path) -> list[psutil.Process]:
     for proc in psutil.process_iter(["cmdline"]):
         if any(str(out_dir) in arg for arg in proc.info["cmdline"] or []):
             found.append(proc)
+    return found
+
+
+def processes_left(out_dir: Path, grace_s: float = 15) -> list[list[str]]:
+    """The command lines of a run's processes still alive after `grace_s` (none, once it ended
+    cleanly: dataloader workers of a SIGKILLed rank notice their parent is gone within seconds)."""
+    end = time.monotonic() + grace_s
+    while (left := run_processes(out_dir)) and time.monotonic() < end:
+        time.sleep(0.5)
+    found = []
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            found.append(proc.cmdline())
     return found

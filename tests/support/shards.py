@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from ae.data.decoding.decode import SampleDecoder
-from ae.data.shards.writer import Sample, npy_bytes, png_bytes
+from ae.data.shards.writer import Sample, npy_bytes, png_bytes, write_shard
 
 
 def vector_samples(n: int, dim: int = 16, start: int = 0, seed: int = 0) -> list[Sample]:
@@ -25,6 +27,19 @@ def image_samples(n: int, size: int = 8, start: int = 0) -> list[Sample]:
         }
         for i in range(n)
     ]
+
+
+def write_test_shards(
+    out: Path, sizes: list[int], kind: str = "npy", name: str = "train", dim: int = 16
+) -> str:
+    """`sizes` shards `<name>-000000.tar`... in `out` (vectors, or 8x8 PNGs for kind "png"), keys
+    unique and consecutive across them; the brace spec of the set (the `make_shards` fixture)."""
+    start = 0
+    for i, n in enumerate(sizes):
+        samples = vector_samples(n, dim, start) if kind == "npy" else image_samples(n, 8, start)
+        write_shard(out / f"{name}-{i:06d}.tar", samples)
+        start += n
+    return str(out / f"{name}-{{000000..{len(sizes) - 1:06d}}}.tar")
 
 
 def vector_decoder(dim: int = 16) -> SampleDecoder:
