@@ -79,6 +79,7 @@ def build_callbacks(cfg: Config, ctx: RankContext, run_ts: str) -> list[L.Callba
             sampling=sampling,
             rank_series=RankSeries(cfg.run.dir.logs, run_ts),
             val_interval=cfg.run.val_interval,
+            vote_timeout=timedelta(seconds=cfg.obs.pg_timeout),
         ),
         *metric_callbacks(cfg.run.dir),
     ]
