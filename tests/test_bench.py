@@ -43,7 +43,7 @@ BENCHES: dict[str, tuple[str, set[str]]] = {
     ),
 }
 # Modules of bench/ that are not benchmarks: shared helpers and data.
-HELPERS = {"__init__", "common", "real_images", "synthetic_logs"}
+HELPERS = {"__init__", "common", "real_images", "synthetic_logs", "trainer_variants"}
 
 
 def test_every_bench_is_listed() -> None:

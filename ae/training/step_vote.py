@@ -84,11 +84,11 @@ class StepVote:
         self._next_vote = voted_at + max(1, min(MAX_STEPS_BETWEEN, int(between)))
         return Decision(stop > 0, save > 0)
 
-    def cast(self, step: int, mine: Callable[[], Decision]) -> None:
+    def cast(self, step: int, mine: Callable[[], Decision]) -> bool:
         """This rank's flags (`mine`) at optimizer step `step` into a vote, when one is due here
-        (with peers)."""
+        (with peers); True when it cast one."""
         if self.group is None or self._pending is not None or step < self._next_vote:
-            return
+            return False
         now = time.perf_counter()
         step_s = 0.0
         if self._last_vote is not None and step > self._last_vote[0]:
@@ -99,6 +99,7 @@ class StepVote:
         work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         assert work is not None  # async_op=True always returns the work
         self._pending = (work, vote, step)
+        return True
 
     def finish(self) -> None:
         """Training ended on every rank at the same step: let the last vote complete, so
