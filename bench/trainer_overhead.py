@@ -14,10 +14,18 @@ timed inside the loop, from the start of step 21 to the end of the last step but
 start, setup, the final checkpoint of ae's last step, the epoch-end validation and teardown are
 left out alike: what is left is the cost of a step.
 
-Usage: python -m bench.trainer_overhead [--steps 600] [--repeats 3] [--quick]
+The ae side is a rank as `ae/rank/train.py` starts it, the watchdog thread and the Flight
+Recorder included. `--variants` adds sides that are ae with one piece taken out (or, for
+`old_stop_check` and `with_ema`, put in): each is timed in the same interleaved rounds, and its
+cost per step is 1 / rate(ae) - 1 / rate(ae without it) (bench/README.md has the table).
+
+The figures are medians over `--repeats` rounds; a round runs every side once, in turn, so a busy
+moment of a shared machine hits all of them alike.
+
+Usage: python -m bench.trainer_overhead [--steps 600] [--repeats 5] [--worlds 1,2]
+           [--variants no_vote,old_stop_check,...|all] [--quick]
     (writes bench/results/trainer_overhead.json; --quick: trainer_overhead_quick.json)
-`--nonfinite`: instead, ae with and without its non-finite guard (`ae.training.nonfinite`), the
-per-step cost of the check (trainer_overhead_nonfinite.json).
+The non-finite check's cost (issue 36): `--variants no_nonfinite_guard`.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,10 +45,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from bench.common import synthetic_shards, write_record
+from bench.trainer_variants import VARIANTS, change_trainer
 
 DIM, BATCH, WARMUP = 64, 256, 20
 SIDES = ("manual", "lightning", "ae")
-UNGUARDED = "ae_unguarded"  # --nonfinite: ae without its NonFiniteGuard
 DATA = Path("/tmp/ae-bench-data")
 
 
@@ -157,12 +166,17 @@ def run_lightning(steps: int, world: int) -> dict[str, float]:
     return timer.clock.rates()
 
 
-def run_ae(steps: int, world: int, logs: Path, guard: bool = True) -> dict[str, float]:
-    """Our trainer as a rank builds it (ae/rank/train.py): logging configured, every callback on,
-    a shard data module whose train loader gives the pre-made batches."""
+def run_ae(steps: int, world: int, logs: Path, variant: str | None = None) -> dict[str, float]:
+    """Our trainer as a rank builds it (ae/rank/train.py): logging configured, the Flight
+    Recorder and the watchdog on, every callback, a shard data module whose train loader gives
+    the pre-made batches; `variant`: one piece out (or in), a key of VARIANTS."""
     import logging_cfg
     from ae.config import parse_config
     from ae.data.datamodule import ShardDataModule
+    from ae.forensics import flight_recorder
+    from ae.forensics.step_times import step_times
+    from ae.forensics.watchdog import start_watchdog, stop_watchdog
+    from ae.stragglers import recent_window_s
     from ae.training.trainer import build_trainer
 
     # 2 x 1024 vectors: one validation pass of a few batches per rank, after the timed window.
@@ -170,25 +184,35 @@ def run_ae(steps: int, world: int, logs: Path, guard: bool = True) -> dict[str, 
     cfg = parse_config(
         [f"--output_dir={logs}", f"--max_steps={steps}", "--max_epochs=1", "--warmup_steps=50",
          "--checkpointing_period=0", "--accelerator=cpu", f"--devices={world}",
-         f"--batch_size={BATCH}", "--num_workers=0", f"--count_cache={logs / 'counts'}"]
+         f"--batch_size={BATCH}", "--num_workers=0", f"--count_cache={logs / 'counts'}",
+         *(["--ema_decay=0.999"] if variant == "with_ema" else [])]
     )  # fmt: skip
     ctx = logging_cfg.RankContext.from_env()
-    logging_cfg.configure(cfg.run.dir.logs, "bench", ctx, debug=cfg.obs.debug)
+    paths = logging_cfg.configure(cfg.run.dir.logs, "bench", ctx, debug=cfg.obs.debug)
+    obs = cfg.obs
+    if variant != "no_flight_recorder":
+        flight_recorder.enable(paths.logs_dir, ctx.rank, "bench")
+    if variant != "no_watchdog":
+        start_watchdog(
+            obs.stall_timeout, "cpu", ctx, paths, "bench", straggler_factor=obs.straggler_factor,
+            straggler_window=obs.straggler_window, hang_timeout=obs.hang_timeout,
+        )  # fmt: skip
 
     class PremadeBatches(ShardDataModule):
         def train_dataloader(self) -> DataLoader:
             return DataLoader(_batches(steps, ctx.rank), batch_size=None)
 
     datamodule = PremadeBatches(cfg.data, urls, urls, seed=cfg.run.seed)
+    step_times.configure(recent_window_s(obs.straggler_window), datamodule.train_worker_rates)
     trainer = build_trainer(cfg, ctx, "bench", {})
-    if not guard:
-        from ae.training.nonfinite import NonFiniteGuard
-
-        for cb in [c for c in trainer.callbacks if isinstance(c, NonFiniteGuard)]:
-            trainer.callbacks.remove(cb)
+    if variant is not None:
+        change_trainer(variant, trainer)
     timer = _timer(steps)
     trainer.callbacks.append(timer)
-    trainer.fit(_model(), datamodule=datamodule)
+    try:
+        trainer.fit(_model(), datamodule=datamodule)
+    finally:
+        stop_watchdog()
     return timer.clock.rates()
 
 
@@ -201,8 +225,8 @@ def _worker(args: argparse.Namespace) -> None:
     elif args.side == "lightning":
         rate = run_lightning(args.steps, world)
     else:
-        guard = args.side != UNGUARDED
-        rate = run_ae(args.steps, world, Path(args.out).parent / "run", guard=guard)
+        variant = args.side.removeprefix("ae:") if args.side != "ae" else None
+        rate = run_ae(args.steps, world, Path(args.out).parent / "run", variant)
     if int(os.environ.get("RANK", 0)) == 0:
         Path(args.out).write_text(json.dumps(rate))
     if dist.is_initialized():
@@ -232,75 +256,82 @@ def _measure(side: str, world: int, steps: int) -> dict[str, float]:
         sys.exit(f"{side} side, {world} process(es) failed twice")
 
 
+def _medians(rates: dict[str, list[dict[str, float]]], clock: str) -> dict[str, float]:
+    return {side: statistics.median(r[clock] for r in runs) for side, runs in rates.items()}
+
+
 def _row(world: int, rates: dict[str, list[dict[str, float]]]) -> dict:
-    """The best rate of each side, wall and CPU, and the three ratios of each."""
+    """The median rate of each side, wall and CPU, the three ratios of each, and per variant
+    its rate against ae's and its cost per step (us; negative: the variant is the slower)."""
     row: dict = {"processes": world, "all": rates}
     for clock in ("wall", "cpu"):
-        best = {side: max(r[clock] for r in rates[side]) for side in SIDES}
+        med = _medians(rates, clock)
         row[clock] = {
-            **best,
-            "ae_vs_manual": best["ae"] / best["manual"],
-            "lightning_vs_manual": best["lightning"] / best["manual"],
-            "ae_vs_lightning": best["ae"] / best["lightning"],
+            **med,
+            "ae_vs_manual": med["ae"] / med["manual"],
+            "lightning_vs_manual": med["lightning"] / med["manual"],
+            "ae_vs_lightning": med["ae"] / med["lightning"],
+            "variants": {
+                side.removeprefix("ae:"): {
+                    "vs_ae": rate / med["ae"],
+                    "cost_us_per_step": 1e6 * (1 / med["ae"] - 1 / rate),
+                }
+                for side, rate in med.items()
+                if side.startswith("ae:")
+            },
         }
     return row
+
+
+def _report(world: int, row: dict) -> None:
+    for clock, unit in (("wall", "steps/s"), ("cpu", "steps per CPU s")):
+        r = row[clock]
+        print(
+            f"{world} process(es), {unit} (median): hand loop {r['manual']:.1f}, bare Lightning"
+            f" {r['lightning']:.1f}, ae {r['ae']:.1f} -> ae / hand loop {r['ae_vs_manual']:.3f}x,"
+            f" bare Lightning / hand loop {r['lightning_vs_manual']:.3f}x, ae / bare Lightning"
+            f" {r['ae_vs_lightning']:.3f}x",
+            flush=True,
+        )
+        for name, v in r["variants"].items():
+            print(f"    ae {name}: {v['vs_ae']:.3f}x ae, {v['cost_us_per_step']:+.0f} us a step")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--repeats", type=int, default=3, help="alternating rounds; best is kept")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians kept")
+    ap.add_argument("--worlds", default="1,2", help="process counts, comma-separated")
+    ap.add_argument("--variants", default="", help=f"'all' or some of: {', '.join(VARIANTS)}")
     ap.add_argument("--quick", action="store_true", help="60 steps, one round: a smoke run")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--nonfinite", action="store_true", help="the non-finite guard's cost")
-    ap.add_argument("--side", choices=(*SIDES, UNGUARDED))
+    ap.add_argument("--side")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.worker:
         _worker(args)
         return
     steps, repeats = (60, 1) if args.quick else (args.steps, args.repeats)
-    if args.nonfinite:
-        nonfinite_cost(steps, repeats, args.quick)
-        return
+    variants = (
+        list(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
+    )
+    if unknown := set(variants) - set(VARIANTS):
+        sys.exit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    sides = [*SIDES, *(f"ae:{v}" for v in variants)]
     rows = []
-    for world in (1, 2):
-        # Alternate the sides and keep the best of each, so a busy moment hits all alike.
-        rates: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
+    for world in map(int, args.worlds.split(",")):
+        rates: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
         for _ in range(repeats):
-            for side in SIDES:
+            for side in sides:
                 rates[side].append(_measure(side, world, steps))
         rows.append(row := _row(world, rates))
-        for clock, unit in (("wall", "steps/s"), ("cpu", "steps per CPU s")):
-            r = row[clock]
-            print(
-                f"{world} process(es), {unit}: hand loop {r['manual']:.1f}, bare Lightning"
-                f" {r['lightning']:.1f}, ae {r['ae']:.1f} -> ae / hand loop"
-                f" {r['ae_vs_manual']:.2f}x, bare Lightning / hand loop"
-                f" {r['lightning_vs_manual']:.2f}x, ae / bare Lightning {r['ae_vs_lightning']:.2f}x"
-            )
-    record = {"steps": steps, "timed_steps": timed_steps(steps), "repeats": repeats, "rows": rows}
+        _report(world, row)
+    load = os.getloadavg()
+    record = {"steps": steps, "timed_steps": timed_steps(steps), "repeats": repeats,
+              "variants": {v: VARIANTS[v] for v in variants}, "load_at_end": load[:2],
+              "rows": rows}  # fmt: skip
+    print(f"load average at the end: {load[0]:.1f} (1 min), {load[1]:.1f} (5 min)")
     print(f"wrote {write_record('trainer_overhead', record, quick=args.quick)}")
-
-
-def nonfinite_cost(steps: int, repeats: int, quick: bool) -> None:
-    """ae with and without the non-finite guard, alternating, best of each: the guard's cost per
-    step in microseconds (of wall time and of CPU time)."""
-    rows = []
-    for world in (1, 2):
-        rates: dict[str, list[dict[str, float]]] = {"ae": [], UNGUARDED: []}
-        for _ in range(repeats):
-            for side in rates:
-                rates[side].append(_measure(side, world, steps))
-        row: dict = {"processes": world, "all": rates}
-        for clock in ("wall", "cpu"):
-            on, off = (max(r[clock] for r in rates[s]) for s in ("ae", UNGUARDED))
-            row[clock] = {"guarded": on, "unguarded": off, "us_per_step": 1e6 * (1 / on - 1 / off)}
-            print(f"{world} process(es), {clock}: ae {on:.1f} steps/s with the guard, {off:.1f} "
-                  f"without -> {row[clock]['us_per_step']:.0f} us per step")  # fmt: skip
-        rows.append(row)
-    record = {"steps": steps, "timed_steps": timed_steps(steps), "repeats": repeats, "rows": rows}
-    print(f"wrote {write_record('trainer_overhead_nonfinite', record, quick=quick)}")
 
 
 if __name__ == "__main__":

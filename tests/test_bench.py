@@ -51,7 +51,7 @@ BENCHES: dict[str, tuple[str, set[str]]] = {
 }
 # Modules of bench/ that are not benchmarks: shared helpers and data.
 HELPERS = {
-    *("__init__", "common", "peer_data", "real_images", "synthetic_logs"),
+    *("__init__", "common", "peer_data", "real_images", "synthetic_logs", "trainer_variants"),
     # bench.gpu_proof's modules
     *(
         "gpu_correctness",

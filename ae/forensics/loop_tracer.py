@@ -13,10 +13,16 @@ batches beat in "validation". They live here rather than in a callback of their 
 calls every hook of every callback each step, and one more callback costs more than the beats.
 The step clock (`ae.forensics.step_times`) is closed here too, at the end of each batch, and each
 epoch ends with a `Step times` line in the train log (one all-gather of four numbers per rank).
+
+`AE_CUDA_SYNC_DEBUG=warn` (or `error`) turns on torch's CUDA sync debug mode in each rank from
+the first training batch on (setup's syncs are left out): every device-to-host sync then warns,
+with its stack, in the rank's logs. It is how a GPU run shows which syncs a step has
+(bench/README.md, issue 37).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
@@ -38,6 +44,8 @@ from ae.log_lines import (
 )
 from logging_cfg import debug_line
 
+SYNC_DEBUG_ENV = "AE_CUDA_SYNC_DEBUG"  # warn | error: torch.cuda.set_sync_debug_mode in training
+
 
 class DebugCallback(L.Callback):
     def __init__(self, *, debug: bool, every_train: int, every_val: int) -> None:
@@ -53,6 +61,10 @@ class DebugCallback(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         time_gradient_allreduce(trainer.strategy.model)  # wrapped by DDP by now
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if (mode := os.environ.get(SYNC_DEBUG_ENV)) and torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode(mode)
 
     # --- training ---------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -9,7 +9,7 @@ Per training batch, three clocks (host time, `time.perf_counter`):
   Added to it is the stretch between the end of one batch and the fetch of the next:
   Lightning's per-step stop-signal broadcast (a collective, where a fast rank waits when its
   peer was slow after the all-reduce), the step boundary's work (`ae.training.step_boundary`:
-  the EMA update, a checkpoint save, the stop-signal all-reduce, sampling), other bookkeeping;
+  the EMA update, a checkpoint save, the stop vote, sampling), other bookkeeping;
 - compute: the rest, from the batch in hand to the end of the optimizer step.
 Own time = data + compute: what the rank would take alone. A fast rank waiting for a slow one
 has a short own time and a long sync; the slow one the reverse.

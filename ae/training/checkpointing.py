@@ -164,16 +164,20 @@ class Checkpointing(L.Callback):
                 )
             )
 
-    def after_step(self, trainer: L.Trainer, idx: int) -> None:
-        """After optimizer step `trainer.global_step`, ending batch `idx` (`StepBoundary`)."""
+    def timed_save_due(self) -> bool:
+        """This rank's `--checkpoint_minutes` clock has run out (the ranks agree on the save
+        through `ae.training.step_vote`: it is collective)."""
+        minutes = self.cfg.checkpoint_minutes
+        return bool(minutes) and self.clock() - self.saved_at >= minutes * 60
+
+    def after_step(self, trainer: L.Trainer, idx: int, timed: bool = False) -> None:
+        """After optimizer step `trainer.global_step`, ending batch `idx` (`StepBoundary`);
+        `timed`: the ranks agreed that a timed save is due (any rank's clock decides)."""
         step = trainer.global_step
         if self.cfg.checkpointing_period and step % self.cfg.checkpointing_period == 0:
             self.save_step(trainer, "periodic")
-        if self.saved_step != step and self.cfg.checkpoint_minutes:
-            due = self.clock() - self.saved_at >= self.cfg.checkpoint_minutes * 60
-            # any rank's clock decides: the save is collective, so all ranks take it together
-            if trainer.strategy.reduce_boolean_decision(due, all=False):
-                self.save_step(trainer, "timed")
+        if self.saved_step != step and timed:
+            self.save_step(trainer, "timed")
         if self.saved_step != step and _last_step_of_training(trainer, idx):
             self.save_step(trainer, "final")
 

@@ -3,9 +3,10 @@ every rank save a checkpoint and stop cleanly.
 
 The chain: the launcher forwards the signal to torchrun (`ae.cli.launch`), torchrun signals each
 rank's process group, a rank's handler only records the signal and its time (no logging, no
-collectives: either could deadlock inside a signal handler), and at the next optimizer-step
-boundary all ranks agree with one all-reduce: if any rank was signalled, every rank saves the same
-step checkpoint (collective save), logs `PREEMPTED`, and stops. The rank processes exit 0;
+collectives: either could deadlock inside a signal handler), and the ranks agree at a step
+boundary, off the training process group and without a device sync (`ae.training.step_vote`: a
+vote about once a second, read one step later): if any rank was signalled, every rank saves the
+same step checkpoint (collective save), logs `PREEMPTED`, and stops. The rank processes exit 0;
 torchrun always fails when signalled, so the launcher exits 143 (128 + SIGTERM, what a job
 scheduler expects of a terminated job) or 130 (128 + SIGINT, Ctrl-C) and says whether the
 checkpoint was saved.
@@ -64,8 +65,8 @@ def stop_signal_received() -> bool:
 
 
 class Preemption(L.Callback):
-    """Checks for a stop signal after every optimizer step (`ae.training.step_boundary`); saves
-    and stops on all ranks together."""
+    """Saves and stops on all ranks together when they agree on a stop signal (the step boundary
+    asks the vote, `ae.training.step_boundary`)."""
 
     def __init__(self, checkpointing: Checkpointing) -> None:
         self.checkpointing = checkpointing
@@ -75,14 +76,13 @@ class Preemption(L.Callback):
         for signum in STOP_SIGNALS:  # replaces Lightning's SIGTERM handler (and KeyboardInterrupt)
             signal.signal(signum, _on_stop_signal)
 
-    def after_step(self, trainer: L.Trainer) -> None:
-        """After optimizer step `trainer.global_step` and its checkpoint if due (`StepBoundary`)."""
-        if self.stopped_at is not None:
+    def after_step(self, trainer: L.Trainer, stop: bool) -> None:
+        """After optimizer step `trainer.global_step` and its checkpoint if due (`StepBoundary`);
+        `stop`: the ranks agreed that some rank got a stop signal (`ae.training.step_vote`:
+        ranks may be signalled at different steps, and all must save the same one)."""
+        if self.stopped_at is not None or not stop:
             return
         step = trainer.global_step
-        # One tiny all-reduce per optimizer step: ranks may be signalled at different steps.
-        if not trainer.strategy.reduce_boolean_decision(stop_signal_received(), all=False):
-            return
         if line := progress.stop_line():  # before the save, if the watchdog has not said it
             logger.warning(line)
         ckpt = self.checkpointing

@@ -6,10 +6,11 @@ an optimizer step; `trainer.global_step` moves only then. `StepBoundary` is the 
 tells the two apart. After an optimizer step it runs, in this order:
 
 1. the EMA update (`ema.py`), so that what is saved or shown next includes this step;
-2. the checkpoint, every `--checkpointing_period` steps, at the first step `--checkpoint_minutes`
-   after the previous save, and after the last step (`checkpointing.py`);
-3. the stop-signal check (`preemption.py`): one tiny all-reduce; on a signal every rank saves
-   (unless step 2 already saved this step) and the fit stops;
+2. the checkpoint, every `--checkpointing_period` steps, when the ranks agreed that
+   `--checkpoint_minutes` have passed since the previous save, and after the last step
+   (`checkpointing.py`);
+3. the stop-signal check (`preemption.py`): when the ranks agreed that some rank got a stop
+   signal, every rank saves (unless step 2 already saved this step) and the fit stops;
 4. sampling, every `--sample_period` steps unless stopping (`sampling.py`): after the save, so
    that an out-of-memory error there can cost no checkpoint;
 5. the per-rank series to the loggers, on rank 0 at their cadence (`rank_series.py`: read from
@@ -25,25 +26,32 @@ other. A step that is due twice (an epoch end on an N-th step) validates once. L
 integer interval would count batches, not optimizer steps, restart every epoch and drop the
 epoch-end validation; its float interval cannot add a cadence in steps.
 
+Both agreements come from the step vote (`step_vote.py`): the answer of the vote cast a step
+earlier is read before step 2, and after step 4 this rank's flags go into the next vote when one
+is due (about once a second). No collective on the training process group and no host sync: in
+one process the rank's own flags decide, at every step.
+
 The straggler look is not here: rank 0's watchdog thread judges the ranks from their heartbeats
 (`ae.forensics.stragglers`), off the training thread and without a collective; the step clock it
 reads is closed after every batch, accumulating ones included, by `ae.forensics.loop_tracer`.
 
 Nothing here reads the device (no `.item()`, no sync): a batch that ends no step costs a few
-comparisons and one attribute store.
+comparisons and one attribute store; one that does, besides the work due, a clock read.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import lightning as L
 
 from ae.training.checkpointing import Checkpointing
 from ae.training.ema import EMA
-from ae.training.preemption import Preemption
+from ae.training.preemption import Preemption, stop_signal_received
 from ae.training.rank_series import RankSeries
 from ae.training.sampling import Sampling
+from ae.training.step_vote import Decision, StepVote
 
 # What the validation gate needs of the Trainer: ask after every batch, not once per epoch.
 TRAINER_VALIDATION_ARGS: dict[str, Any] = {"val_check_interval": 1, "check_val_every_n_epoch": None}
@@ -59,6 +67,8 @@ class StepBoundary(L.Callback):
         sampling: Sampling,
         rank_series: RankSeries | None = None,
         val_interval: int,
+        vote: StepVote | None = None,
+        vote_timeout: timedelta = timedelta(minutes=30),
     ) -> None:
         self.ema = ema
         self.checkpointing = checkpointing
@@ -66,6 +76,8 @@ class StepBoundary(L.Callback):
         self.sampling = sampling
         self.rank_series = rank_series
         self.val_interval = val_interval
+        self.vote = vote if vote is not None else StepVote()
+        self.vote_timeout = vote_timeout  # the vote group's, as the training group's (--pg_timeout)
         self.val_limit: int | float = 1.0  # the run's limit_val_batches, read at train start
         self.seen_step = -1  # global_step after the previous batch
 
@@ -76,9 +88,15 @@ class StepBoundary(L.Callback):
         # run, about the step it resumed at: the run that saved it validated it (or not) after
         # the save.
         trainer.limit_val_batches = 0
+        self.vote.start(trainer.world_size, self.vote_timeout)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         trainer.limit_val_batches = self.val_limit  # a later trainer.validate() runs in full
+        self.vote.finish()
+
+    def _flags(self) -> Decision:
+        """This rank's own: a stop signal received, the timed checkpoint due."""
+        return Decision(stop=stop_signal_received(), save=self.checkpointing.timed_save_due())
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
@@ -89,10 +107,12 @@ class StepBoundary(L.Callback):
             self.seen_step = step
             if self.ema is not None:
                 self.ema.update(trainer, pl_module)
-            self.checkpointing.after_step(trainer, idx)
-            self.preemption.after_step(trainer)
+            agreed = self.vote.answer(step, self._flags)
+            self.checkpointing.after_step(trainer, idx, agreed.save)
+            self.preemption.after_step(trainer, agreed.stop)
             if not trainer.should_stop:
                 self.sampling.after_step(trainer, pl_module)
+                self.vote.cast(step, self._flags)
             if self.rank_series is not None:
                 self.rank_series.after_step(trainer)
         due = not trainer.should_stop and (
