@@ -109,8 +109,17 @@ def nonfinite_in(named: list[tuple[str, torch.Tensor]]) -> str | None:
     floats = [(n, t) for n, t in named if torch.is_tensor(t) and t.is_floating_point()]
     if not floats:
         return None
-    flags = torch.stack([torch.isfinite(t).all() for _, t in floats]).tolist()
-    return next((n for (n, _), ok in zip(floats, flags, strict=True) if not ok), None)
+    # One stack per device: on a GPU the optimizer's `step` counters stay on the CPU beside
+    # CUDA weights, and torch.stack refuses a mix (seen on an H200: bench/gpu_proof).
+    by_device: dict[torch.device, list[int]] = {}
+    for i, (_, t) in enumerate(floats):
+        by_device.setdefault(t.device, []).append(i)
+    ok = [True] * len(floats)
+    for idx in by_device.values():
+        flags = torch.stack([torch.isfinite(floats[i][1]).all() for i in idx]).tolist()
+        for i, flag in zip(idx, flags, strict=True):
+            ok[i] = flag
+    return next((n for (n, _), fine in zip(floats, ok, strict=True) if not fine), None)
 
 
 def training_state(trainer: L.Trainer, pl_module: L.LightningModule) -> list[tuple[str, Any]]:

@@ -120,3 +120,14 @@ def test_the_loss_curve_draws_the_marks(tmp_path: Path) -> None:
     loss_plot(series, tmp_path / "plain.png")
     loss_plot(series, tmp_path / "marked.png", marks=[(20, "loss spike"), (30, "non-finite")])
     assert (tmp_path / "plain.png").read_bytes() != (tmp_path / "marked.png").read_bytes()
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA: weights there, Adam's step on the CPU"
+)
+def test_the_save_guard_reads_a_state_on_two_devices() -> None:
+    """The state of a GPU run mixes devices (Adam's `step` stays on the CPU): found on an H200,
+    where the save guard's single stack failed the first checkpoint save."""
+    bad = torch.tensor([1.0, float("nan")], device="cuda")
+    named = [("step", torch.tensor(3.0)), ("w", torch.ones(2, device="cuda")), ("b", bad)]
+    assert nonfinite_in(named) == "b"
