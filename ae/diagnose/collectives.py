@@ -97,7 +97,10 @@ def align(dumps: dict[int, Dump], all_waiting: bool = False) -> list[Mismatch]:
         else:
             if all_waiting and (m := _behind(pg, ranks)) is not None:
                 found.append(m)
-    return found
+    # A rank stuck in an extra or mismatched collective cannot join the next one of another group
+    # (the step vote's side group, issue 37): that is the consequence, not a second cause.
+    stuck = {r for m in found if m.kind != "behind" for r in m.ranks}
+    return [m for m in found if m.kind != "behind" or not set(m.ranks) <= stuck]
 
 
 def _differ(pg: str, seq: int, ranks: dict[int, dict[int, Call]], at: dict[int, Call]) -> Mismatch:

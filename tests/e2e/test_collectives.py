@@ -71,7 +71,10 @@ def test_users_extra_collective_the_size_of_the_bucket_hangs(make_shards, tmp_pa
             (call,) = m["calls"]
             assert (call["op"], call["sizes"], call["seq"]) == ("all_reduce", [[BUCKET]], m["seq"])
             assert call["site"] == f"{site} (loss)"
-            assert m["others"][0]["site"].startswith("torch/autograd/graph.py")  # DDP's
+            # DDP's gradient all-reduce: from torch's autograd hook, or through ae's comm hook
+            # (the non-finite check of issue 36 reduces the buckets)
+            others = m["others"][0]["site"]
+            assert others.startswith(("torch/autograd/graph.py", "ae/training/nonfinite")), others
             table = diagnose(logs)
             assert "rank 1 on " in table and ": collective mismatch" in table
             assert f"all_reduce [{BUCKET}] Float at {site} (loss)" in table
