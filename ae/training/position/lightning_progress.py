@@ -17,6 +17,7 @@ from ae.training.position.arithmetic import EpochPosition
 
 BATCH_PROGRESS = "epoch_loop.batch_progress"
 EPOCH_PROGRESS = "epoch_progress"
+EPOCH_LOOP_STATE = "epoch_loop.state_dict"  # holds `_batches_that_stepped`, the loggers' step
 _COUNTERS = ("ready", "started", "processed", "completed")
 
 
@@ -31,13 +32,20 @@ def reconcile_fit_loop(fit_loop: dict[str, Any], position: EpochPosition) -> dic
       the distance is kept, the running totals move alike).
 
     Both are rewritten whatever the checkpoint held: Lightning's own counters after a resume
-    that it treated as mid-epoch are off by one epoch (it skips the epoch-start counts)."""
+    that it treated as mid-epoch are off by one epoch (it skips the epoch-start counts).
+
+    The loggers' step (`_batches_that_stepped`) is saved before the batch being saved at counts
+    itself; Lightning adds that one on a resume unless the counters read "epoch ended". Where
+    they are rewritten to read so, the one is added here, or every logged step after the resume
+    is one behind the optimizer's and the train loss at the loggers' cadence never reaches them."""
     loop = copy.deepcopy(fit_loop)
     epoch = position.epoch
     batches = loop[BATCH_PROGRESS]
     if position.after_epoch_end:
         counts = dict.fromkeys(_COUNTERS, epoch)
         done = batches["total"]["processed"]
+        if batches["total"]["completed"] != done and EPOCH_LOOP_STATE in loop:
+            loop[EPOCH_LOOP_STATE]["_batches_that_stepped"] += 1
         batches["total"] = dict.fromkeys(_COUNTERS, done)
         batches["current"] = dict.fromkeys(_COUNTERS, 0)
     else:

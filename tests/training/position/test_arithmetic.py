@@ -24,6 +24,7 @@ from ae.training.lr import steps_to_end
 from ae.training.position.arithmetic import EpochPosition, resumed_position
 from ae.training.position.lightning_progress import (
     BATCH_PROGRESS,
+    EPOCH_LOOP_STATE,
     EPOCH_PROGRESS,
     reconcile_fit_loop,
 )
@@ -42,7 +43,16 @@ def saved_fit_loop(epoch: int, batch: int) -> dict[str, Any]:
     return {
         BATCH_PROGRESS: {"current": current, "total": dict(current), "is_last_batch": False},
         EPOCH_PROGRESS: {"current": epochs, "total": dict(epochs)},
+        EPOCH_LOOP_STATE: {"_batches_that_stepped": batch - 1},  # saved before it counts this one
     }
+
+
+def lightning_logger_step(fit_loop: dict[str, Any]) -> int:
+    """The loggers' step Lightning (2.6, `_TrainingEpochLoop.reset`) goes on from: the saved one,
+    plus the batch being saved at unless the batch counters read "epoch ended" (all equal)."""
+    total = fit_loop[BATCH_PROGRESS]["total"]
+    ended = total["completed"] == total["processed"] == total["started"] == total["ready"]
+    return fit_loop[EPOCH_LOOP_STATE]["_batches_that_stepped"] + (0 if ended else 1)
 
 
 def lightning_resumes(fit_loop: dict[str, Any], length: int) -> tuple[int, int]:
@@ -185,6 +195,8 @@ def test_an_end_of_epoch_checkpoint_on_longer_epochs_starts_the_next_epoch() -> 
         ("ready", "started", "processed", "completed"), 2
     )
     assert lightning_resumes(saved_fit_loop(1, 37), 75) == (1, 37)  # what Lightning did alone
+    # the loggers' step goes on from the optimizer's (37 steps done), not one behind it
+    assert lightning_logger_step(fit) == 37 == lightning_logger_step(saved_fit_loop(1, 37))
     # mid-epoch: ae's count stands; the counters keep their distance
     mid = resumed_position(saved_epoch=1, resume_epoch=1, batches=20, length=75, samples=320)
     fit = reconcile_fit_loop(saved_fit_loop(1, 37), mid)
@@ -192,6 +204,7 @@ def test_an_end_of_epoch_checkpoint_on_longer_epochs_starts_the_next_epoch() -> 
         "ready": 20, "started": 20, "processed": 20, "completed": 19,
     }  # fmt: skip
     assert lightning_resumes(fit, 75) == (1, 20)
+    assert lightning_logger_step(fit) == 37  # steps done stay steps done
     # a checkpoint of a run whose resumed epoch Lightning counted as mid-epoch (all its epoch
     # counters equal): rewritten to mid-epoch, not read as ended
     odd = saved_fit_loop(2, 10)
