@@ -41,7 +41,14 @@ from ae.forensics.faults import ATTEMPT_ENV, active_faults
 from ae.job.elastic import ELASTIC_ENV
 from ae.job.folder_lock import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.job.network import prepare_node, route_to
-from ae.job.outcome import RESUME, preempted, report_failure, report_stop, stop_exit_code
+from ae.job.outcome import (
+    RESUME,
+    finished,
+    preempted,
+    report_failure,
+    report_stop,
+    stop_exit_code,
+)
 from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import check, launcher_needs, weights_problem
 from ae.job.processes import DEBUG_ENV, free_port, processes_per_node, rank_command
@@ -304,8 +311,16 @@ def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int |
     # Stopped by a signal (torchrun then fails; a SLURM task's one rank exits 0 after its save),
     # unless the run ended well just before.
     sig = stops.first
-    if sig is not None and rc == 0 and not stops.killed and preempted(logs, ts) is None:
-        sig = None
+    if sig is not None and not stops.killed and preempted(logs, ts) is None:
+        if rc == 0:
+            sig = None
+        elif (done := finished(logs, ts)) is not None:
+            # The ranks agree on a stop at their next vote (about a second apart): a signal
+            # that came in the run's last second finds it finished. torchrun, signalled too,
+            # exits non-zero; there is nothing to save and nothing to requeue.
+            logger.info(f"The stop signal came as the run ended: training finished at step "
+                        f"{done['step']}")  # fmt: skip
+            rc, sig = 0, None
     # The first node's launcher (SLURM task 0) says how the job ended; each launcher that saw
     # another node lost says it too (that node may be the first).
     if not topo.leader and stops.lost is None:

@@ -17,7 +17,14 @@ from loguru import logger
 from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose, verdict_lines
 from ae.errors import UserError
-from ae.log_lines import LAUNCHER_LOG_FILE, PREEMPTED, RECORD_PATTERN, TRAIN_LOG_FILE
+from ae.log_lines import (
+    LAUNCHER_LOG_FILE,
+    PREEMPTED,
+    RECORD_PATTERN,
+    TRAIN_LOG_FILE,
+    TRAINING_FINISHED,
+)
+from logging_cfg.formats import LineFormat
 
 RESUME = "resume with --resume_from_checkpoint=last"
 LAUNCHER_TAIL = 8  # lines of torchrun's report shown when no rank wrote a log
@@ -28,12 +35,21 @@ def stop_exit_code(sig: signal.Signals) -> int:
     return 128 + int(sig)
 
 
-def preempted(logs: Path, ts: str) -> dict[str, str] | None:
-    """Rank 0's PREEMPTED line in the train log (step, path), or None."""
+def _last_in_train_log(logs: Path, ts: str, line_format: LineFormat) -> dict[str, str] | None:
     train_log = logs / TRAIN_LOG_FILE.format(ts=ts)
     text = train_log.read_text(errors="replace") if train_log.is_file() else ""
-    saved = [m for line in text.splitlines() if (m := PREEMPTED.parse(line))]
-    return saved[-1] if saved else None
+    found = [m for line in text.splitlines() if (m := line_format.parse(line))]
+    return found[-1] if found else None
+
+
+def preempted(logs: Path, ts: str) -> dict[str, str] | None:
+    """Rank 0's PREEMPTED line in the train log (step, path), or None."""
+    return _last_in_train_log(logs, ts, PREEMPTED)
+
+
+def finished(logs: Path, ts: str) -> dict[str, str] | None:
+    """Rank 0's TRAINING_FINISHED line in the train log (step), or None."""
+    return _last_in_train_log(logs, ts, TRAINING_FINISHED)
 
 
 def report_stop(logs: Path, ts: str, sig: signal.Signals, killed: bool) -> int:

@@ -251,6 +251,9 @@ CLOCK_OFFSET = LineFormat(
     "Clock offset {offset}s against rank 0 (host {host}, measured to {error}s)",
     {"offset": "float", "host": "word", "error": "float"},
 )
+# Rank 0, once the run reached its end (--max_steps or --max_epochs): the launcher reads it when a
+# stop signal came as the run ended (nothing left to save, nothing to requeue).
+TRAINING_FINISHED = LineFormat("Training finished at step {step}", {"step": "int"})
 # Last line of a rank that left `main` on its own: 0 after training, 2 after a user mistake.
 RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})
 

@@ -27,7 +27,7 @@ from ae.forensics.watchdog import start_watchdog
 from ae.job.launch import LAUNCHER_ENV
 from ae.job.preflight import check, rank_needs
 from ae.job.restarts import RESTART_ENV
-from ae.log_lines import GAN_STATS_FILE, RESOURCE_TIGHT, main_log
+from ae.log_lines import GAN_STATS_FILE, RESOURCE_TIGHT, TRAINING_FINISHED, main_log
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
 from ae.training.metrics import start_loggers
@@ -105,7 +105,7 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=not trust)
     if (step := preempted_at(trainer)) is not None:
         return f"preempted at step {step}; resume with --resume_from_checkpoint=last"
-    main_log.info(f"Training finished at step {trainer.global_step}")
+    main_log.info(TRAINING_FINISHED.format(step=trainer.global_step))
     return "training finished"
 
 

@@ -132,11 +132,13 @@ def test_sigusr1_saves_requeues_and_the_requeued_job_resumes(make_shards, tmp_pa
     (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     (bin_dir / "scontrol").chmod(0o755)
     out = tmp_path / "run"
-    args = [f"--output_dir={out}", *common(make_shards), "--max_steps=30",
+    args = [f"--output_dir={out}", *common(make_shards), "--max_steps=60",
             "--checkpoints_total_limit=2", "--resume_from_checkpoint=last"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
+    # Steps of 50 ms+: the ranks agree on a stop at votes about a second apart, well before the
+    # end (a stop that finds the run finished is no stop: tests/job/test_launch.py).
     env.update(SLURM_JOB_ID="4242", PATH=f"{bin_dir}:{env['PATH']}",
-               AE_CACHE_DIR=str(tmp_path / "cache"))  # fmt: skip
+               AE_CACHE_DIR=str(tmp_path / "cache"), AE_FAULT="slow@train:ms=50")  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "ae.cli.launch", *args], cwd=ROOT, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -160,7 +162,7 @@ def test_sigusr1_saves_requeues_and_the_requeued_job_resumes(make_shards, tmp_pa
     m = re.search(r"Preempted \(SIGUSR1\) at step (\d+); checkpoint saved at ", output)
     assert m, output
     n = int(m[1])
-    assert 6 <= n < 30 and calls.read_text() == "requeue 4242\n"
+    assert 6 <= n < 60 and calls.read_text() == "requeue 4242\n"
     assert "Requeued SLURM job 4242" in output and "Traceback" not in output
     assert newest_checkpoint(out / "checkpoints") == (n, out / "checkpoints" / f"step-{n:08d}.ckpt")
 
@@ -168,6 +170,6 @@ def test_sigusr1_saves_requeues_and_the_requeued_job_resumes(make_shards, tmp_pa
     assert res.returncode == 0, res.output
     main = res.log("train_*.log")[-1].read_text()
     assert re.search(rf"Resumed from .*last\.ckpt at step {n} ", main), main
-    assert "Training finished at step 30" in main
+    assert "Training finished at step 60" in main
     assert len(list((out / "checkpoints").glob("step-*.ckpt"))) <= 2
     assert calls.read_text() == "requeue 4242\n"  # a job that finished is not requeued

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from ae.cli.launch import main
+from ae.config import parse_config
 from ae.data.shards import demo
 from ae.forensics import faults
 from ae.job import launch
+from ae.job.supervise import Stops
+from ae.job.topology import Topology
+from ae.log_lines import TRAIN_LOG_FILE, TRAINING_FINISHED
+from bench.synthetic_logs import T0, TS, record
 
 
 class _Done(Exception):
@@ -89,3 +95,24 @@ def test_16_mixed_without_a_gpu_is_refused_up_front(
     text = "".join(capsys.readouterr())
     assert "precision: 16-mixed needs a GPU" in text and "--precision=32" in text
     assert "--precision=bf16-mixed" in text and "Traceback" not in text
+
+
+def test_a_stop_signal_that_finds_the_run_finished_is_no_stop(
+    tmp_path: Path, said: list[str]
+) -> None:
+    """The ranks agree on a stop at a vote about a second apart: a SIGUSR1 (SLURM's warning) in
+    the run's last second finds it finished, while torchrun, signalled too, exits 1. The job is
+    done: exit 0, no requeue, never "preempted before the ranks saved a checkpoint"."""
+    cfg = parse_config([f"--output_dir={tmp_path}"])
+    logs = cfg.run.dir.logs
+    logs.mkdir(parents=True)
+    topo = Topology(nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=None, job="j")
+    stops = Stops(first=signal.SIGTERM, requeue=True)
+    train_log = logs / TRAIN_LOG_FILE.format(ts=TS)
+    train_log.write_text(record(T0, "INFO", 0, 2, TRAINING_FINISHED.format(step=30)) + "\n")
+    assert launch.ending(cfg, topo, TS, 1, stops) is None
+    assert said[0] == "The stop signal came as the run ended: training finished at step 30"
+    # Not finished: the stop stands (143), said as a stop
+    train_log.write_text("")
+    assert launch.ending(cfg, topo, TS, 1, stops) == -143
+    assert said[-1].startswith("Preempted (SIGTERM) before the ranks saved a checkpoint")

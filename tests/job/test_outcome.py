@@ -4,24 +4,13 @@ real line formats): the verdict, a user error's one message, the checkpoint afte
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loguru import logger
 
 from ae.job.outcome import report_failure, report_stop
 from ae.log_lines import LAUNCHER_LOG_FILE, PREEMPTED, TRAIN_LOG_FILE
 from bench.synthetic_logs import T0, TS, RankWriter, record, write_train_log
-
-
-@pytest.fixture
-def said() -> Iterator[list[str]]:
-    """What the launcher logs (its console)."""
-    lines: list[str] = []
-    handle = logger.add(lambda m: lines.append(m.record["message"]), format="{message}")
-    yield lines
-    logger.remove(handle)
 
 
 def two_ranks(logs: Path) -> tuple[RankWriter, RankWriter]:
