@@ -14,7 +14,7 @@ from tests.support.shards import write_test_shards
 
 _GROUP_LOST = pytest.StashKey[bool]()
 
-# The slowest tests of each run, written to .pytest_durations.txt (printed by .ci/run).
+# Every test of each run, slowest first, written to .pytest_durations.txt (.ci/run prints its head).
 pytest_plugins = ["tests.support.durations"]
 
 

@@ -38,7 +38,9 @@ def test_the_slowest_tests_are_written_slowest_first_with_their_cpu(tmp_path: Pa
     )  # fmt: skip
     assert res.returncode == 1, res.stdout + res.stderr  # the failing test
     head, *rows = (tmp_path / FILE_NAME).read_text().splitlines()
-    assert re.match(r"4 tests in \d+ s \(exit 1\); the 4 slowest", head), head
+    assert re.match(
+        r"4 tests in \d+ s \(exit 1\); the tests. own [\d.]+ s, cpu [\d.]+ s; slowest", head
+    ), head
     parsed = [re.match(r"\s*([\d.]+) s  cpu\s+([\d.]+) s  (\w+)\s+\S+::(\w+)$", r) for r in rows]
     assert all(parsed), rows
     seconds = [float(m[1]) for m in parsed]

@@ -1,6 +1,6 @@
-"""A pytest plugin (tests/conftest.py loads it): the run's slowest tests, written to
-`.pytest_durations.txt` in the rootdir when the session ends, passed or failed, for .ci/run to
-print. Each test's seconds are its setup + call + teardown, and beside them the CPU seconds it
+"""A pytest plugin (tests/conftest.py loads it): every test of the run, slowest first, written
+to `.pytest_durations.txt` in the rootdir when the session ends, passed or failed; .ci/run prints
+its head. Each test's seconds are its setup + call + teardown, and beside them the CPU seconds it
 used, its own and its finished subprocesses' (launchers, ranks): a test with far less CPU than
 wall time mostly waits, and can run beside others (`pytest -n`). Under pytest-xdist the workers
 measure and the controller, which gets every report, writes the file."""
@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 FILE_NAME = ".pytest_durations.txt"
-SLOWEST = 25
 _CPU_START = pytest.StashKey[float]()
 
 
@@ -60,10 +59,11 @@ class SlowestTests:
         if hasattr(session.config, "workerinput"):  # an xdist worker: the controller writes
             return
         wall = time.monotonic() - self.started
-        slowest = sorted(self.seconds, key=self.seconds.__getitem__, reverse=True)[:SLOWEST]
+        slowest = sorted(self.seconds, key=self.seconds.__getitem__, reverse=True)
         lines = [
-            f"{len(self.seconds)} tests in {wall:.0f} s (exit {int(exitstatus)}); "
-            f"the {len(slowest)} slowest (s = setup + call + teardown; cpu = its processes'):"
+            f"{len(self.seconds)} tests in {wall:.0f} s (exit {int(exitstatus)}); the tests' own "
+            f"{sum(self.seconds.values()):.0f} s, cpu {sum(self.cpu.values()):.0f} s; slowest "
+            "first (s = setup + call + teardown; cpu = its processes'):"
         ]
         for node in slowest:
             cpu = f"{self.cpu[node]:7.1f}" if node in self.cpu else "      ?"
