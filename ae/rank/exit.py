@@ -2,7 +2,8 @@
 
 A user error is one message without a traceback; a write that found its filesystem full is one
 `Disk full` line and exit code 28; anything else propagates to logging_cfg's FATAL hook (and
-torchrun's error file). Then, always: the `teardown` phase, the rank's collectives dumped if it
+torchrun's error file). Then, always, with SIGTERM recorded rather than fatal (torchrun's, when a
+peer failed, must not cut this short): the `teardown` phase, the rank's collectives dumped if it
 failed or was stopped (`ae.forensics.flight_recorder`, before the process group goes), the
 process group destroyed, the
 watchdog stopped, and `Rank exiting with code N`: the last line of a rank that ends on its own,
@@ -11,6 +12,7 @@ which is how ae-diagnose tells it from a killed one.
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable
 
@@ -24,7 +26,7 @@ from ae.forensics import flight_recorder
 from ae.forensics.progress import progress
 from ae.forensics.watchdog import stop_watchdog
 from ae.log_lines import DISK_FULL, RANK_EXIT, main_log
-from ae.training.preemption import SigtermWhileStuck
+from ae.training.preemption import SigtermWhileStuck, on_stop_signal
 
 
 def run_to_exit(work: Callable[[], str]) -> int:
@@ -49,6 +51,12 @@ def run_to_exit(work: Callable[[], str]) -> int:
     else:
         code = 0
     finally:
+        # A failed fit leaves SIGTERM at its default (Lightning's teardown restores the handler
+        # it found), and torchrun SIGTERMs this rank as soon as a peer fails: killed here, the
+        # rank would leave no Flight Recorder dump and no fatal record -- the evidence that
+        # names the rank that failed first. The stop handler records it and goes on, leaving
+        # only a teardown stuck past STUCK_AFTER_S (torchrun's SIGKILL comes after that).
+        signal.signal(signal.SIGTERM, on_stop_signal)
         progress.enter("teardown")
         if (exc := sys.exc_info()[1]) is not None:
             flight_recorder.dump(f"failed: {type(exc).__name__}")

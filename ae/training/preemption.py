@@ -49,7 +49,7 @@ class SigtermWhileStuck(SystemExit):
         )
 
 
-def _on_stop_signal(signum: int, frame: Any) -> None:
+def on_stop_signal(signum: int, frame: Any) -> None:
     """Records the first stop signal in `progress` (plain stores; the watchdog thread logs it),
     and leaves a stuck rank. No logging and no collectives here: the handler runs between two
     bytecodes of whatever the main thread was doing, a log write included."""
@@ -74,7 +74,7 @@ class Preemption(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         for signum in STOP_SIGNALS:  # replaces Lightning's SIGTERM handler (and KeyboardInterrupt)
-            signal.signal(signum, _on_stop_signal)
+            signal.signal(signum, on_stop_signal)
 
     def after_step(self, trainer: L.Trainer, stop: bool) -> None:
         """After optimizer step `trainer.global_step` and its checkpoint if due (`StepBoundary`);

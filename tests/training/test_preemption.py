@@ -32,7 +32,7 @@ def _signal_during_a_log_write(idle_s: float, signum: int = signal.SIGTERM) -> l
 
     def sink(message: object) -> None:
         try:
-            preemption._on_stop_signal(signum, None)
+            preemption.on_stop_signal(signum, None)
         except BaseException as e:
             raised.append(e)
 
