@@ -95,6 +95,10 @@ class AutoEncoder(L.LightningModule):
         self._compile = model.compile
         self._loss_sum: torch.Tensor | None = None  # this epoch's training loss, summed
         self._loss_n = 0
+        # The total gradient norm of the optimizer step under way, set by the non-finite guard
+        # (`ae.training.nonfinite`, which measures it first): the clipping uses it rather than
+        # measure the same norm again, a pass over every gradient a step.
+        self.step_grad_norm: torch.Tensor | None = None
 
     # --- the network ----------------------------------------------------------------------
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -278,12 +282,17 @@ class AutoEncoder(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        if self.discriminator is None or not gradient_clip_val:
+        norm, self.step_grad_norm = self.step_grad_norm, None
+        if self.discriminator is not None and gradient_clip_val:
+            clip_groups(optimizer, gradient_clip_val)
+        elif norm is not None and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+            # What Lightning's clip_grad_norm_ does, with the norm the guard measured over the
+            # same gradients (without a discriminator the optimizer holds every parameter).
+            torch.nn.utils.clip_grads_with_norm_(self.parameters(), gradient_clip_val, norm)
+        else:
             super().configure_gradient_clipping(
                 optimizer, gradient_clip_val, gradient_clip_algorithm
             )
-            return
-        clip_groups(optimizer, gradient_clip_val)
 
 
 def has_codec(module: nn.Module) -> bool:

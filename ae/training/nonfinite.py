@@ -200,6 +200,8 @@ class NonFiniteGuard(L.Callback):
         assert self.zero is not None
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else self.zero
+        if grads and hasattr(pl_module, "step_grad_norm"):  # the clipping's, measured once
+            pl_module.step_grad_norm = norm
         loss = self.loss if self.loss is not None else self.zero
         values = (loss, norm, self.grad_bad)
         self.window.append(StepRecord(trainer.global_step + 1, self.batches, values))

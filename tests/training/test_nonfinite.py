@@ -131,3 +131,44 @@ def test_the_save_guard_reads_a_state_on_two_devices() -> None:
     bad = torch.tensor([1.0, float("nan")], device="cuda")
     named = [("step", torch.tensor(3.0)), ("w", torch.ones(2, device="cuda")), ("b", bad)]
     assert nonfinite_in(named) == "b"
+
+
+def test_the_clipping_uses_the_guards_norm_and_clips_as_lightning_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard measures each step's gradient norm; the clipping takes it rather than measure
+    again (one pass over the gradients a step, not two), with the weights Lightning's own
+    clipping gives."""
+    from ae.config import ModelConfig
+    from ae.data.decoding.decode import InputSpec
+    from ae.training.model import AutoEncoder
+
+    def counted(name: str) -> list[int]:
+        calls: list[int] = []
+        real = getattr(torch.nn.utils, name)
+        monkeypatch.setattr(torch.nn.utils, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+        return calls
+
+    norms, clipped = counted("get_total_norm"), counted("clip_grad_norm_")
+    data = [torch.rand(8, 12, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+
+    def weights(with_guard: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = AutoEncoder(InputSpec("vector", (12,)), ModelConfig(hidden_dim=16, latent_dim=3),
+                            OptimConfig(learning_rate=0.05, warmup_steps=0))  # fmt: skip
+        guard = NonFiniteGuard(
+            OptimConfig(), CheckpointConfig(), CheckpointStore(tmp_path, 3), "32"
+        )
+        trainer = L.Trainer(
+            accelerator="cpu", max_epochs=1, gradient_clip_val=0.01, logger=False,
+            callbacks=[guard] if with_guard else [], enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        )  # fmt: skip
+        trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=None))
+        return [p.detach().clone() for p in model.parameters()]
+
+    guarded = weights(with_guard=True)
+    assert len(norms) == len(data) and not clipped  # one norm a step, Lightning's clip unused
+    lightnings = weights(with_guard=False)
+    assert len(clipped) == len(data)
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(guarded, lightnings, strict=True))
