@@ -21,7 +21,7 @@ pytest_plugins = ["tests.support.durations"]
 @pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which names each test's group
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (./run_tests.sh), the long tests first: a worker that draws one at the
-    end keeps the others idle until it is done. The SERIAL group comes first anyway (xdist hands
+    end keeps the others idle until it is done. The groups come first anyway (xdist hands
     out the largest group first), then the other slow tests, then the rest, in collection order.
     Every worker sorts alike, as xdist requires; a plain `pytest` keeps collection order.
 
@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.stash.get(_GROUP_LOST, False):
         pytest.fail(
-            f"pytest {pytest.__version__} drops xdist_group (pytest-xdist issue 1386): this SERIAL "
+            f"pytest {pytest.__version__} drops xdist_group (pytest-xdist issue 1386): this grouped "
             "test would run beside others; install the dev extra's pytest (./run_tests.sh does)",
             pytrace=False,
         )

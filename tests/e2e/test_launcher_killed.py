@@ -22,12 +22,12 @@ import pytest
 
 from ae.job.restarts import newest_checkpoint
 from tests.support.live import wait_for
-from tests.support.runs import ROOT, SERIAL, run_processes
+from tests.support.runs import ROOT, TWO_HOSTS, run_processes
 from tests.support.two_hosts import TwoHosts, available, cleanup_stale
 
 pytestmark = [
     pytest.mark.slow,
-    SERIAL,
+    TWO_HOSTS,
 ]  # network namespaces; a second launch refused while the job lives
 
 SLEEP = "sleep@train:step=3:secs=8"  # every rank, in its step 3: the launcher dies meanwhile

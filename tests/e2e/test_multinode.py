@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import ROOT, SERIAL
+from tests.support.runs import ROOT, TWO_HOSTS
 from tests.support.two_hosts import TwoHosts, available, cleanup_stale
 
-pytestmark = [pytest.mark.slow, SERIAL]  # network namespaces, pg timeouts
+pytestmark = [pytest.mark.slow, TWO_HOSTS]  # network namespaces, pg timeouts
 
 
 @pytest.fixture(scope="module", autouse=True)

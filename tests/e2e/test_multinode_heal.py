@@ -13,11 +13,11 @@ import pytest
 from ae.data.shards.writer import write_shard
 from ae.log_lines import RESTART
 from tests.e2e.test_multinode import _two_hosts_possible, console, node_env, start_node
-from tests.support.runs import SERIAL
+from tests.support.runs import TWO_HOSTS
 from tests.support.shards import vector_samples
 from tests.support.two_hosts import TwoHosts
 
-pytestmark = [pytest.mark.slow, SERIAL]  # network namespaces, rendezvous and pg timeouts
+pytestmark = [pytest.mark.slow, TWO_HOSTS]  # network namespaces, rendezvous and pg timeouts
 __all__ = ["_two_hosts_possible"]  # the module's skip, where namespaces cannot be made
 
 STEP_LOSS = re.compile(r"\] Training step (\d+), loss=(\S+?)[,\s]")

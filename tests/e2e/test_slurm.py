@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.runs import ROOT, SERIAL
+from tests.support.runs import ROOT, SLURM
 from tests.support.slurm import job_state, wait_for_job_end
 
 # One SLURM cluster for the session (the `slurm` fixture, per xdist worker: two workers would
 # start and stop it under each other's jobs).
-pytestmark = [pytest.mark.slow, SERIAL]
+pytestmark = [pytest.mark.slow, SLURM]
 
 
 def env() -> dict[str, str]:

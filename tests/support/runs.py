@@ -15,13 +15,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Tests that must not run beside one another under pytest-xdist (./run_tests.sh): a machine-wide
-# resource (the SLURM cluster, network namespaces, a memory cgroup, /dev/shm), or timing bounds
+# Tests that must not run beside one another under pytest-xdist (./run_tests.sh): timing bounds
 # (a stall within --stall_timeout, a live answer within 5 s, a straggler named within its window)
-# that several such runs at once on 2 cores would break. One group: one worker runs them one after
-# another, beside the other workers' tests. Tests that share one launch (tests/e2e/conftest.py)
-# are in it too, so that their session fixture runs once.
+# that several such runs at once on 2 cores would break, and a /dev/shm, disk or memory cgroup
+# filled. One group: one worker runs them one after another, beside the other workers' tests.
+# Tests that share one launch (tests/e2e/conftest.py) are in it too, so that their session
+# fixture runs once.
 SERIAL = pytest.mark.xdist_group("serial")
+# The two-host tests (network namespaces, tests/support/two_hosts.py) and the SLURM tests (the
+# one-node cluster): one at a time within each group, each group beside the others -- they mostly
+# wait on their timeouts, and one long chain of every such test was the suite's critical path.
+TWO_HOSTS = pytest.mark.xdist_group("two_hosts")
+SLURM = pytest.mark.xdist_group("slurm")
 
 
 @dataclass
