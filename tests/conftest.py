@@ -46,8 +46,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.stash.get(_GROUP_LOST, False):
         pytest.fail(
-            f"pytest {pytest.__version__} drops xdist_group (pytest-xdist issue 1386): this grouped "
-            "test would run beside others; install the dev extra's pytest (./run_tests.sh does)",
+            f"pytest {pytest.__version__} drops xdist_group (pytest-xdist issue 1386): this "
+            "grouped test would run beside others; install the dev extra's pytest "
+            "(./run_tests.sh does)",
             pytrace=False,
         )
 

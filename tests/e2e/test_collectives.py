@@ -95,9 +95,10 @@ def test_injected_extra_collective_of_three_numbers_aborts(make_shards, tmp_path
     assert res.returncode != 0
     head = "phase training step: collective mismatch"
     assert "Training failed: rank 1 on " in res.output and head in res.output, res.output[-3000:]
-    assert "ae/forensics/faults.py:" in res.output  # the call site, from the fatal-signal stack
-    assert "(_injected_desync) called all_reduce while rank 0 was in #" in res.output
-    assert f"all_reduce [{BUCKET}] Float" in res.output
+    tail = res.output[-3000:]
+    assert "ae/forensics/faults.py:" in res.output, tail  # the call site, from the fatal stack
+    assert "(_injected_desync) called all_reduce while rank 0 was in #" in res.output, tail
+    assert f"all_reduce [{BUCKET}] Float" in res.output, tail
     doc = json.loads(diagnose(res.logs, "--json"))
     (c,) = doc["culprits"]
     assert (c["rank"], c["cause"]) == (1, "collective mismatch")

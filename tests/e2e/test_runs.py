@@ -82,7 +82,10 @@ def test_ctrl_c_saves_and_a_folder_holds_one_run(make_shards, tmp_path: Path) ->
     args = [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=8",
             "--num_workers=1", "--max_epochs=-1", "--warmup_steps=1000",
             "--checkpointing_period=1000", "--debug=true"]  # fmt: skip
-    with started(out, [*args, "--max_steps=5000"]) as run:
+    # Steps of 600 ms+: the ranks vote on a stop at every step (a vote about a second apart), so
+    # a Ctrl-C early in an epoch stops within it (a stop on an epoch's last step is no cut epoch).
+    slow = {"AE_FAULT": "slow@train:ms=600"}
+    with started(out, [*args, "--max_steps=5000"], env=slow) as run:
         wait_for("step 10, in epoch 1", lambda: step_of(logs) >= 10, run)
         holder = read_lock(out / "run.lock")
         assert holder is not None and holder.pid == run.pid
@@ -94,6 +97,7 @@ def test_ctrl_c_saves_and_a_folder_holds_one_run(make_shards, tmp_path: Path) ->
         assert f"{out} is in use by another run: local job (pid {run.pid}" in second.output
         assert f"run {holder.run_ts}" in second.output and "Traceback" not in second.output
 
+        wait_for("a step early in an epoch", lambda: step_of(logs) % 8 in (1, 2, 3), run)
         ctrl_c(run)
         output = run.communicate(timeout=120)[0]
     assert run.returncode == 130, output
