@@ -286,9 +286,11 @@ class AutoEncoder(L.LightningModule):
         if self.discriminator is not None and gradient_clip_val:
             clip_groups(optimizer, gradient_clip_val)
         elif norm is not None and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
-            # What Lightning's clip_grad_norm_ does, with the norm the guard measured over the
-            # same gradients (without a discriminator the optimizer holds every parameter).
-            torch.nn.utils.clip_grads_with_norm_(self.parameters(), gradient_clip_val, norm)
+            # What Lightning's clip_grad_norm_ does (over the optimizer's parameters), with the
+            # norm the guard measured over the same gradients (without a discriminator the
+            # optimizer holds every parameter).
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
         else:
             super().configure_gradient_clipping(
                 optimizer, gradient_clip_val, gradient_clip_algorithm
