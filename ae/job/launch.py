@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -38,7 +37,7 @@ from ae.data.shards.spec import resolve_shards
 from ae.diagnose.log_files import list_runs
 from ae.errors import UserError
 from ae.forensics.faults import ATTEMPT_ENV, active_faults
-from ae.job.elastic import ELASTIC_ENV
+from ae.job.elastic import ELASTIC_ENV, agent_args, min_nodes_problems
 from ae.job.folder_lock import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.job.network import prepare_node, route_to
 from ae.job.outcome import (
@@ -109,25 +108,15 @@ def child_command(
         return [sys.executable, "-u", "-m", RANK_MODULE, *argv, *extra], env
     port = topo.master_port or str(free_port())
     if elastic(cfg, topo):
-        # torchrun's elastic agent restarts every node's workers together (`ae.job.elastic`);
-        # one more restart than --max_restarts, so that every agent reaches the round in which
-        # the stop rules end the job (a node restarted by a change of membership counts none).
-        nodes = [f"--nnodes={topo.nnodes}", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint={topo.master_addr}:{port}", f"--rdzv-id={rdzv_id(topo)}",
-                 f"--max-restarts={cfg.run.max_restarts + 1}"]  # fmt: skip
-        # Node 0 hosts the rendezvous store: torchrun's own guess compares MASTER_ADDR with the
-        # hostname's address, which is 127.0.1.1 on Debian's default /etc/hosts.
-        # The node that becomes group rank 0 names its address to every rank (their
-        # MASTER_ADDR): the one that reaches the master, not the hostname's (127.0.1.1 likewise).
-        local = route_to(topo.master_addr, int(port)).source_ip
-        nodes += [f"--rdzv-conf=is_host={int(topo.node_rank == 0)}", f"--local-addr={local}"]
+        # torchrun's elastic agent restarts every node's workers together (`ae.job.elastic`).
+        nodes = agent_args(cfg.run, topo, port, route_to(topo.master_addr, int(port)).source_ip)
         # Each round's ranks get a store of their own (group rank 0's first rank hosts it): the
         # agents' shared one outlives the round, and a rank of the next attempt would read the
         # dead attempt's gloo addresses from it.
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         ts = LAUNCHER_LOG_FILE.regex.fullmatch(launcher_log.name)["ts"]
         env[ELASTIC_ENV] = json.dumps({
-            "max_restarts": cfg.run.max_restarts, "ts": ts,
+            "max_restarts": cfg.run.max_restarts, "ts": ts, "nnodes": topo.nnodes,
             "logs": str(cfg.run.dir.logs), "checkpoints": str(cfg.run.dir.checkpoints),
         })  # fmt: skip
     else:
@@ -145,11 +134,6 @@ def elastic(cfg: Config, topo: Topology) -> bool:
     return cfg.run.max_restarts > 0 and topo.nnodes > 1 and topo.task is None
 
 
-def rdzv_id(topo: Topology) -> str:
-    """One rendezvous run id per job, the same on every node (`topo.job` names the job)."""
-    return re.sub(r"[^A-Za-z0-9_-]+", "_", topo.job).strip("_")
-
-
 def launch(argv: list[str]) -> int:
     """The whole job on this node, from its flags to its exit code (logging to the console)."""
     lock = None
@@ -157,6 +141,7 @@ def launch(argv: list[str]) -> int:
         cfg = parse_config(argv)
         topo = topology(cfg.run)
         nproc, problems = processes_per_node(cfg.run, topo)
+        problems += min_nodes_problems(cfg.run, topo)
         if problems:
             raise ConfigError(problems)
         if cfg.run.print_config:

@@ -137,6 +137,13 @@ EFFECTIVE_LR = LineFormat(
     "Base LR: {base}, Effective LR (scaled by {factor}, {mode}): {lr}",
     {"base": "float", "factor": "float", "lr": "float"},
 )
+# A run resumed on another number of ranks (a job that lost or gained a node): the checkpoint's
+# optimizer carries the LR scaled for the ranks that saved it; rank 0, once, in the train log.
+LR_RESCALED = LineFormat(
+    "LR re-scaled for {world} ranks at step {step}: effective LR {old} -> {new} (scaled by "
+    "{factor}, {mode}); the schedule goes on from there",
+    {"world": "int", "step": "int", "old": "float", "new": "float", "factor": "float"},
+)
 EFFECTIVE_BATCH = LineFormat(
     "Effective batch: {batch} per device x {world} ranks x {accum} accumulation = {total} "
     "samples per optimizer step",
@@ -162,13 +169,20 @@ EPOCH_TRAINED = LineFormat(
 # A job that restarts after a failure (`--max_restarts`, ae.job.restarts): the launcher's console
 # line, and the first line of the new attempt's train log (rank 0). `failed` is the attempt's
 # verdict (`rank 1 on node1: error exit: ...`); `previous` the failed attempt's run TS, by which
-# ae-diagnose lists the attempts of a job.
+# ae-diagnose lists the attempts of a job; `nodes` is empty, or, on several nodes whose members
+# changed (`--min_nodes`, ae.job.elastic), `; ` and the NODES_CHANGED line.
 RESTART = LineFormat(
     "RESTART {attempt}/{max} after {failed} at step {step}; resuming from step {resume} "
-    "({checkpoint}), {redone} steps redone; previous attempt: run {previous}",
+    "({checkpoint}), {redone} steps redone{nodes}; previous attempt: run {previous}",
     {"attempt": "int", "max": "int", "failed": "text", "step": "int", "resume": "int",
-     "checkpoint": "text", "redone": "int", "previous": "word"},
+     "checkpoint": "text", "redone": "int", "previous": "word", "nodes": "text"},
 )  # fmt: skip
+# `change`: `node1 lost`, `node1 joined`, `node1 lost, node2 joined`; `total` is NNODES; the world
+# sizes are the ranks of the attempt before and of this one.
+NODES_CHANGED = LineFormat(
+    "{change}: going on with {nodes} of {total} nodes (world {before} -> {after})",
+    {"change": "text", "nodes": "int", "total": "int", "before": "int", "after": "int"},
+)
 
 # --- checkpoints, sampling, preemption (every rank's debug log) -------------------------------
 # `========== CHECKPOINT SAVE START ========== step 100 (periodic) -> /run/checkpoints/...`
