@@ -46,6 +46,7 @@ from ae.job.outcome import (
     preempted,
     report_failure,
     report_stop,
+    say_goodput,
     stop_exit_code,
 )
 from ae.job.peer_nodes import PeerNodes
@@ -191,7 +192,19 @@ def run(
 ) -> int:  # fmt: skip
     """The job's attempts: the first, then, after a failure, a restart from the newest
     checkpoint while `--max_restarts` and the stop rules allow (`ae.job.restarts`). `lock`: the
-    folder's lock this launcher holds, shared with each attempt's child."""
+    folder's lock this launcher holds, shared with each attempt's child. A job that restarted
+    ends with what its failures cost (the first node's launcher: the GOODPUT line)."""
+    code, last = attempts(cfg, topo, nproc, ts, argv, n_train, specs, lock)
+    if last != ts and topo.leader:
+        say_goodput(cfg.run.dir.logs, last, failed=0 < code < 128)
+    return code
+
+
+def attempts(
+    cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], n_train: int,
+    specs: list[str | None], lock: RunLock | None = None,
+) -> tuple[int, str]:  # fmt: skip
+    """`run`'s loop: the job's exit code, and the run TS of its last attempt."""
     logs = cfg.run.dir.logs
     logs.mkdir(parents=True, exist_ok=True)
     restarts = Restarts(cfg.run.max_restarts, logs, cfg.run.dir.checkpoints)
@@ -212,7 +225,7 @@ def run(
             ts = max((t for t in list_runs(logs) if t >= ts), default=ts)
         code = ending(cfg, topo, ts, rc, stops)
         if code is None:
-            return 0
+            return 0, ts
         if code < 0:  # the job's exit code, said already (a stop signal, another node)
             if stops.requeue and topo.leader:
                 # `scontrol requeue` ends this job step with SIGTERM at once; the ranks have
@@ -220,20 +233,20 @@ def run(
                 # exit 138 rather than die with the lock file left behind.
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 requeue_job(os.environ)
-            return -code
+            return -code, ts
         if restarts.max == 0:
-            return report_failure(logs, ts, code)
+            return report_failure(logs, ts, code), ts
         try:
             nxt = restarts.after_failure(ts, code)
             if not isinstance(nxt, Restart):
                 code = report_failure(logs, ts, code)
-                return code if nxt is None else nxt
+                return (code if nxt is None else nxt), ts
             logger.warning(nxt.line)
             restart = nxt
             ts = unused_run_ts(logs, time.strftime("%Y%m%d_%H%M%S"))
         except KeyboardInterrupt:  # Ctrl-C between two attempts: no rank runs, nothing to save
             logger.warning(f"Interrupted between two attempts; {RESUME}")
-            return stop_exit_code(signal.SIGINT)
+            return stop_exit_code(signal.SIGINT), ts
 
 
 def attempt(

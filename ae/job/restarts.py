@@ -32,7 +32,7 @@ from loguru import logger
 from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose, verdict_lines
 from ae.errors import DiskFullError, UserError
-from ae.log_lines import RESTART, RESUMED, TRAIN_LOG_FILE
+from ae.log_lines import CHANGE_OF_NODES, RESTART, RESUMED, TRAIN_LOG_FILE
 
 # The RESTART line, for rank 0 of the new attempt to write first into its train log.
 RESTART_ENV = "AE_RESTART"
@@ -41,8 +41,6 @@ SAME_FAILURE_EXIT = 3
 # Failures no restart can help: the same mistake or the same full disk again.
 NO_RESTART = {UserError.exit_code: "a user error", DiskFullError.exit_code: "the disk is full"}
 SAME_FAILURE = "not restarting: the same failure at step {step} twice"
-# What a restart that no failure caused comes after (the RESTART line's `failed`).
-CHANGE_OF_NODES = "a change of nodes"
 _STEP_FILE = re.compile(r"^step-(\d+)\.ckpt$")
 LAST = "last.ckpt"
 

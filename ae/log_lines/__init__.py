@@ -177,6 +177,17 @@ RESTART = LineFormat(
     {"attempt": "int", "max": "int", "failed": "text", "step": "int", "resume": "int",
      "checkpoint": "text", "redone": "int", "previous": "word", "nodes": "text"},
 )  # fmt: skip
+# The `failed` of a RESTART that no failure caused: torchrun stopped a healthy job to take in a
+# node that joined (ae.job.elastic); `ae-diagnose --goodput` counts no steps redone for it.
+CHANGE_OF_NODES = "a change of nodes"
+# At the end of a job that restarted (the launcher, console), and `ae-diagnose --goodput`'s first
+# line: the job's wall time over all its attempts, and where the part not trained effectively
+# went (`parts`: `restart 31.2s, detection 1.4s, ...`, what failures cost first).
+GOODPUT = LineFormat(
+    "Goodput {share}%: {training}s of effective training in {wall}s over {attempts} attempt(s); "
+    "the rest: {parts}",
+    {"share": "float", "training": "float", "wall": "float", "attempts": "int", "parts": "text"},
+)
 # `change`: `node1 lost`, `node1 joined`, `node1 lost, node2 joined`; `total` is NNODES; the world
 # sizes are the ranks of the attempt before and of this one.
 NODES_CHANGED = LineFormat(
@@ -375,13 +386,14 @@ HEARTBEAT_BASE_FIELDS = (
     "rank", "world_size", "pid", "host", "phase", "epoch", "step", "time", "last_progress",
     "idle_s", "rss_mb", "workers", "stalled", "state",
 )  # fmt: skip
-# `timing`: {"recent": window, "epoch": window} with window = {window_s, steps, step_ms, own_ms,
-# data_ms, compute_ms, sync_ms} (per optimizer step) or null; `data_workers`: [{worker, pid, shard,
-# mb_per_s, batch_ms, batches}]; `stragglers`: the detecting rank's episodes, [{rank, score, cause,
-# since, line, resolved}] (`resolved`: null while it lasts, else the RESOLVED line); `resources`:
-# RESOURCE_FIELDS (`ae.forensics.resources`; MB, null where the kernel does not say); `main`: what
-# the main thread is in, `collective: <what>`, `data loading` or `code: <function (file:line)>`
-# (null in the last beat, written by the main thread itself).
+# `timing`: {"recent": window, "epoch": window, "run": {steps, data_s}} with window = {window_s,
+# steps, step_ms, own_ms, data_ms, compute_ms, sync_ms} (per optimizer step) or null, and `run` the
+# rank's optimizer steps and data wait in seconds since it started; `data_workers`: [{worker, pid,
+# shard, mb_per_s, batch_ms, batches}]; `stragglers`: the detecting rank's episodes, [{rank, score,
+# cause, since, line, resolved}] (`resolved`: null while it lasts, else the RESOLVED line);
+# `resources`: RESOURCE_FIELDS (`ae.forensics.resources`; MB, null where the kernel does not say);
+# `main`: what the main thread is in, `collective: <what>`, `data loading` or `code: <function
+# (file:line)>` (null in the last beat, written by the main thread itself).
 HEARTBEAT_FIELDS = (
     *HEARTBEAT_BASE_FIELDS, "timing", "data_workers", "stragglers", "resources", "main"
 )  # fmt: skip

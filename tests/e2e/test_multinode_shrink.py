@@ -7,7 +7,8 @@ checkpoint. One launch; the assertions share it.
 
 The model records every sample it trains on (tests/support/key_recorder.py), as the resume
 coverage tests do: the batches of the first attempt up to the checkpoint it resumed from, with
-those of the second, hold every sample of the epoch exactly once."""
+those of the second, hold every sample of the epoch exactly once. What the loss cost
+(`ae-diagnose --goodput`) adds up to the wall time the logs span."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from ae.data.shards.writer import write_shard
-from ae.log_lines import LR_RESCALED, NODES_CHANGED, RECORD_PATTERN, RESTART
+from ae.job.elastic import LAST_CALL_S
+from ae.log_lines import GOODPUT, LR_RESCALED, NODES_CHANGED, RECORD_PATTERN, RESTART
 from tests.e2e.test_multinode import (
     _two_hosts_possible,
     console,
@@ -25,6 +27,7 @@ from tests.e2e.test_multinode import (
     node_env,
     start_node,
 )
+from tests.support.log_span import log_span
 from tests.support.runs import SERIAL
 from tests.support.shards import id_samples
 from tests.support.two_hosts import TwoHosts
@@ -139,3 +142,20 @@ def test_every_sample_of_the_interrupted_epoch_is_trained_exactly_once(shrunk) -
     attempts = shrunk["json"]["attempts"]
     assert [a["status"] for a in attempts][-1] == "finished", attempts
     assert attempts[-1]["samples_per_epoch"] == {"0": 96}
+
+
+def test_goodput_adds_up_to_the_wall_time_and_names_the_rendezvous_wait(shrunk) -> None:
+    found = shrunk["json"]["goodput"]
+    parts = found["parts"]
+    assert found["attempts"] == 2
+    span = log_span(shrunk["out"] / "logs")
+    assert abs(sum(parts.values()) - found["wall_s"]) < 1.0, found
+    assert abs(found["wall_s"] - span) < 1.0, (found, span)
+    assert found["wall_s"] < shrunk["elapsed"]  # the launchers' own start is in no log
+    # The rendezvous waited for node1's heartbeats to stop, then its last call: in the restart.
+    assert parts["restart"] > LAST_CALL_S, parts
+    assert parts["recompute"] > 0 and parts["training"] > 0, parts  # steps 5 and 6 redone
+    line = next(t for t in shrunk["console"].splitlines() if "Goodput " in t)
+    said = GOODPUT.parse(line)
+    assert said is not None and said["attempts"] == "2", line
+    assert abs(float(said["wall"]) - found["wall_s"]) < 0.1 and "restart " in said["parts"]

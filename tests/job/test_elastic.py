@@ -16,9 +16,9 @@ from torch.distributed import PrefixStore, TCPStore
 
 from ae.config import parse_config
 from ae.job.elastic import Attempts, JobEnds, agent_args, agree, min_nodes_problems, nodes_changed
-from ae.job.restarts import CHANGE_OF_NODES, SAME_FAILURE_EXIT
+from ae.job.restarts import SAME_FAILURE_EXIT
 from ae.job.topology import topology
-from ae.log_lines import NODES_CHANGED, RESTART
+from ae.log_lines import CHANGE_OF_NODES, NODES_CHANGED, RESTART
 from bench.synthetic_logs import RankWriter
 from tests.job.test_restarts import TS1, checkpoints, failed_attempt
 
