@@ -288,10 +288,16 @@ def attempt(
     peers_said = rank_lines(logs / TRAIN_LOG_FILE.format(ts=ts)) if topo.leader else nullcontext()
     with peers_said:
         # Under torchrun's elastic agent a rank that dies mid-attempt is a restart, not a lost
-        # node, and the next attempt beats under another run TS: the agents watch each other.
-        watch = topo.nnodes > 1 and not elastic(cfg, topo)
-        peers = PeerNodes(logs, ts) if watch else None
-        rc, stops = wait(proc, *((peers.check, peers.stopped_elsewhere) if peers else ()))
+        # node (the agents watch each other); a stop that reached another node (its launcher
+        # killed: its torchrun follows it) is still a stop, which the other nodes' torchruns
+        # would otherwise wait out in their exit barrier (300 s).
+        peers = PeerNodes(logs, ts, follow_restarts=elastic(cfg, topo))
+        if topo.nnodes == 1:
+            rc, stops = wait(proc)
+        elif elastic(cfg, topo):
+            rc, stops = wait(proc, None, peers.stopped_elsewhere)
+        else:
+            rc, stops = wait(proc, peers.check, peers.stopped_elsewhere)
     return rc, stops
 
 
