@@ -1,127 +1,171 @@
-"""Goodput of a self-healing run: 2 ranks on CPU, rank 1 SIGKILLed K seconds into every attempt
-(as the OOM killer would), `--max_restarts`, against the same run without faults.
+"""Goodput of a self-healing job on two hosts (issue 38): two network-namespace hosts (the
+multi-node tests' harness, tests/support/two_hosts.py), one rank each, `--max_restarts` on
+torchrun's elastic agent; the rank on node1 SIGKILLed (as the OOM killer would) K seconds after
+each attempt's first step, with and without `--checkpoint_minutes`, against the same job without
+faults, measured in the same run of this bench.
 
-Figures per run: wall time (launcher spawn to exit); effective training time (the planned steps
-x the median time of a step: the time spent on steps that count) over wall time; restarts and
-steps redone (the RESTART lines); and per restart the time from the kill to the new attempt's
-first step. Each step is slowed to ~100 ms (`AE_FAULT=slow@train`) so that the steps, not the
-startup, fill the run on a small CPU box.
+Every figure comes from `ae-diagnose --json`'s `goodput` (one source): the effective-training
+share and the breakdown of the wall time the logs span (docs/DIAGNOSE.md, `--goodput`); the
+ratios are each run's against the fault-free one. Each step is slowed to ~100 ms
+(`AE_FAULT=slow@train`), so that steps rather than startup fill a run on a small CPU box. Where
+`ip netns` cannot be used (not root, a container), it says why, writes a record marked
+`skipped`, and exits 0.
 
-Usage: python -m bench.goodput [--quick]   (writes bench/results/goodput.json)
+Usage: python -m bench.goodput [--quick] [--kill_after S]   (writes bench/results/goodput.json)
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import os
 import signal
-import statistics
+import subprocess
+import sys
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 
-from ae.log_lines import RECORD_PATTERN, RESTART, TRAIN_STEP
-from bench.common import launch_run, tiny_shard_set, write_record
+from ae.log_lines import RESTART
+from bench.common import tiny_shard_set, write_record
+from tests.support.two_hosts import TwoHosts, available, cleanup_stale
 
 DATA = Path("/tmp/ae-bench-data")
+ROOT = Path(__file__).resolve().parent.parent
 STEP_MS = 100  # each optimizer step's simulated compute
+MASTER = "192.168.77.1"  # host 0's address in TwoHosts
 
 
-def _records(path: Path, fmt) -> list[tuple[float, dict[str, str]]]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        if (m := RECORD_PATTERN.match(line)) and (found := fmt.parse(m["message"])):
-            t = datetime.strptime(m["time"], "%Y-%m-%d %H:%M:%S.%f").timestamp()
-            out.append((t, found))
-    return out
+def _node_env(node: int, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_SOCKET_IFNAME")}
+    env.pop("AE_RUN_TS", None)
+    return {**env, "NNODES": "2", "NODE_RANK": str(node), "MASTER_ADDR": MASTER,
+            "MASTER_PORT": str(port), "AE_CACHE_DIR": str(DATA / "cache"),
+            "AE_FAULT": f"slow@train:ms={STEP_MS}"}  # fmt: skip
 
 
-def _kill_every(logs: Path, seconds: float, kills: int, done: threading.Event) -> list[float]:
-    """SIGKILL rank 1 `seconds` after each attempt's first step, `kills` times; returns when."""
-    at: list[float] = []
-    seen: set[str] = set()
-    while len(at) < kills and not done.is_set():
-        attempts = sorted(logs.glob("debug_rank1_*.log"))
-        new = [p for p in attempts if p.name not in seen]
-        if not new or not _records(new[-1], TRAIN_STEP):
+def _node1_rank(logs: Path, seen: set[str]) -> tuple[str, int] | None:
+    """The newest attempt not yet struck whose rank on node1 has trained: (run TS, its pid)."""
+    for beat in sorted(logs.glob("heartbeat_rank*_*.json"), reverse=True):
+        ts = beat.name.split("_", 2)[2].removesuffix(".json")
+        if ts in seen:
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            found = json.loads(beat.read_text())
+            if found.get("host") == "node1" and found.get("step", 0) > 0:
+                return ts, found["pid"]
+    return None
+
+
+def _kill_every(logs: Path, seconds: float, kills: int, done: threading.Event) -> int:
+    """SIGKILL node1's rank `seconds` after each attempt's first step there, `kills` times."""
+    struck: set[str] = set()
+    while len(struck) < kills and not done.is_set():
+        found = _node1_rank(logs, struck)
+        if found is None:
             done.wait(0.2)
             continue
-        seen.add(new[-1].name)
         if done.wait(seconds):
             break
-        ts = new[-1].name.split("_", 2)[2].removesuffix(".log")
-        pid = json.loads((logs / f"heartbeat_rank1_{ts}.json").read_text())["pid"]
-        with contextlib.suppress(ProcessLookupError):  # that attempt finished first
-            os.kill(pid, signal.SIGKILL)
-            at.append(time.time())
-    return at
+        struck.add(found[0])
+        with contextlib.suppress(ProcessLookupError):  # that attempt ended first
+            os.kill(found[1], signal.SIGKILL)
+    return len(struck)
 
 
-def run(spec: str, out: Path, steps: int, kill_after: float | None, kills: int) -> dict:
-    args = [f"--train_shards={spec}", f"--val_shards={spec}", "--batch_size=16",
-            "--num_workers=1", "--max_epochs=-1", f"--max_steps={steps}", "--debug=true",
-            "--log_every_n_train_batches=1", "--checkpointing_period=20", "--max_restarts=10",
-            "--warmup_steps=10"]  # fmt: skip
-    os.environ["AE_FAULT"] = f"slow@train:ms={STEP_MS}"
+def run(name: str, spec: str, steps: int, extra: list[str], port: int,
+        kill_after: float | None, kills: int) -> dict:  # fmt: skip
+    out = DATA / f"run-goodput-{name}"
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+    out.mkdir(parents=True)
+    args = [f"--output_dir={out}", f"--train_shards={spec}", f"--val_shards={spec}",
+            "--devices=1", "--batch_size=16", "--num_workers=1", "--max_epochs=-1",
+            f"--max_steps={steps}", "--max_restarts=10", "--warmup_steps=10", *extra]  # fmt: skip
     t0 = time.time()
-    proc = launch_run(args, out)
-    done, kill_times = threading.Event(), []
-    killer = None
-    if kill_after is not None:
-        killer = threading.Thread(
-            target=lambda: kill_times.extend(_kill_every(out / "logs", kill_after, kills, done))
-        )
-        killer.start()
-    rc = proc.wait(timeout=1800)
-    wall = time.time() - t0
-    done.set()
-    if killer is not None:
-        killer.join()
-    if rc != 0:
-        raise SystemExit(f"run failed (exit {rc}); see {out}/logs")
-    logs = out / "logs"
-    attempts = sorted(logs.glob("debug_rank0_*.log"))
-    intervals, first_steps = [], []
-    for log in attempts:
-        times = [t for t, _ in _records(log, TRAIN_STEP)]
-        intervals += [b - a for a, b in itertools.pairwise(times)]
-        first_steps.append(times[0] if times else None)
-    restarts = [r for log in sorted(logs.glob("train_*.log")) for _, r in _records(log, RESTART)]
-    step_s = statistics.median(intervals)
-    recovery = [
-        first - killed
-        for killed, first in zip(kill_times, first_steps[1:], strict=False)
-        if first is not None
-    ]
+    with TwoHosts() as hosts:
+        procs = [
+            hosts.popen(i, [sys.executable, "-m", "ae.cli.launch", *args], env=_node_env(i, port),
+                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for i in (0, 1)
+        ]  # fmt: skip
+        done, struck = threading.Event(), [0]
+        killer = None
+        if kill_after is not None:
+            killer = threading.Thread(target=lambda: struck.__setitem__(
+                0, _kill_every(out / "logs", kill_after, kills, done)))  # fmt: skip
+            killer.start()
+        codes = [p.wait(timeout=1800) for p in procs]
+        wall = time.time() - t0
+        done.set()
+        if killer is not None:
+            killer.join()
+    if codes != [0, 0]:
+        raise SystemExit(f"{name}: the job failed (exits {codes}); see {out}/logs")
+    doc = json.loads(subprocess.run(
+        [sys.executable, "-m", "ae.diagnose", str(out / "logs"), "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True).stdout)  # fmt: skip
+    restarts = []
+    for path in sorted((out / "logs").glob("train_*.log")):
+        restarts += [r for ln in path.read_text(errors="replace").splitlines()
+                     if (r := RESTART.parse(ln))]  # fmt: skip
     return {
-        "wall_s": round(wall, 1),
-        "step_s": round(step_s, 4),
-        "effective_s": round(steps * step_s, 1),
-        "goodput": round(steps * step_s / wall, 3),
-        "attempts": len(attempts),
+        "launchers_wall_s": round(wall, 1),
+        "kills": struck[0],
         "restarts": len(restarts),
         "steps_redone": sum(int(r["redone"]) for r in restarts),
-        "kill_to_first_new_step_s": [round(x, 1) for x in recovery],
+        "goodput": doc["goodput"],
     }
+
+
+def ratios(row: dict, base: dict) -> dict:
+    """A run's figures over the fault-free run's."""
+    g, b = row["goodput"], base["goodput"]
+    return {
+        "wall": round(g["wall_s"] / b["wall_s"], 2),
+        "effective_share": round(g["effective_share"] / b["effective_share"], 2),
+        "training_s": round(g["parts"]["training"] / b["parts"]["training"], 2),
+    }
+
+
+def show(name: str, row: dict) -> str:
+    g = row["goodput"]
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in g["parts"].items() if v >= 0.05)
+    share, wall = 100 * g["effective_share"], g["wall_s"]
+    return (f"{name}: effective {share:.1f}% of {wall:.1f} s ({row['restarts']} restarts, "
+            f"{row['steps_redone']} steps redone); {parts}")  # fmt: skip
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="a short smoke run (one kill)")
-    p.add_argument("--kill_after", type=float, help="seconds into each attempt (20; quick: 5)")
+    p.add_argument("--quick", action="store_true", help="a short smoke run: two runs, one kill")
+    p.add_argument("--kill_after", type=float, help="seconds into each attempt (20; quick: 3)")
     a = p.parse_args()
-    steps, kills = (120, 1) if a.quick else (600, 3)
-    kill_after = a.kill_after or (5.0 if a.quick else 20.0)
+    steps, kills, period = (40, 1, 10) if a.quick else (600, 3, 100)
+    kill_after = a.kill_after or (3.0 if a.quick else 20.0)
+    record: dict = {"steps": steps, "kill_after_s": kill_after, "kills": kills,
+                    "checkpointing_period": period, "hosts": 2, "runs": {}}  # fmt: skip
+    ok, why = available()
+    if not ok:
+        print(f"skipped: two network-namespace hosts cannot be made here ({why})")
+        record["skipped"] = why
+        print(f"wrote {write_record('goodput', record, quick=a.quick)}")
+        return
+    cleanup_stale()
     spec = tiny_shard_set(DATA, 8, 500)
-    rows = {}
-    for name, after in (("no faults", None), (f"rank 1 killed {kills}x", kill_after)):
-        rows[name] = run(spec, DATA / "run-goodput", steps, after, kills)
-        print(f"{name}: {rows[name]}")
-    record = {"steps": steps, "kill_after_s": kill_after, "runs": rows}
+    every = [f"--checkpointing_period={period}"]
+    minutes = ["--checkpoint_minutes=0.1"]  # a save at the first step 6 s after the last
+    scenarios = [("no faults", every, None), (f"node1 rank killed {kills}x", every, kill_after),
+                 (f"node1 rank killed {kills}x, --checkpoint_minutes=0.1", every + minutes,
+                  kill_after)]  # fmt: skip
+    if a.quick:  # the baseline, and the kills with both kinds of save
+        scenarios = [scenarios[0], (scenarios[2][0], every + minutes, kill_after)]
+    rows = record["runs"]
+    for i, (name, extra, after) in enumerate(scenarios):
+        rows[name] = run(f"s{i}", spec, steps, extra, 29651 + 2 * i, after, kills)
+        if i:
+            rows[name]["vs_no_faults"] = ratios(rows[name], rows["no faults"])
+        print(show(name, rows[name]), flush=True)
     print(f"wrote {write_record('goodput', record, quick=a.quick)}")
 
 

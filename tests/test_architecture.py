@@ -351,8 +351,10 @@ PRIVATE_ALLOWED_IN = {
     "ae/forensics/faults.py": {"_sleep"},
     # --max_restarts on several nodes (issue 38): torchrun's elastic agent has no public hook
     # between a rendezvous and its workers' start, where every node must take the attempt's run
-    # TS, RESTART line and arguments; ae.job.elastic wraps the agent's own step there.
-    "ae/job/elastic.py": {"_start_workers"},
+    # TS, RESTART line and arguments; ae.job.elastic wraps the agent's own step there. Whether
+    # this node's workers failed, or were stopped to take in a node that joined, only the
+    # agent's count of restarts left tells (torchrun spends one on a failure alone).
+    "ae/job/elastic.py": {"_start_workers", "_remaining_restarts"},
 }  # fmt: skip
 # What issue 22 removed, named: a grep finds them in comments and strings too.
 REMOVED_PRIVATE = re.compile(

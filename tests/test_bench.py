@@ -24,7 +24,7 @@ BENCHES: dict[str, tuple[str, set[str]]] = {
         "flight_recorder",
         {"overhead", "us_per_collective", "dump_entries", "dump_s"},
     ),
-    "goodput": ("goodput", {"steps", "kill_after_s", "runs"}),
+    "goodput": ("goodput", {"steps", "kill_after_s", "kills", "hosts", "runs"}),
     "gpu_proof": (
         "gpu_proof",
         {"device", "data", "hand", "throughput", "sync_check", "targets", "correctness", "faults"},

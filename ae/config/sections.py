@@ -56,6 +56,12 @@ class RunConfig:
     max_restarts: int = _opt(
         0, "after a failed rank, restart the job from its newest checkpoint up to N times", lo=0
     )
+    min_nodes: int = _opt(
+        0,
+        "with --max_restarts on several nodes: go on with at least K nodes when others are lost "
+        "(0 = all nodes: the job waits for every node)",
+        lo=0,
+    )
 
     @property
     def dir(self) -> RunDir:

@@ -11,24 +11,10 @@ from typing import Any
 from rich.console import Console
 
 from ae.diagnose.epoch_coverage import samples_per_epoch
+from ae.diagnose.goodput import job_goodput
+from ae.diagnose.job_chain import job_chain, restart_lines
 from ae.diagnose.log_files import RunFiles, list_runs
 from ae.diagnose.report import diagnose, verdict_lines
-from ae.log_lines import RECORD_PATTERN, RESTART
-
-HEAD_BYTES = 64 * 1024  # the RESTART line is among a train log's first lines
-
-
-def restart_line(run: RunFiles) -> str | None:
-    """The RESTART message that opens this run's train log, or None."""
-    if not run.train_logs:
-        return None
-    with open(run.train_logs[0], "rb") as f:
-        head = f.read(HEAD_BYTES).decode(errors="replace")
-    for line in head.splitlines():
-        m = RECORD_PATTERN.match(line)
-        if m and RESTART.parse(m["message"]):
-            return m["message"]
-    return None
 
 
 def attempts(
@@ -39,14 +25,8 @@ def attempts(
     that started it; `samples_per_epoch`: what its ranks trained of each epoch, all together).
     `judge` diagnoses another attempt's run."""
     runs = list_runs(files.logs_dir)
-    lines = {ts: line for ts, run in runs.items() if (line := restart_line(run))}
-    previous = {ts: RESTART.parse(line)["previous"] for ts, line in lines.items()}  # type: ignore[index]
-    following = {prev: ts for ts, prev in previous.items()}
-    chain = [files.ts]
-    while (prev := previous.get(chain[0])) in runs and prev not in chain:
-        chain.insert(0, prev)
-    while (nxt := following.get(chain[-1])) is not None and nxt not in chain:
-        chain.append(nxt)
+    lines = restart_lines(runs)
+    chain = job_chain(files.ts, runs, lines)
     out = []
     for i, ts in enumerate(chain):
         d = doc if ts == files.ts else judge(runs[ts])
@@ -60,6 +40,7 @@ def diagnose_job(files: RunFiles, tail: int = 0) -> dict[str, Any]:
     """`ae-diagnose --json`: the run's diagnosis, with the attempts of its job."""
     doc = diagnose(files, tail)
     doc["attempts"] = attempts(files, doc, diagnose)
+    doc["goodput"] = job_goodput(files, doc["attempts"][-1]["status"] in ("failed", "hung"))
     return doc
 
 

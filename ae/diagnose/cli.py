@@ -1,5 +1,5 @@
-"""`ae-diagnose [LOGS_DIR] [--run TS] [--json] [--tail N] [--dump] [--watch] [--bundle OUT.tar.gz]
-[--timeline OUT.png] [--trace OUT.json]`.
+"""`ae-diagnose [LOGS_DIR] [--run TS] [--json] [--goodput] [--tail N] [--dump] [--watch]
+[--bundle OUT.tar.gz] [--timeline OUT.png] [--trace OUT.json]`.
 
 Exit status: 0 when the run was read (whatever the verdict), 2 for a user mistake (no such
 folder, no run in it, unknown --run), with one message and no traceback.
@@ -19,6 +19,7 @@ import logging_cfg
 from ae.diagnose.attempts import diagnose_job, render_attempts
 from ae.diagnose.bundle import write_bundle
 from ae.diagnose.flight_recorder import request_dump
+from ae.diagnose.goodput import render_goodput
 from ae.diagnose.log_files import DiagnoseError, find_run, resolve_logs_dir
 from ae.diagnose.report import render
 from ae.diagnose.timeline import build_timeline, draw_timeline
@@ -43,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--run", metavar="TS", help="the run's timestamp (default: the newest run)")
     p.add_argument("--json", action="store_true", help="print one JSON object (see README)")
+    p.add_argument(
+        "--goodput",
+        action="store_true",
+        help="what the job's failures cost: its wall time over all its attempts, split into "
+        "training, data wait, checkpoints, validation, recompute, detection, restart, startup",
+    )
     p.add_argument(
         "--tail",
         type=int,
@@ -124,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
                     console.print(f"Run {files.ts}: {path} ({len(timeline.ranks)} ranks)")
         else:
             doc = diagnose_job(files, args.tail)
-            if args.json:
+            if args.goodput and not args.json:
+                render_goodput(doc["goodput"], console)
+            elif args.json:
                 sys.stdout.write(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
             else:
                 render(doc, console)

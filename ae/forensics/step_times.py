@@ -53,6 +53,9 @@ class StepTimes:
         self._records: deque[Record] = deque()
         self.epoch: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0)  # steps, data, comp, sync
         self.last: Record | None = None  # the last batch's
+        # Since the rank started (every epoch of this run): optimizer steps and data wait, s.
+        # `ae-diagnose --goodput` reads it from each attempt's last heartbeat.
+        self.run: tuple[int, float] = (0, 0.0)
         self._end: float | None = None  # end of the previous batch; None: restart at next fetch
         self._fetched_at: float | None = None
         self._data = 0.0
@@ -115,6 +118,7 @@ class StepTimes:
             records.popleft()
         n, d, c, s = self.epoch
         self.epoch = (n + steps, d + data, c + compute, s + sync)
+        self.run = (self.run[0] + steps, self.run[1] + data)
         return record
 
     def window(self, now: float | None = None) -> dict[str, float] | None:
@@ -134,7 +138,9 @@ class StepTimes:
     def heartbeat(self) -> dict[str, Any]:
         """HEARTBEAT `timing` and `data_workers`."""
         workers = self.data_workers() if self.data_workers is not None else []
-        return {"timing": {"recent": self.window(), "epoch": self.epoch_window()},
+        steps, data = self.run
+        return {"timing": {"recent": self.window(), "epoch": self.epoch_window(),
+                           "run": {"steps": steps, "data_s": round(data, 3)}},
                 "data_workers": workers}  # fmt: skip
 
 

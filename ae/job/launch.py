@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -38,7 +37,7 @@ from ae.data.shards.spec import resolve_shards
 from ae.diagnose.log_files import list_runs
 from ae.errors import UserError
 from ae.forensics.faults import ATTEMPT_ENV, active_faults
-from ae.job.elastic import ELASTIC_ENV
+from ae.job.elastic import ELASTIC_ENV, agent_args, min_nodes_problems
 from ae.job.folder_lock import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.job.network import prepare_node, route_to
 from ae.job.outcome import (
@@ -47,6 +46,7 @@ from ae.job.outcome import (
     preempted,
     report_failure,
     report_stop,
+    say_goodput,
     stop_exit_code,
 )
 from ae.job.peer_nodes import PeerNodes
@@ -109,25 +109,15 @@ def child_command(
         return [sys.executable, "-u", "-m", RANK_MODULE, *argv, *extra], env
     port = topo.master_port or str(free_port())
     if elastic(cfg, topo):
-        # torchrun's elastic agent restarts every node's workers together (`ae.job.elastic`);
-        # one more restart than --max_restarts, so that every agent reaches the round in which
-        # the stop rules end the job (a node restarted by a change of membership counts none).
-        nodes = [f"--nnodes={topo.nnodes}", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint={topo.master_addr}:{port}", f"--rdzv-id={rdzv_id(topo)}",
-                 f"--max-restarts={cfg.run.max_restarts + 1}"]  # fmt: skip
-        # Node 0 hosts the rendezvous store: torchrun's own guess compares MASTER_ADDR with the
-        # hostname's address, which is 127.0.1.1 on Debian's default /etc/hosts.
-        # The node that becomes group rank 0 names its address to every rank (their
-        # MASTER_ADDR): the one that reaches the master, not the hostname's (127.0.1.1 likewise).
-        local = route_to(topo.master_addr, int(port)).source_ip
-        nodes += [f"--rdzv-conf=is_host={int(topo.node_rank == 0)}", f"--local-addr={local}"]
+        # torchrun's elastic agent restarts every node's workers together (`ae.job.elastic`).
+        nodes = agent_args(cfg.run, topo, port, route_to(topo.master_addr, int(port)).source_ip)
         # Each round's ranks get a store of their own (group rank 0's first rank hosts it): the
         # agents' shared one outlives the round, and a rank of the next attempt would read the
         # dead attempt's gloo addresses from it.
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         ts = LAUNCHER_LOG_FILE.regex.fullmatch(launcher_log.name)["ts"]
         env[ELASTIC_ENV] = json.dumps({
-            "max_restarts": cfg.run.max_restarts, "ts": ts,
+            "max_restarts": cfg.run.max_restarts, "ts": ts, "nnodes": topo.nnodes,
             "logs": str(cfg.run.dir.logs), "checkpoints": str(cfg.run.dir.checkpoints),
         })  # fmt: skip
     else:
@@ -145,11 +135,6 @@ def elastic(cfg: Config, topo: Topology) -> bool:
     return cfg.run.max_restarts > 0 and topo.nnodes > 1 and topo.task is None
 
 
-def rdzv_id(topo: Topology) -> str:
-    """One rendezvous run id per job, the same on every node (`topo.job` names the job)."""
-    return re.sub(r"[^A-Za-z0-9_-]+", "_", topo.job).strip("_")
-
-
 def launch(argv: list[str]) -> int:
     """The whole job on this node, from its flags to its exit code (logging to the console)."""
     lock = None
@@ -157,6 +142,7 @@ def launch(argv: list[str]) -> int:
         cfg = parse_config(argv)
         topo = topology(cfg.run)
         nproc, problems = processes_per_node(cfg.run, topo)
+        problems += min_nodes_problems(cfg.run, topo)
         if problems:
             raise ConfigError(problems)
         if cfg.run.print_config:
@@ -206,7 +192,19 @@ def run(
 ) -> int:  # fmt: skip
     """The job's attempts: the first, then, after a failure, a restart from the newest
     checkpoint while `--max_restarts` and the stop rules allow (`ae.job.restarts`). `lock`: the
-    folder's lock this launcher holds, shared with each attempt's child."""
+    folder's lock this launcher holds, shared with each attempt's child. A job that restarted
+    ends with what its failures cost (the first node's launcher: the GOODPUT line)."""
+    code, last = attempts(cfg, topo, nproc, ts, argv, n_train, specs, lock)
+    if last != ts and topo.leader:
+        say_goodput(cfg.run.dir.logs, last, failed=0 < code < 128)
+    return code
+
+
+def attempts(
+    cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], n_train: int,
+    specs: list[str | None], lock: RunLock | None = None,
+) -> tuple[int, str]:  # fmt: skip
+    """`run`'s loop: the job's exit code, and the run TS of its last attempt."""
     logs = cfg.run.dir.logs
     logs.mkdir(parents=True, exist_ok=True)
     restarts = Restarts(cfg.run.max_restarts, logs, cfg.run.dir.checkpoints)
@@ -227,7 +225,7 @@ def run(
             ts = max((t for t in list_runs(logs) if t >= ts), default=ts)
         code = ending(cfg, topo, ts, rc, stops)
         if code is None:
-            return 0
+            return 0, ts
         if code < 0:  # the job's exit code, said already (a stop signal, another node)
             if stops.requeue and topo.leader:
                 # `scontrol requeue` ends this job step with SIGTERM at once; the ranks have
@@ -235,20 +233,20 @@ def run(
                 # exit 138 rather than die with the lock file left behind.
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 requeue_job(os.environ)
-            return -code
+            return -code, ts
         if restarts.max == 0:
-            return report_failure(logs, ts, code)
+            return report_failure(logs, ts, code), ts
         try:
             nxt = restarts.after_failure(ts, code)
             if not isinstance(nxt, Restart):
                 code = report_failure(logs, ts, code)
-                return code if nxt is None else nxt
+                return (code if nxt is None else nxt), ts
             logger.warning(nxt.line)
             restart = nxt
             ts = unused_run_ts(logs, time.strftime("%Y%m%d_%H%M%S"))
         except KeyboardInterrupt:  # Ctrl-C between two attempts: no rank runs, nothing to save
             logger.warning(f"Interrupted between two attempts; {RESUME}")
-            return stop_exit_code(signal.SIGINT)
+            return stop_exit_code(signal.SIGINT), ts
 
 
 def attempt(
@@ -290,10 +288,16 @@ def attempt(
     peers_said = rank_lines(logs / TRAIN_LOG_FILE.format(ts=ts)) if topo.leader else nullcontext()
     with peers_said:
         # Under torchrun's elastic agent a rank that dies mid-attempt is a restart, not a lost
-        # node, and the next attempt beats under another run TS: the agents watch each other.
-        watch = topo.nnodes > 1 and not elastic(cfg, topo)
-        peers = PeerNodes(logs, ts) if watch else None
-        rc, stops = wait(proc, *((peers.check, peers.stopped_elsewhere) if peers else ()))
+        # node (the agents watch each other); a stop that reached another node (its launcher
+        # killed: its torchrun follows it) is still a stop, which the other nodes' torchruns
+        # would otherwise wait out in their exit barrier (300 s).
+        peers = PeerNodes(logs, ts, follow_restarts=elastic(cfg, topo))
+        if topo.nnodes == 1:
+            rc, stops = wait(proc)
+        elif elastic(cfg, topo):
+            rc, stops = wait(proc, None, peers.stopped_elsewhere)
+        else:
+            rc, stops = wait(proc, peers.check, peers.stopped_elsewhere)
     return rc, stops
 
 

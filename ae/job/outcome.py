@@ -14,6 +14,7 @@ from typing import Any
 
 from loguru import logger
 
+from ae.diagnose.goodput import goodput_line, job_goodput
 from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose, verdict_lines
 from ae.errors import UserError
@@ -119,3 +120,15 @@ def report_failure(logs: Path, ts: str, rc: int) -> int:
     logger.error("\n".join([f"Training failed: {head}", *evidence]))
     logger.info(more)
     return rc
+
+
+def say_goodput(logs: Path, ts: str, failed: bool) -> None:
+    """At the end of a job that restarted: the GOODPUT line of its attempts (`ae-diagnose
+    --goodput`), whose last is run `ts`; `failed`: the job ended in a failure."""
+    try:
+        found = job_goodput(find_run(logs, ts), failed)
+    except (OSError, UserError, ValueError) as e:  # logs gone or unreadable: say so, end anyway
+        logger.warning(f"Goodput: not computed ({e})")
+        return
+    if found is not None and found["attempts"] > 1:
+        logger.info(f"{goodput_line(found)}; more: ae-diagnose {logs} --run {ts} --goodput")

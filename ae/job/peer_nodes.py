@@ -48,6 +48,9 @@ class PeerNodes:
     host: str = field(default_factory=socket.gethostname)
     _beats: dict[int, tuple[float, float]] = field(default_factory=dict)  # rank -> (time, seen)
     _hosts: dict[int, str] = field(default_factory=dict)
+    # Under torchrun's elastic agent (`ae.job.elastic`): each restart runs under a run TS of its
+    # own, and torchrun stops the ranks of every node (SIGTERM) to take in a node that joins.
+    follow_restarts: bool = False
     _next_check: float = 0.0
     _next_stop_check: float = 0.0
 
@@ -91,6 +94,9 @@ class PeerNodes:
         if now < self._next_stop_check:
             return None
         self._next_stop_check = now + CHECK_S
+        if self.follow_restarts:  # the attempt that runs now: the newest train log
+            names = (TRAIN_LOG_FILE.regex.fullmatch(p.name) for p in self.logs.glob("train_*.log"))
+            self.run_ts = max([self.run_ts, *(m["ts"] for m in names if m)])
         pattern = HEARTBEAT_FILE.format(rank="*", ts=self.run_ts)
         here = [
             hb
@@ -108,6 +114,8 @@ class PeerNodes:
                 saved = m
                 if m["signal"] != "peer":
                     signalled[int(rec["rank"])] = m["signal"]
+        if self.follow_restarts and any(hb.rank in signalled for hb in here):
+            return None  # every node's ranks stopped: torchrun taking in a node, not a stop
         for hb in here:  # a rank of this host that got it: this node's own stop
             signalled.pop(hb.rank, None)
         if saved is None or not signalled:

@@ -32,7 +32,7 @@ from loguru import logger
 from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose, verdict_lines
 from ae.errors import DiskFullError, UserError
-from ae.log_lines import RESTART, RESUMED, TRAIN_LOG_FILE
+from ae.log_lines import CHANGE_OF_NODES, RESTART, RESUMED, TRAIN_LOG_FILE
 
 # The RESTART line, for rank 0 of the new attempt to write first into its train log.
 RESTART_ENV = "AE_RESTART"
@@ -117,10 +117,11 @@ class Restarts:
         self.failed: list[Attempt] = []
         self.said: str | None = None  # the line with which the last judgment ended the job
 
-    def after_failure(self, ts: str, rc: int) -> Restart | int | None:
+    def after_failure(self, ts: str, rc: int, nodes: str = "") -> Restart | int | None:
         """After attempt `ts` failed with `rc`: the next attempt; or the job's exit code when it
         ends here with a line of its own; or None when it ends as a run without restarts does
-        (the caller reports the failure)."""
+        (the caller reports the failure). `nodes`: the NODES_CHANGED line of a job that goes on
+        with other nodes (`ae.job.elastic`), "" for the same ones."""
         attempt = judge(self.logs, ts, rc)
         self.failed.append(attempt)
         for code in attempt.rank_exit_codes:
@@ -139,6 +140,16 @@ class Restarts:
             self.said = f"Not restarting: all {self.max} restart(s) used"
             logger.error(self.said)
             return None
+        return self._next(ts, n, attempt.failed, attempt.step, nodes)
+
+    def after_change(self, ts: str, nodes: str) -> Restart:
+        """After attempt `ts` was stopped, healthy, to take in a node that joined (torchrun's
+        membership change; its ranks saved a checkpoint on the way out): the next attempt,
+        counting no restart."""
+        step = judge(self.logs, ts, 0).step
+        return self._next(ts, len(self.failed), CHANGE_OF_NODES, step, nodes)
+
+    def _next(self, ts: str, n: int, failed: str, step: int, nodes: str) -> Restart:
         found = newest_checkpoint(self.checkpoints)
         if found is None:
             resume, where, args = _resumed_step(self.logs, ts), "as the first attempt did", []
@@ -146,11 +157,11 @@ class Restarts:
             resume, path = found
             where = str(path)
             args = ["--resume_from_checkpoint=last", "--overwrite=false"]
-        line = RESTART.format(
-            attempt=n, max=self.max, failed=attempt.failed, step=attempt.step, resume=resume,
-            checkpoint=where, redone=max(0, attempt.step - resume), previous=ts,
-        )  # fmt: skip
-        return Restart(line, args)
+        return Restart(RESTART.format(
+            attempt=n, max=self.max, failed=failed, step=step, resume=resume,
+            checkpoint=where, redone=max(0, step - resume), previous=ts,
+            nodes=f"; {nodes}" if nodes else "",
+        ), args)  # fmt: skip
 
 
 def requeue_job(env: Mapping[str, str]) -> None:

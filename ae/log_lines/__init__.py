@@ -137,6 +137,13 @@ EFFECTIVE_LR = LineFormat(
     "Base LR: {base}, Effective LR (scaled by {factor}, {mode}): {lr}",
     {"base": "float", "factor": "float", "lr": "float"},
 )
+# A run resumed on another number of ranks (a job that lost or gained a node): the checkpoint's
+# optimizer carries the LR scaled for the ranks that saved it; rank 0, once, in the train log.
+LR_RESCALED = LineFormat(
+    "LR re-scaled for {world} ranks at step {step}: effective LR {old} -> {new} (scaled by "
+    "{factor}, {mode}); the schedule goes on from there",
+    {"world": "int", "step": "int", "old": "float", "new": "float", "factor": "float"},
+)
 EFFECTIVE_BATCH = LineFormat(
     "Effective batch: {batch} per device x {world} ranks x {accum} accumulation = {total} "
     "samples per optimizer step",
@@ -162,13 +169,31 @@ EPOCH_TRAINED = LineFormat(
 # A job that restarts after a failure (`--max_restarts`, ae.job.restarts): the launcher's console
 # line, and the first line of the new attempt's train log (rank 0). `failed` is the attempt's
 # verdict (`rank 1 on node1: error exit: ...`); `previous` the failed attempt's run TS, by which
-# ae-diagnose lists the attempts of a job.
+# ae-diagnose lists the attempts of a job; `nodes` is empty, or, on several nodes whose members
+# changed (`--min_nodes`, ae.job.elastic), `; ` and the NODES_CHANGED line.
 RESTART = LineFormat(
     "RESTART {attempt}/{max} after {failed} at step {step}; resuming from step {resume} "
-    "({checkpoint}), {redone} steps redone; previous attempt: run {previous}",
+    "({checkpoint}), {redone} steps redone{nodes}; previous attempt: run {previous}",
     {"attempt": "int", "max": "int", "failed": "text", "step": "int", "resume": "int",
-     "checkpoint": "text", "redone": "int", "previous": "word"},
+     "checkpoint": "text", "redone": "int", "previous": "word", "nodes": "text"},
 )  # fmt: skip
+# The `failed` of a RESTART that no failure caused: torchrun stopped a healthy job to take in a
+# node that joined (ae.job.elastic); `ae-diagnose --goodput` counts no steps redone for it.
+CHANGE_OF_NODES = "a change of nodes"
+# At the end of a job that restarted (the launcher, console), and `ae-diagnose --goodput`'s first
+# line: the job's wall time over all its attempts, and where the part not trained effectively
+# went (`parts`: `restart 31.2s, detection 1.4s, ...`, what failures cost first).
+GOODPUT = LineFormat(
+    "Goodput {share}%: {training}s of effective training in {wall}s over {attempts} attempt(s); "
+    "the rest: {parts}",
+    {"share": "float", "training": "float", "wall": "float", "attempts": "int", "parts": "text"},
+)
+# `change`: `node1 lost`, `node1 joined`, `node1 lost, node2 joined`; `total` is NNODES; the world
+# sizes are the ranks of the attempt before and of this one.
+NODES_CHANGED = LineFormat(
+    "{change}: going on with {nodes} of {total} nodes (world {before} -> {after})",
+    {"change": "text", "nodes": "int", "total": "int", "before": "int", "after": "int"},
+)
 
 # --- checkpoints, sampling, preemption (every rank's debug log) -------------------------------
 # `========== CHECKPOINT SAVE START ========== step 100 (periodic) -> /run/checkpoints/...`
@@ -361,13 +386,14 @@ HEARTBEAT_BASE_FIELDS = (
     "rank", "world_size", "pid", "host", "phase", "epoch", "step", "time", "last_progress",
     "idle_s", "rss_mb", "workers", "stalled", "state",
 )  # fmt: skip
-# `timing`: {"recent": window, "epoch": window} with window = {window_s, steps, step_ms, own_ms,
-# data_ms, compute_ms, sync_ms} (per optimizer step) or null; `data_workers`: [{worker, pid, shard,
-# mb_per_s, batch_ms, batches}]; `stragglers`: the detecting rank's episodes, [{rank, score, cause,
-# since, line, resolved}] (`resolved`: null while it lasts, else the RESOLVED line); `resources`:
-# RESOURCE_FIELDS (`ae.forensics.resources`; MB, null where the kernel does not say); `main`: what
-# the main thread is in, `collective: <what>`, `data loading` or `code: <function (file:line)>`
-# (null in the last beat, written by the main thread itself).
+# `timing`: {"recent": window, "epoch": window, "run": {steps, data_s}} with window = {window_s,
+# steps, step_ms, own_ms, data_ms, compute_ms, sync_ms} (per optimizer step) or null, and `run` the
+# rank's optimizer steps and data wait in seconds since it started; `data_workers`: [{worker, pid,
+# shard, mb_per_s, batch_ms, batches}]; `stragglers`: the detecting rank's episodes, [{rank, score,
+# cause, since, line, resolved}] (`resolved`: null while it lasts, else the RESOLVED line);
+# `resources`: RESOURCE_FIELDS (`ae.forensics.resources`; MB, null where the kernel does not say);
+# `main`: what the main thread is in, `collective: <what>`, `data loading` or `code: <function
+# (file:line)>` (null in the last beat, written by the main thread itself).
 HEARTBEAT_FIELDS = (
     *HEARTBEAT_BASE_FIELDS, "timing", "data_workers", "stragglers", "resources", "main"
 )  # fmt: skip

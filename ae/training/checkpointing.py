@@ -141,6 +141,7 @@ class Checkpointing(L.Callback):
         actions = [
             resumed.note if resumed is not None else "",
             pl_module.replan_schedule() if isinstance(pl_module, AutoEncoder) else "",
+            pl_module.rescale_lr() if isinstance(pl_module, AutoEncoder) else "",
         ]
         actions = [a for a in actions if a]
         if (self._changed or actions) and trainer.is_global_zero:

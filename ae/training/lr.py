@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from ae.log_lines import EFFECTIVE_LR
+from ae.log_lines import EFFECTIVE_LR, LR_RESCALED
 
 ScaleMode = Literal["linear", "sqrt", "none"]
 
@@ -74,6 +74,33 @@ def effective_lr_line(base_lr: float, world_size: int, mode: ScaleMode) -> str:
     return EFFECTIVE_LR.format(
         base=f"{base_lr:g}", factor=f"{factor:g}", mode=mode, lr=f"{base_lr * factor:g}"
     )
+
+
+def rescale(optimizer: Any, scheduler: Any, targets: list[float]) -> tuple[float, float] | None:
+    """On resume on another number of ranks: the checkpoint's optimizer and schedule carry the
+    LR scaled for the ranks that saved it (`base_lrs`, each group's `initial_lr`); set them to
+    `targets`, this run's, and the groups' LR to where the schedule stands at its step. Returns
+    the first group's (old, new) base LR, or None when they are this run's already."""
+    old = list(scheduler.base_lrs)
+    if len(old) != len(targets) or all(
+        math.isclose(a, b) for a, b in zip(old, targets, strict=True)
+    ):
+        return None
+    scheduler.base_lrs = list(targets)
+    for group, base, factor in zip(
+        optimizer.param_groups, targets, scheduler.lr_lambdas, strict=True
+    ):
+        group["initial_lr"] = base
+        group["lr"] = base * factor(scheduler.last_epoch)
+    return old[0], targets[0]
+
+
+def lr_rescaled_line(world_size: int, step: int, old: float, new: float, mode: ScaleMode) -> str:
+    """`LR re-scaled for 1 ranks at step 4: effective LR 0.00141421 -> 0.001 (...)`."""
+    return LR_RESCALED.format(
+        world=world_size, step=step, old=f"{old:.6g}", new=f"{new:.6g}",
+        factor=f"{lr_scale_factor(world_size, mode):g}", mode=mode,
+    )  # fmt: skip
 
 
 def schedule_line(warmup_steps: int, total_steps: int, kind: str) -> str:

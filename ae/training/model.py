@@ -26,7 +26,15 @@ from ae.data.datamodule import ShardDataModule
 from ae.data.decoding.decode import InputSpec
 from ae.forensics.faults import fault_point, poisoned_loss
 from ae.log_lines import main_log
-from ae.training.lr import DiscSchedule, Schedule, scale_lr, schedule_line, steps_to_end
+from ae.training.lr import (
+    DiscSchedule,
+    Schedule,
+    lr_rescaled_line,
+    rescale,
+    scale_lr,
+    schedule_line,
+    steps_to_end,
+)
 from ae.training.model_check import (
     first_line,
     not_a_tensor,
@@ -81,6 +89,7 @@ class AutoEncoder(L.LightningModule):
             }
         )
         self.net = net
+        self._scaled_for = (world_size, optim.lr_scale)  # the ranks the LR is scaled for
         if net is None:
             self.encoder, self.decoder = builtin_networks(spec, model)
         # The latent-diffusion recipe: LPIPS comes later (`attach_perceptual`), in training only.
@@ -275,6 +284,22 @@ class AutoEncoder(L.LightningModule):
                 "all (the LR reaches the schedule's end at the last step)"
             )
         return f"re-planned the LR schedule from {old} to {int(end)} steps"
+
+    def rescale_lr(self) -> str:
+        """On resume on another number of ranks (a job that lost or gained a node): the LR
+        scaled for this run's ranks, the schedule going on at its step. Returns what was done,
+        or ""."""
+        hp = self.hparams
+        targets = [hp.learning_rate * mult for _, _, mult in self._param_groups()]
+        if self.discriminator is not None:
+            targets.append(hp.disc_learning_rate)
+        done = rescale(self.trainer.optimizers[0], self.lr_schedulers(), targets)
+        if done is None:
+            return ""
+        world, mode = self._scaled_for
+        if self.trainer.is_global_zero:
+            main_log.info(lr_rescaled_line(world, self.trainer.global_step, *done, mode))
+        return f"re-scaled the LR for {world} ranks"
 
     def configure_gradient_clipping(
         self,

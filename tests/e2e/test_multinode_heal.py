@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from ae.data.shards.writer import write_shard
-from ae.log_lines import RESTART
-from tests.e2e.test_multinode import _two_hosts_possible, console, node_env, start_node
+from ae.log_lines import GOODPUT, RESTART
+from tests.e2e.test_multinode import (
+    _two_hosts_possible,
+    console,
+    diagnose_json,
+    node_env,
+    start_node,
+)
+from tests.support.log_span import log_span
 from tests.support.runs import TWO_HOSTS
 from tests.support.shards import vector_samples
 from tests.support.two_hosts import TwoHosts
@@ -89,6 +96,19 @@ def test_a_rank_killed_on_host_1_restarts_both_hosts_with_the_same_losses(runs) 
     second = train_logs[1].read_text()
     assert any(RESTART.parse(t[t.find("RESTART") :]) for t in second.splitlines() if "RESTART" in t)
     assert "Training finished at step 12" in second
+
+
+def test_what_the_restart_cost_adds_up_to_the_wall_time(runs) -> None:
+    """`ae-diagnose --goodput` on the healed run: its parts add up to the wall time its logs
+    span, within a second; the first node's console ends with the same figures."""
+    out, _ = runs["healed"]
+    found = diagnose_json(out / "logs")["goodput"]
+    parts = found["parts"]
+    assert found["attempts"] == 2 and parts["restart"] > 0 and parts["recompute"] > 0, found
+    assert abs(sum(parts.values()) - found["wall_s"]) < 1.0, found
+    assert abs(found["wall_s"] - log_span(out / "logs")) < 1.0, found
+    said = [m for t in console(out, 0).splitlines() if (m := GOODPUT.parse(t))]
+    assert len(said) == 1 and abs(float(said[0]["wall"]) - found["wall_s"]) < 0.1, said
 
 
 @pytest.fixture(scope="module")

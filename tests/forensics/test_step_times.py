@@ -48,6 +48,20 @@ def test_windows_per_optimizer_step() -> None:
     assert t.epoch_window() is None
 
 
+def test_the_run_total_of_data_wait_spans_the_epochs() -> None:
+    t = StepTimes()
+    for epoch_start in (0.0, 10.0):  # two epochs, 2 batches each, 2 ms and 5 ms of data wait
+        t.new_epoch()
+        t.fetched(epoch_start, epoch_start + 0.002)
+        t.batch_end(epoch_start + 0.010, steps=1)
+        t.fetched(epoch_start + 0.010, epoch_start + 0.015)
+        t.batch_end(epoch_start + 0.020, steps=1)
+    assert t.epoch[0] == 2  # the epoch's count starts again
+    steps, data = t.run
+    assert steps == 4 and data == pytest.approx(0.014)
+    assert t.heartbeat()["timing"]["run"] == {"steps": 4, "data_s": 0.014}
+
+
 def test_validation_is_no_part_of_the_next_step() -> None:
     t = StepTimes()
     t.fetched(0.0, 0.001)
@@ -60,7 +74,11 @@ def test_validation_is_no_part_of_the_next_step() -> None:
 
 def test_heartbeat_carries_the_workers_of_the_data_module() -> None:
     t = StepTimes()
-    assert t.heartbeat() == {"timing": {"recent": None, "epoch": None}, "data_workers": []}
+    run = {"steps": 0, "data_s": 0.0}
+    assert t.heartbeat() == {
+        "timing": {"recent": None, "epoch": None, "run": run},
+        "data_workers": [],
+    }
     t.data_workers = lambda: [{"worker": 0}]
     assert t.heartbeat()["data_workers"] == [{"worker": 0}]
 

@@ -80,3 +80,25 @@ def test_a_stop_of_this_nodes_own_ranks_or_no_save_is_not_another_nodes(tmp_path
     lines = [preempted_line(0, "SIGTERM"), preempted_line(1, "peer")]
     (tmp_path / f"train_{TS}.log").write_text("\n".join(lines) + "\n")
     assert peers.stopped_elsewhere(now=5.0) is None  # this node's own rank got it
+
+
+def test_under_the_elastic_agent_the_watch_follows_the_attempt_that_runs_now(
+    tmp_path: Path,
+) -> None:
+    """torchrun's agent restarted the job as run TS2; there node1's launcher was killed (its
+    ranks got SIGTERM, node0's saved as peers). The watch, started with the first attempt's TS,
+    says the stop of TS2. A restart to take in a node that joined stops every node's ranks with
+    SIGTERM: that is no stop of another node."""
+    ts2 = "20261121_120100"
+    (tmp_path / f"train_{TS}.log").write_text("")
+    peers = PeerNodes(tmp_path, TS, host="node0", follow_restarts=True)
+    write_heartbeat(tmp_path, 0, 2, pid=1, t=1000.0, phase="teardown", step=7, host="node0",
+                    state="exited", ts=ts2)  # fmt: skip
+    lines = [preempted_line(0, "peer"), preempted_line(1, "SIGTERM")]
+    (tmp_path / f"train_{ts2}.log").write_text("\n".join(lines) + "\n")
+    said = peers.stopped_elsewhere(now=1.0)
+    assert said is not None and said.startswith("Stopped on another node: rank 1 on another host")
+    assert peers.run_ts == ts2
+    lines = [preempted_line(0, "SIGTERM"), preempted_line(1, "SIGTERM")]  # both agents stopped
+    (tmp_path / f"train_{ts2}.log").write_text("\n".join(lines) + "\n")
+    assert peers.stopped_elsewhere(now=5.0) is None

@@ -10,11 +10,14 @@ import torch
 
 from ae.config import ModelConfig, OptimConfig
 from ae.data.decoding.decode import InputSpec
+from ae.log_lines import LR_RESCALED
 from ae.training.lr import (
     Schedule,
     effective_lr_line,
     lr_factor,
+    lr_rescaled_line,
     lr_scale_factor,
+    rescale,
     scale_lr,
     schedule_line,
     steps_to_end,
@@ -116,3 +119,34 @@ def test_schedule_is_saved_with_the_scheduler_and_replanned_to_its_end() -> None
         sched2.step()
     assert sched2.get_last_lr()[0] == pytest.approx(0.0)  # the cosine's end at the last step
     assert schedule(19) > 0
+
+
+def test_a_resume_on_fewer_ranks_rescales_the_lr_the_checkpoint_carries() -> None:
+    """A checkpoint of 2 ranks (sqrt: LR x 1.414) resumed on 1: loading its state brings back
+    the 2-rank LR, which `rescale` sets to the 1-rank one at the schedule's step."""
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    two = scale_lr(1e-3, 2, "sqrt")
+    opt = torch.optim.AdamW(params, lr=two)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, Schedule(2, 10, "cosine"))
+    for _ in range(4):
+        opt.step()
+        sched.step()
+    saved = opt.state_dict(), sched.state_dict()
+    one = scale_lr(1e-3, 1, "sqrt")
+    opt2 = torch.optim.AdamW(params, lr=one)
+    sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, Schedule(2, 10, "cosine"))
+    opt2.load_state_dict(saved[0])
+    sched2.load_state_dict(saved[1])
+    assert sched2.base_lrs == [pytest.approx(two)]  # what a resume alone would train with
+    assert rescale(opt2, sched2, [one]) == (pytest.approx(two), one)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(one * lr_factor(4, 2, 10, "cosine"))
+    opt2.step()
+    sched2.step()
+    assert sched2.get_last_lr()[0] == pytest.approx(one * lr_factor(5, 2, 10, "cosine"))
+    assert rescale(opt2, sched2, [one]) is None  # this run's LR already: nothing to say
+    line = LR_RESCALED.parse(lr_rescaled_line(1, 4, two, one, "sqrt"))
+    assert line is not None and (line["world"], line["old"], line["new"]) == (
+        "1",
+        "0.00141421",
+        "0.001",
+    )
