@@ -39,7 +39,7 @@ def ae_names() -> SimpleNamespace:
     from ae.data.shards.writer import npy_bytes, png_bytes, write_shard
     from ae.forensics.faults import ACTIONS
     from ae.log_lines import FAULT_INJECTED, SAMPLING_END, SAMPLING_OOM, STALL, STALL_RESOLVED
-    from ae.training.model import build_model
+    from ae.training.model_build import build_model
     from bench.common import results_dir, write_record
     from bench.models_bench import VAL_PHOTOS, photo_crops
     from bench.real_images import SKIMAGE, real_photos

@@ -47,7 +47,7 @@ from ae.config import parse_config
 from ae.data.datamodule import ShardDataModule
 from ae.forensics.loop_tracer import DebugCallback
 from ae.forensics.watchdog import start_watchdog, stop_watchdog
-from ae.training.model import build_model
+from ae.training.model_build import build_model
 from ae.training.trainer import build_trainer
 from bench.common import synthetic_shards, write_record
 

@@ -107,7 +107,7 @@ class ShardDataModule(L.LightningDataModule):
         """The first `n` (or fewer) decodable validation samples (train samples when validation
         is held out of them or off), as a batch, read again from the start of the first shards:
         the real batch the model check before training runs through the model
-        (`ae.training.model.latent_shape`). Probes first if need be."""
+        (`ae.training.model_build.latent_shape`). Probes first if need be."""
         return first_decodable(self.val_urls or self.train_urls, self.probe(), n)
 
     def _builder(self) -> StreamBuilder:

@@ -31,7 +31,8 @@ from ae.log_lines import GAN_STATS_FILE, RESOURCE_TIGHT, TRAINING_FINISHED, main
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
 from ae.training.metrics import start_loggers
-from ae.training.model import AutoEncoder, build_model
+from ae.training.model import AutoEncoder
+from ae.training.model_build import build_model
 from ae.training.objective import load_perceptual
 from ae.training.position.resume_source import open_resume
 from ae.training.preemption import preempted_at

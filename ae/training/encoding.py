@@ -26,7 +26,7 @@ from ae.errors import UserError
 from ae.forensics.faults import fault_point
 from ae.forensics.progress import progress
 from ae.log_lines import ENCODED_SHARD
-from ae.training.model import build_model
+from ae.training.model_build import build_model
 from ae.training.position import checkpoint_read
 from ae.training.position.checkpoint_read import DamagedCheckpoint, UntrustedCheckpoint
 

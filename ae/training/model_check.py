@@ -1,4 +1,4 @@
-"""The rules of the model check before training (`ae.training.model.latent_shape` and
+"""The rules of the model check before training (`ae.training.model_build.latent_shape` and
 `build_model` run it on a real batch): what a user model's methods return, the names of its loss
 terms, and parameters that get no gradient. Each mistake is one `ModelError` naming the fix,
 before any dataloader worker starts, not a traceback mid-step or at the first validation."""

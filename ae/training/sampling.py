@@ -35,7 +35,7 @@ from ae.log_lines import SAMPLING_END, SAMPLING_OOM, SAMPLING_START, main_log
 from ae.run_paths import RunDir
 from ae.training.ema import averaged_weights
 from ae.training.metrics import log_grid
-from ae.training.model import has_codec
+from ae.training.model_build import has_codec
 from ae.training.plots import reconstruction_grid
 
 

@@ -9,7 +9,8 @@ from torch import nn
 
 from ae.config import ModelConfig, OptimConfig, parse_config
 from ae.data.decoding.decode import InputSpec
-from ae.training.model import AutoEncoder, build_model, latent_shape
+from ae.training.model import AutoEncoder
+from ae.training.model_build import build_model, latent_shape
 from ae.training.model_check import unused_parameters
 from ae.training.models import ModelError
 from tests.support.unused_param_autoencoder import SkipsAParameter

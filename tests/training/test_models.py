@@ -13,7 +13,8 @@ import torch
 from ae.config import ModelConfig, OptimConfig
 from ae.config.model_path import locate_class
 from ae.data.decoding.decode import InputSpec
-from ae.training.model import AutoEncoder, build_model, kl_divergence, latent_shape
+from ae.training.model import AutoEncoder, kl_divergence
+from ae.training.model_build import build_model, latent_shape
 from ae.training.models import ModelError
 from ae.training.position import checkpoint_read
 from ae.training.quality import QualityMetrics, ssim_kernel

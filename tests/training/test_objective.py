@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 from ae.config import ModelConfig, ObjectiveConfig, OptimConfig
 from ae.data.decoding.decode import InputSpec
 from ae.training.lr import DiscSchedule
-from ae.training.model import AutoEncoder, build_model
+from ae.training.model import AutoEncoder
+from ae.training.model_build import build_model
 from ae.training.models import ModelError
 from ae.training.objective import load_perceptual
 from ae.training.position.model_fit import incompatible
