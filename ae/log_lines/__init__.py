@@ -12,6 +12,10 @@ import re
 
 from loguru import logger
 
+from ae.log_lines.encode import ENCODE_DONE as ENCODE_DONE
+from ae.log_lines.encode import ENCODE_PLAN as ENCODE_PLAN
+from ae.log_lines.encode import ENCODE_RANK_DONE as ENCODE_RANK_DONE
+from ae.log_lines.encode import ENCODED_SHARD as ENCODED_SHARD
 from ae.log_lines.health import CHECKPOINT_REFUSED as CHECKPOINT_REFUSED
 from ae.log_lines.health import GAN_STATS as GAN_STATS
 from ae.log_lines.health import GAN_STATS_FILE as GAN_STATS_FILE
@@ -242,28 +246,6 @@ PREEMPTED = LineFormat(
     "PREEMPTED by {signal} at step {step}: checkpoint {path} saved; stopping (LR {lr})",
     {"signal": "word", "step": "int", "path": "text", "lr": "float"},
 )
-
-# --- ae-encode (ae.rank.encode): the plan, each output shard, each rank, the whole job ---
-ENCODE_PLAN = LineFormat(
-    "Encode plan: {shards} shards, {samples} samples on {ranks} ranks (whole shards); this "
-    "rank: {rank_shards} shards, {rank_samples} samples",
-    {"shards": "int", "samples": "int", "ranks": "int", "rank_shards": "int",
-     "rank_samples": "int"},
-)  # fmt: skip
-ENCODED_SHARD = LineFormat(
-    "Encoded shard {url} -> {out}: {samples} samples",
-    {"url": "text", "out": "text", "samples": "int"},
-)
-ENCODE_RANK_DONE = LineFormat(
-    "Encoded {samples} samples of {shards} shards ({bad} bad samples skipped) in {seconds}s",
-    {"samples": "int", "shards": "int", "bad": "int", "seconds": "float"},
-)
-ENCODE_DONE = LineFormat(
-    "Encoding done: {samples} of {planned} samples written ({bad} bad samples skipped) to "
-    "{shards} shards in {out}; {field} {dtype} {shape} per sample",
-    {"samples": "int", "planned": "int", "bad": "int", "shards": "int", "out": "text",
-     "field": "word", "dtype": "word", "shape": "word"},
-)  # fmt: skip
 
 # The record whose continuation lines are the resolved config as YAML (train log, rank 0).
 RESOLVED_CONFIG = "Resolved config:"
