@@ -58,9 +58,21 @@ def _node1_rank(logs: Path, seen: set[str]) -> tuple[str, int] | None:
     return None
 
 
+def _training(logs: Path, ts: str) -> bool:
+    """Whether node1's rank of attempt `ts` still trains (its heartbeat says `running`)."""
+    for beat in logs.glob(f"heartbeat_rank*_{ts}.json"):
+        with contextlib.suppress(OSError, ValueError):
+            found = json.loads(beat.read_text())
+            if found.get("host") == "node1":
+                return found.get("state") == "running"
+    return False
+
+
 def _kill_every(logs: Path, seconds: float, kills: int, done: threading.Event) -> int:
-    """SIGKILL node1's rank `seconds` after each attempt's first step there, `kills` times."""
+    """SIGKILL node1's rank `seconds` after each attempt's first step there, `kills` times; an
+    attempt that finished meanwhile is left alone (a kill in its teardown would fail the job)."""
     struck: set[str] = set()
+    killed = 0
     while len(struck) < kills and not done.is_set():
         found = _node1_rank(logs, struck)
         if found is None:
@@ -69,9 +81,12 @@ def _kill_every(logs: Path, seconds: float, kills: int, done: threading.Event) -
         if done.wait(seconds):
             break
         struck.add(found[0])
+        if not _training(logs, found[0]):
+            continue
         with contextlib.suppress(ProcessLookupError):  # that attempt ended first
             os.kill(found[1], signal.SIGKILL)
-    return len(struck)
+            killed += 1
+    return killed
 
 
 def run(name: str, spec: str, steps: int, extra: list[str], port: int,
@@ -141,7 +156,9 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a short smoke run: two runs, one kill")
     p.add_argument("--kill_after", type=float, help="seconds into each attempt (20; quick: 3)")
     a = p.parse_args()
-    steps, kills, period = (40, 1, 10) if a.quick else (600, 3, 100)
+    # Quick: 120 steps of ~0.14 s, so that the kill (3 s after a heartbeat, every 5 s, shows
+    # node1's first step) lands mid-run, not in the run's teardown.
+    steps, kills, period = (120, 1, 10) if a.quick else (600, 3, 100)
     kill_after = a.kill_after or (3.0 if a.quick else 20.0)
     record: dict = {"steps": steps, "kill_after_s": kill_after, "kills": kills,
                     "checkpointing_period": period, "hosts": 2, "runs": {}}  # fmt: skip

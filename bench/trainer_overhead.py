@@ -31,8 +31,10 @@ The non-finite check's cost (issue 36): `--variants no_nonfinite_guard`.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -50,6 +52,7 @@ from bench.trainer_variants import VARIANTS, change_trainer
 DIM, BATCH, WARMUP = 64, 256, 20
 SIDES = ("manual", "lightning", "ae")
 DATA = Path("/tmp/ae-bench-data")
+COUNT_CALLS = "AE_BENCH_COUNT_CALLS"  # set: the worker counts Python calls, not time
 
 
 def _batches(steps: int, rank: int) -> list[torch.Tensor]:
@@ -69,20 +72,31 @@ def _model():
 class Clock:
     """Optimizer steps WARMUP + 1 .. steps - 1 in wall time and in CPU time of this process (all
     its threads): the wall rate is what a user sees, the CPU rate the per-step cost, which other
-    processes on a shared machine disturb less."""
+    processes on a shared machine disturb less. With COUNT_CALLS set (a run of its own: the
+    profiler slows every call), the Python function calls of the window instead: a count that no
+    load disturbs, and most of a tiny step's framework cost."""
 
     def __init__(self, steps: int) -> None:
         self.steps = steps
         self.wall = self.cpu = 0.0
+        self.profile = cProfile.Profile() if os.environ.get(COUNT_CALLS) else None
 
     def start(self) -> None:
         self.wall, self.cpu = time.perf_counter(), time.process_time()
+        if self.profile is not None:
+            self.profile.enable()
 
     def stop(self) -> None:
+        if self.profile is not None:
+            self.profile.disable()
         self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
 
     def rates(self) -> dict[str, float]:
         n = timed_steps(self.steps)
+        if self.profile is not None:
+            stats = pstats.Stats(self.profile).stats  # type: ignore[attr-defined]
+            calls = sum(stat[1] for stat in stats.values())
+            return {"calls": calls / n}
         return {"wall": n / self.wall, "cpu": n / self.cpu}
 
 
@@ -236,7 +250,7 @@ def _worker(args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
-def _measure(side: str, world: int, steps: int) -> dict[str, float]:
+def _measure(side: str, world: int, steps: int, count_calls: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         worker = ["-m", "bench.trainer_overhead", "--worker", f"--side={side}", f"--steps={steps}",
@@ -246,7 +260,7 @@ def _measure(side: str, world: int, steps: int) -> dict[str, float]:
         cmd = [sys.executable, *(launch if world > 1 else []), *worker]
         # One thread per process: the math of a 256 x 64 batch gains nothing from a second one on
         # a shared machine, and the CPU time then counts the step's work, not idle spinning.
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **({COUNT_CALLS: "1"} if count_calls else {})}
         for attempt in (1, 2):  # one more try: a crash on a loaded machine costs the whole run
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
             if done.returncode == 0:
@@ -295,6 +309,15 @@ def _report(world: int, row: dict) -> None:
         )
         for name, v in r["variants"].items():
             print(f"    ae {name}: {v['vs_ae']:.3f}x ae, {v['cost_us_per_step']:+.0f} us a step")
+    calls = row["calls_per_step"]
+    more = {side: n - calls["ae"] for side, n in calls.items() if side.startswith("ae:")}
+    extra = calls["ae"] - calls["lightning"]
+    print(
+        f"{world} process(es), Python calls a step (rank 0): hand loop {calls['manual']:.0f}, bare"
+        f" Lightning {calls['lightning']:.0f}, ae {calls['ae']:.0f} (+{extra:.0f})"
+        + "".join(f"; ae {side[3:]} {n:+.0f}" for side, n in more.items()),
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -324,7 +347,12 @@ def main() -> None:
         for _ in range(repeats):
             for side in sides:
                 rates[side].append(_measure(side, world, steps))
-        rows.append(row := _row(world, rates))
+        row = _row(world, rates)
+        # Python calls a step, rank 0's, counted in a run of their own per side
+        row["calls_per_step"] = {
+            side: _measure(side, world, steps, True)["calls"] for side in sides
+        }
+        rows.append(row)
         _report(world, row)
     load = os.getloadavg()
     record = {"steps": steps, "timed_steps": timed_steps(steps), "repeats": repeats,

@@ -8,6 +8,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from loguru import logger
 
@@ -57,14 +58,17 @@ def is_configured() -> bool:
     return _configured
 
 
-def configure_console(level: str = "INFO") -> None:
-    """Console-only logging, for commands that write no run files (launcher, diagnose, tools)."""
+def configure_console(level: str = "INFO", stream: TextIO | None = None) -> None:
+    """Console-only logging, for commands that write no run files (launcher, diagnose, tools,
+    torchrun's agent); `stream`: the console's, where sys.stderr is pointed elsewhere."""
     global _configured
     _configured = True
     install_debug_lines(None)
     logger.remove()
     logger.configure(extra={"tag": ""})
-    logger.add(ConsoleSink().write, level=level, format="{message}", colorize=False, diagnose=False)
+    logger.add(
+        ConsoleSink(stream).write, level=level, format="{message}", colorize=False, diagnose=False
+    )
 
 
 def configure(

@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.text import Text
@@ -106,8 +106,10 @@ _LEVEL_STYLE = {
 class ConsoleSink:
     """Short, calm console lines on rank 0 through rich: `12:00:01 message`."""
 
-    def __init__(self) -> None:
-        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+    def __init__(self, stream: TextIO | None = None) -> None:
+        # `stream`: a fixed one (torchrun's agent points sys.stderr at its log file); else
+        # whatever sys.stderr is at each line.
+        self.console = Console(file=stream, stderr=True, highlight=False, soft_wrap=True)
 
     def write(self, message: Any) -> None:
         record = message.record

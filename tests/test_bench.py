@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.peer_data import peer_versions
-from tests.support.runs import ROOT
+from tests.support.runs import ROOT, TWO_HOSTS
 
 # bench module -> (its record's name, keys of the record besides bench/quick/machine)
 BENCHES: dict[str, tuple[str, set[str]]] = {
@@ -70,8 +70,14 @@ def test_every_bench_is_listed() -> None:
     assert modules == set(BENCHES), "list a new bench (and give it --quick) in BENCHES"
 
 
+# bench.goodput runs two namespace hosts: one at a time with the two-host tests.
+RESOURCE_GROUPS = {"goodput": TWO_HOSTS}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("bench", sorted(BENCHES))
+@pytest.mark.parametrize(
+    "bench", [pytest.param(b, marks=RESOURCE_GROUPS.get(b, ())) for b in sorted(BENCHES)]
+)
 def test_quick_mode_runs_and_writes_its_record(bench: str, tmp_path: Path) -> None:
     name, keys = BENCHES[bench]
     if bench == "peers" and peer_versions() is None:  # the bench itself would print `skipped:`

@@ -26,6 +26,7 @@ import signal
 import sys
 import traceback
 
+import logging_cfg
 from ae.job.elastic import ELASTIC_ENV, JobEnds, install
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -56,7 +57,9 @@ def main(argv: list[str]) -> int:
             from torch.distributed.run import main as torchrun
 
             if (elastic := os.environ.get(ELASTIC_ENV)) is not None:
-                # Its lines go to this node's console: loguru took sys.stderr at its import.
+                # Its lines (RESTART, the job's end) go to this node's console, as the
+                # launcher's own do: `12:00:01 message`.
+                logging_cfg.configure_console(stream=sys.__stderr__)
                 install(elastic)
 
             torchrun(args)

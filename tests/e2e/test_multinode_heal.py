@@ -82,12 +82,10 @@ def test_a_rank_killed_on_host_1_restarts_both_hosts_with_the_same_losses(runs) 
     assert sorted(expected) == list(range(1, 13))
     got = losses(out)
     assert got == expected  # every step, the same loss: resumed exactly, ended at step 12
-    for node in (0, 1):  # the RESTART line on every node's console
-        lines = [
-            m
-            for t in console(out, node).splitlines()
-            if (m := RESTART.parse(t[t.find("RESTART") :]))
-        ]
+    for node in (0, 1):  # the RESTART line on every node's console, as the launcher's lines
+        said = [t for t in console(out, node).splitlines() if "RESTART" in t]
+        assert len(said) == 1 and re.match(r"\d\d:\d\d:\d\d RESTART ", said[0]), said
+        lines = [m for t in said if (m := RESTART.parse(t[t.find("RESTART") :]))]
         assert len(lines) == 1, console(out, node)
         assert lines[0]["attempt"] == "1" and lines[0]["max"] == "2"
         assert "killed" in lines[0]["failed"] and lines[0]["resume"] == "4", lines[0]
