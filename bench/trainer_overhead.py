@@ -20,7 +20,8 @@ Recorder included. `--variants` adds sides that are ae with one piece taken out 
 cost per step is 1 / rate(ae) - 1 / rate(ae without it) (bench/README.md has the table).
 
 The figures are medians over `--repeats` rounds; a round runs every side once, in turn, so a busy
-moment of a shared machine hits all of them alike.
+moment of a shared machine hits all of them alike. Then each side runs once more to count its
+Python function calls a step in the same window (`calls_per_step`): a figure no load moves.
 
 Usage: python -m bench.trainer_overhead [--steps 600] [--repeats 5] [--worlds 1,2]
            [--variants no_vote,old_stop_check,...|all] [--quick]
