@@ -20,7 +20,9 @@ _PEER_TEXT = re.compile(
     r"Connection (?:closed|reset) by peer|Broken pipe|gloo/transport|remote (?:worker|process)|"
     r"NCCL (?:error|communicator)|nccl(?:Remote|System)Error|ProcessGroupNCCL|"
     r"Watchdog caught collective operation timeout|Timed out waiting|Socket Timeout|"
-    r"got signal: 15|SIGTERM"
+    r"got signal: 15|SIGTERM|"
+    # gloo's pair timeout; through a DDP comm hook's callback it comes without gloo's file path
+    r"Application timeout caused pair closure"
 )
 
 

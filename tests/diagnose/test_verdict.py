@@ -589,3 +589,17 @@ def test_a_hang_whose_processes_are_all_gone_reads_stopped_not_hung(
     doc = run_diagnose(tmp_path)
     assert culprits(doc) == [(1, "training step", "training step")]
     assert doc["status"] == ("stopped" if gone else "hung")
+
+
+def test_gloos_pair_timeout_through_a_comm_hook_is_a_peer_failure() -> None:
+    """A link down, seen through DDP's comm hook (ae's non-finite hook wraps its all-reduce):
+    gloo's timeout comes without its file path, and is still the network's, not the rank's."""
+    from ae.diagnose.rank_status import is_peer_failure
+    from ae.diagnose.tracebacks import Crash
+
+    message = (
+        "Got the following error when running the callback: RuntimeError: Application timeout "
+        "caused pair closure"
+    )
+    assert is_peer_failure(Crash([], 0.0, "RuntimeError", "backward", message, "training step"))
+    assert not is_peer_failure(Crash([], 0.0, "RuntimeError", "x", "shape mismatch", None))
