@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from ae.diagnose.log_files import find_run
@@ -583,8 +584,10 @@ def test_a_hang_whose_processes_are_all_gone_reads_stopped_not_hung(
     w0.flush()
     w1.flush()
     pid = dead_pid() if gone else os.getpid()
+    # Not before this process started: a pid younger than its heartbeat is another process.
+    beat = max(time.time() - 5, psutil.Process().create_time() + 1)
     for rank in (0, 1):
-        write_heartbeat(tmp_path, rank, 2, pid=pid, t=time.time() - 5, phase="training step",
+        write_heartbeat(tmp_path, rank, 2, pid=pid, t=beat, phase="training step",
                         step=3, stalled=True)  # fmt: skip
     doc = run_diagnose(tmp_path)
     assert culprits(doc) == [(1, "training step", "training step")]
