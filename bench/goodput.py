@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from ae.log_lines import FAULT_INJECTED, RESTART
-from bench.common import tiny_shard_set, write_record
+from bench.common import one_thread_per_process, tiny_shard_set, write_record
 from tests.support.two_hosts import TwoHosts, available, cleanup_stale
 
 DATA = Path("/tmp/ae-bench-data")
@@ -185,6 +185,7 @@ def main() -> None:
                     "checkpointing_period": period, "hosts": 2, "runs": {}}  # fmt: skip
     if a.quick:
         record["kill_step"] = QUICK_KILL_STEP
+        one_thread_per_process()
     ok, why = available()
     if not ok:
         print(f"skipped: two network-namespace hosts cannot be made here ({why})")
