@@ -24,10 +24,11 @@ batch 16), eager and with `--compile=true`, `--compile_epochs` each; steps/s is 
 rate line of the last epoch (epoch 0 carries the compilation itself). `--accelerator=cpu`
 measures it on the CPU.
 
-`--quick`: one epoch over the first train shard (144 crops) of the first pair of models (conv and
-resnet at latent 256) and their grid, the crops taken to 16x16 (`QUICK_SIZE`: a resnet step at
-64x64 takes seconds on a shared CPU), no `compile` part (compiling takes minutes on a CPU); the
-accelerator is the launcher's `auto` (the CPU where no GPU is). Writes
+`--quick`: one epoch over the first train shard (144 crops) of the first model (conv, latent 256:
+one launch, which runs every step of the bench that a model does) and its grid, the crops taken
+to 16x16 (`QUICK_SIZE`: a step at 64x64 takes seconds on a shared CPU), no `compile` part
+(compiling takes minutes on a CPU); the accelerator is the launcher's `auto` (the CPU where no
+GPU is). Writes
 models_bench_<part>_quick.json, and works in bench/results/models_bench_quick/; the photo crops
 are kept in /tmp/ae-bench-data (written once, like the other benches' data).
 """
@@ -225,10 +226,10 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=40, help="quality runs (18 steps an epoch)")
     p.add_argument("--compile_epochs", type=int, default=4)
     p.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
-    p.add_argument("--quick", action="store_true", help="1 epoch of 2 models, no compile part")
+    p.add_argument("--quick", action="store_true", help="1 epoch of 1 model, no compile part")
     args = p.parse_args()
     EXTRA.append(f"--accelerator={args.accelerator}")
-    models = dict(list(MODELS.items())[:2]) if args.quick else MODELS
+    models = dict(list(MODELS.items())[:1]) if args.quick else MODELS
     epochs = 1 if args.quick else args.epochs
     work = results_dir() / ("models_bench_quick" if args.quick else "models_bench")
     data = photo_shards(QUICK_DATA if args.quick else results_dir())
