@@ -24,6 +24,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ae.config import ObjectiveConfig
+from ae.config.weight_files import fid_file
+from ae.data.decoding.decode import InputSpec
+from ae.log_lines import main_log
+from ae.training.models import ModelError
 from ae.training.state_dict_file import checked, read_state_dict
 
 FID_FILE = "pt_inception-2015-12-05-6726825d.pth"
@@ -227,3 +232,20 @@ def load_inception(path: Path) -> FIDInception:
     model = FIDInception()
     model.load_state_dict(state, strict=False)  # all but num_batches_tracked, checked above
     return model
+
+
+def load_fid(cfg: ObjectiveConfig, spec: InputSpec) -> FIDInception | None:
+    """The FID Inception of `--fid_weights` when it is set (the launcher checked the file
+    exists; a wrong one is a WeightsFileError naming it); a ModelError for data it cannot
+    measure."""
+    if not cfg.fid_weights:
+        return None
+    if spec.kind != "image" or spec.shape[0] not in (1, 3):
+        raise ModelError(
+            f"fid_weights: rFID is for images of 1 or 3 channels; these are {spec.kind}s of "
+            f"shape {spec.shape}"
+        )
+    path = fid_file(cfg.fid_weights)
+    net = load_inception(path)
+    main_log.info(f"FID Inception v3 from {path}: val/rfid at each validation")
+    return net
