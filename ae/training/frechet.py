@@ -12,8 +12,8 @@ Memory stays constant however long the validation set is.
 
 The matrix square root without scipy: tr((S_r S_f)^(1/2)) is the sum of the square roots of the
 eigenvalues of S_r S_f, which are those of the symmetric A S_f A with A = S_r^(1/2) (AB and BA
-have the same eigenvalues): two symmetric eigen-decompositions in float64, whose eigenvalues
-are real, and clamped at 0 where rounding makes a zero one negative.
+have the same eigenvalues): symmetric eigen-decompositions in float64, whose eigenvalues are
+real, clamped at 0 where rounding makes a zero one negative.
 """
 
 from __future__ import annotations
@@ -31,22 +31,23 @@ def moments(total: torch.Tensor, outer: torch.Tensor, n: int) -> tuple[torch.Ten
     return mean, (outer - n * torch.outer(mean, mean)) / (n - 1)
 
 
-def psd_sqrt(matrix: torch.Tensor) -> torch.Tensor:
-    """The square root of a symmetric positive semi-definite matrix (negative rounding in its
-    eigenvalues clamped to 0)."""
-    values, vectors = torch.linalg.eigh(matrix)
-    return (vectors * values.clamp_min(0).sqrt()) @ vectors.T
-
-
 def frechet_distance(
     mu1: torch.Tensor, sigma1: torch.Tensor, mu2: torch.Tensor, sigma2: torch.Tensor
 ) -> float:
-    """The Frechet distance between the Gaussians N(mu1, sigma1) and N(mu2, sigma2), in float64."""
+    """The Frechet distance between the Gaussians N(mu1, sigma1) and N(mu2, sigma2), in float64.
+
+    With sigma1 = V D V^T, A = V D^(1/2) V^T and A sigma2 A = V (D^(1/2) V^T sigma2 V D^(1/2))
+    V^T: the eigenvalues wanted are those of the inner matrix, whose rows and columns for a zero
+    eigenvalue of sigma1 are zero. Only sigma1's non-zero directions are kept, so a covariance of
+    n < 2048 images (rank n - 1) costs an n x n problem after its eigen-decomposition."""
     mu1, sigma1, mu2, sigma2 = (t.double() for t in (mu1, sigma1, mu2, sigma2))
-    root = psd_sqrt(sigma1)
-    middle = root @ sigma2 @ root
-    middle = (middle + middle.T) / 2  # symmetric to the last bit, as eigh assumes
-    trace_sqrt = torch.linalg.eigvalsh(middle).clamp_min(0).sqrt().sum()
+    values, vectors = torch.linalg.eigh(sigma1)
+    # Below this, an eigenvalue is rounding of a zero one (float64, relative to the largest).
+    keep = values > values.abs().max() * sigma1.shape[0] * torch.finfo(torch.float64).eps
+    scaled = vectors[:, keep] * values[keep].sqrt()  # V D^(1/2), non-zero directions
+    inner = scaled.T @ sigma2 @ scaled
+    inner = (inner + inner.T) / 2  # symmetric to the last bit, as eigh assumes
+    trace_sqrt = torch.linalg.eigvalsh(inner).clamp_min(0).sqrt().sum()
     diff = mu1 - mu2
     return float(diff @ diff + sigma1.trace() + sigma2.trace() - 2 * trace_sqrt)
 

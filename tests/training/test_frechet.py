@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ae.training.frechet import FrechetDistance, frechet_distance, moments, psd_sqrt
+from ae.training.frechet import FrechetDistance, frechet_distance, moments
 from tests.support.runs import ROOT
 
 
@@ -38,13 +38,6 @@ def test_non_commuting_covariances_by_hand() -> None:
     assert frechet_distance(mu, s1, mu, torch.eye(2)) == pytest.approx(
         6 - 2 * (math.sqrt(3) + 1), abs=1e-12
     )
-
-
-def test_psd_sqrt_squares_back() -> None:
-    a = torch.randn(6, 4, dtype=torch.float64)
-    s = a @ a.T  # rank 4 of 6: two zero eigenvalues
-    root = psd_sqrt(s)
-    torch.testing.assert_close(root @ root, s, atol=1e-10, rtol=1e-10)
 
 
 def test_identical_sets_are_zero_also_with_fewer_vectors_than_dimensions() -> None:
