@@ -14,6 +14,10 @@ fi
 # Parallel workers (pytest-xdist): many end-to-end tests mostly wait (timeouts, process startup,
 # SLURM), so 3 workers on 2 cores finish far sooner than one; AE_TEST_WORKERS sets how many. The
 # tests that must not run side by side are one xdist_group (SERIAL, tests/support/runs.py).
+# One OpenMP thread per process: the workers and the runs they launch are several processes a
+# core already, and torch's threads spin while they wait for one another (a 1-rank run, which the
+# launcher gives every core, took twice the CPU with 2 threads). A run's own setting, if given, wins.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 .venv/bin/python -m pytest -n "${AE_TEST_WORKERS:-3}" --dist loadgroup "$@"
 rc=$?
 # pytest exit 5 = "no tests collected": that is a failure here, never a pass.

@@ -3,7 +3,9 @@ loss alone, + LPIPS, + the adversarial terms (the generator's adaptive-weight te
 discriminator's hinge step), and the adaptive weight computed ae's way (`generator_gradient`:
 one backward per loss, to x_hat) against taming's (two autograd.grad passes through the whole
 loss graph, then the full backward). Writes bench/results/loss_terms.json (`--quick`:
-loss_terms_quick.json).
+loss_terms_quick.json). `--fid`: also rFID's cost at validation (`--fid_weights`): the FID
+Inception's features of a batch of images and of their reconstructions, per image, and the
+distance computed from the epoch's sums (2048-d, once per rank per validation).
 
 Each variant is a whole optimizer step (forward, backward, AdamW step of the autoencoder and, with
 the discriminator, of it too). The variants run round-robin, one step each per round, so that a
@@ -29,6 +31,8 @@ from ae.training.adversarial import (
     hinge_d_loss,
     surrogate,
 )
+from ae.training.frechet import FrechetDistance
+from ae.training.inception import FIDInception
 from ae.training.models.conv import conv_autoencoder
 from ae.training.models.resnet import resnet_autoencoder
 from ae.training.perceptual import LPIPS
@@ -57,6 +61,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cpu")
     p.add_argument("--quick", action="store_true", help="batch 2, 1 round, 1 thread: a smoke run")
+    p.add_argument("--fid", action="store_true", help="also rFID's cost per validation image")
     args = p.parse_args()
     if args.quick:
         args.batch_size, args.rounds, args.warmup = 2, 1, 0
@@ -152,7 +157,39 @@ def main() -> None:
     ]  # fmt: skip
     record = {"model": args.model, "batch_size": args.batch_size, "rows": rows,
               "validation_ms": val_ms}  # fmt: skip
+    if args.fid:
+        record |= fid_cost(x, lambda: dec(enc(x)), args.rounds, dev)
     print(f"wrote {write_record('loss_terms', record, quick=args.quick)}")
+
+
+def fid_cost(
+    x: torch.Tensor, reconstruct: Callable[[], torch.Tensor], rounds: int, dev: torch.device
+) -> dict[str, float]:
+    """rFID's work at validation, as `QualityMetrics` does it: the Inception on the batch and
+    its clamped reconstruction (ms per validation image, the pair), and the distance from the
+    sums (ms, once per validation)."""
+    inception = FIDInception().to(dev)  # random weights: the cost does not depend on them
+    metric = FrechetDistance().to(dev)
+    per_image = []
+    with torch.no_grad():
+        for _ in range(rounds):
+            recon = reconstruct().clamp(0, 1)
+            t0 = time.perf_counter()
+            real, fake = inception(torch.cat([x, recon])).chunk(2)
+            metric.update(real, fake)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            per_image.append((time.perf_counter() - t0) / x.shape[0])
+    t0 = time.perf_counter()
+    metric.compute()
+    distance_ms = (time.perf_counter() - t0) * 1e3
+    image_ms = statistics.median(per_image) * 1e3
+    print(f"| validation: rFID Inception features, per image and its reconstruction | "
+          f"{image_ms:.0f} | |")  # fmt: skip
+    print(
+        f"| validation end: rFID distance from the sums (2048-d, float64) | {distance_ms:.0f} | |"
+    )
+    return {"rfid_ms_per_image": image_ms, "rfid_distance_ms": distance_ms}
 
 
 if __name__ == "__main__":

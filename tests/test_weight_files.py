@@ -1,4 +1,5 @@
-"""Where the LPIPS files are looked for, and the launcher's message when they are not there."""
+"""Where the LPIPS and FID Inception files are looked for, and the launcher's message when they
+are not there."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from pathlib import Path
 import pytest
 
 from ae.config.weight_files import (
+    FID_FILE,
+    FID_URL,
     HEADS_FILE,
     VGG16_FILE,
     VGG16_URL,
+    fid_file,
+    fid_missing_problem,
     missing_problem,
     resolve,
     torch_hub_checkpoints,
@@ -86,3 +91,21 @@ def test_the_names_are_the_loaders() -> None:
         perceptual.HEADS_FILE,
         perceptual.VGG16_URL,
     )
+    from ae.training import inception
+
+    assert (weight_files.FID_FILE, weight_files.FID_URL) == (inception.FID_FILE, inception.FID_URL)
+
+
+def test_fid_weights_a_file_or_its_folder(tmp_path: Path) -> None:
+    file = tmp_path / FID_FILE
+    assert fid_file(str(file)) == file
+    assert fid_file(str(tmp_path)) == file  # a folder holding it
+    problem = fid_missing_problem(str(tmp_path))
+    assert problem is not None
+    assert problem.startswith(f"no such file: {file}: rFID needs the FID Inception v3 weights")
+    assert f"curl -L --create-dirs -o {file} {FID_URL}" in problem
+    file.write_bytes(b"x")
+    assert fid_missing_problem(str(tmp_path)) is None
+    assert fid_missing_problem(str(file)) is None
+    own = tmp_path / "elsewhere" / "inception.pth"  # a name of one's own is kept
+    assert f"-o {own} {FID_URL}" in str(fid_missing_problem(str(own)))

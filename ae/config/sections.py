@@ -245,7 +245,8 @@ class OptimConfig:
 @dataclass(frozen=True)
 class ObjectiveConfig:
     """The latent-diffusion recipe on top of --loss (images): LPIPS and a PatchGAN discriminator
-    (docs/TRAINING.md; docs/autoencoder_kl_f8.yaml sets them as CompVis does)."""
+    (docs/TRAINING.md; docs/autoencoder_kl_f8.yaml sets them as CompVis does); rFID at
+    validation."""
 
     perceptual_weight: float = _opt(
         0.0,
@@ -258,6 +259,13 @@ class ObjectiveConfig:
         "folder holding vgg16-397923af.pth (torchvision's VGG16) and vgg.pth (the LPIPS v0.1 "
         "heads); auto: torch's cache ($TORCH_HOME/hub/checkpoints), heads also from an installed "
         "lpips package",
+    )
+    fid_weights: str | None = _opt(
+        None,
+        "images: also report val/rfid, the FID of the reconstructions to the validation images, "
+        "with the FID Inception v3 of this file (pytorch-fid's "
+        "pt_inception-2015-12-05-6726825d.pth, or a folder holding it); costs an Inception "
+        "pass at 299 px per image and reconstruction at each validation",
     )
     disc_weight: float = _opt(
         0.0,

@@ -1,5 +1,6 @@
-"""Where the LPIPS weights are: `--perceptual_weights`, resolved without torch, so that the
-launcher stops a run whose files are missing before any worker starts.
+"""Where the LPIPS weights are (`--perceptual_weights`) and the FID Inception's (`--fid_weights`),
+resolved without torch, so that the launcher stops a run whose files are missing before any
+worker starts.
 
 `--perceptual_weights=auto` (the default) looks in torch's own cache, `$TORCH_HOME/hub/
 checkpoints` (torch.hub's rule: `$TORCH_HOME`, else `$XDG_CACHE_HOME/torch`, else
@@ -21,6 +22,9 @@ VGG16_FILE = "vgg16-397923af.pth"
 VGG16_URL = f"https://download.pytorch.org/models/{VGG16_FILE}"
 HEADS_FILE = "vgg.pth"
 HEADS_IN_WHEEL = "lpips/weights/v0.1/vgg.pth"
+# The same names as `ae.training.inception`.
+FID_FILE = "pt_inception-2015-12-05-6726825d.pth"
+FID_URL = f"https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/{FID_FILE}"
 AUTO = "auto"
 
 
@@ -92,3 +96,26 @@ def missing_problem(value: str, env: dict[str, str] | None = None) -> str | None
             "machine may copy them from one that has them: nothing is downloaded at run time)"
         )
     return "\n".join(lines)
+
+
+def fid_file(value: str) -> Path:
+    """The file `--fid_weights=value` names: the file itself, or FID_FILE in a folder."""
+    path = Path(value).expanduser()
+    return path / FID_FILE if path.is_dir() else path
+
+
+def fid_missing_problem(value: str) -> str | None:
+    """The launcher's message when the FID Inception file is not there (None when it is): what
+    it is, where it goes, and how to get it."""
+    path = fid_file(value)
+    if path.is_file():
+        return None
+    return "\n".join(
+        [
+            f"no such file: {path}: rFID needs the FID Inception v3 weights, pytorch-fid's "
+            f"{FID_FILE} (91 MB), from {FID_URL}",
+            f"  curl -L --create-dirs -o {path} {FID_URL}",
+            "  (pytorch-fid keeps its copy in torch's cache, "
+            f"{torch_hub_checkpoints() / FID_FILE}; nothing is downloaded at run time)",
+        ]
+    )

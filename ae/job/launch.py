@@ -50,7 +50,7 @@ from ae.job.outcome import (
     stop_exit_code,
 )
 from ae.job.peer_nodes import PeerNodes
-from ae.job.preflight import check, launcher_needs, weights_problem
+from ae.job.preflight import check, launcher_needs, weights_problems
 from ae.job.processes import DEBUG_ENV, free_port, processes_per_node, rank_command
 from ae.job.rank_lines import rank_lines
 from ae.job.restarts import RESTART_ENV, Restart, Restarts, requeue_job
@@ -152,8 +152,8 @@ def launch(argv: list[str]) -> int:
         if cfg.model.model not in BUILTIN_MODELS and (problem := locate_class(cfg.model.model)):
             raise ConfigError([problem])  # the import itself is tried in the ranks
         active_faults()  # a malformed AE_FAULT: one message here, not a traceback per rank
-        if (problem := weights_problem(cfg)) is not None:
-            raise ConfigError([problem])
+        if problems := weights_problems(cfg):
+            raise ConfigError(problems)
         for tight in check(launcher_needs(cfg, nproc, nproc * topo.nnodes, PREFETCH_FACTOR)):
             logger.warning(RESOURCE_TIGHT.format(problem=tight))
         if topo.nnodes > 1:  # the interface that reaches the master, and whether it does

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ae.atomic_files import fs_space
 from ae.config import Config
-from ae.config.weight_files import missing_problem
+from ae.config.weight_files import fid_missing_problem, missing_problem
 from ae.errors import ResourceLimitError
 from ae.forensics.resources import SHM, cgroup_memory, fd_limit, host_memory
 
@@ -169,13 +169,18 @@ def rank_needs(
     ]
 
 
-def weights_problem(cfg: Config) -> str | None:
-    """`--perceptual_weight` > 0 and a weights file missing: the message naming each file,
-    where it goes and how to fetch it (nothing is downloaded at run time); else None."""
-    if cfg.objective.perceptual_weight == 0:
-        return None
-    problem = missing_problem(cfg.objective.perceptual_weights)
-    return None if problem is None else f"perceptual_weights: {problem}"
+def weights_problems(cfg: Config) -> list[str]:
+    """A weights file the flags need and that is missing: `--perceptual_weight` > 0 (LPIPS) or
+    `--fid_weights` (rFID); one message per flag naming each file, where it goes and how to
+    fetch it (nothing is downloaded at run time)."""
+    objective, problems = cfg.objective, []
+    lpips = missing_problem(objective.perceptual_weights) if objective.perceptual_weight else None
+    if lpips is not None:
+        problems.append(f"perceptual_weights: {lpips}")
+    fid = fid_missing_problem(objective.fid_weights) if objective.fid_weights else None
+    if fid is not None:
+        problems.append(f"fid_weights: {fid}")
+    return problems
 
 
 def judge(needs: list[Need]) -> tuple[list[str], list[str]]:

@@ -30,6 +30,7 @@ from ae.job.restarts import RESTART_ENV
 from ae.log_lines import GAN_STATS_FILE, RESOURCE_TIGHT, TRAINING_FINISHED, main_log
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
+from ae.training.inception import load_fid
 from ae.training.metrics import start_loggers
 from ae.training.model import AutoEncoder
 from ae.training.model_build import build_model
@@ -83,6 +84,8 @@ def fit(cfg: Config, ctx: RankContext) -> str:
         # Before any dataloader worker: a missing or wrong weights file is one message, exit 2.
         if (lpips := load_perceptual(cfg.objective)) is not None:
             model.attach_perceptual(lpips)
+        if (inception := load_fid(cfg.objective, datamodule.spec)) is not None:
+            model.attach_fid(inception)
         model.recipe.stats_file = paths.logs_dir / GAN_STATS_FILE.format(rank=ctx.rank, ts=run_ts)
     if ctx.rank == 0:
         main_log.info(describe(model, datamodule.spec, latent))

@@ -26,6 +26,7 @@ from ae.data.datamodule import ShardDataModule
 from ae.data.decoding.decode import InputSpec
 from ae.forensics.faults import fault_point, poisoned_loss
 from ae.log_lines import main_log
+from ae.training.inception import FEATURES
 from ae.training.lr import (
     DiscSchedule,
     Schedule,
@@ -125,6 +126,11 @@ class AutoEncoder(L.LightningModule):
         """LPIPS for the perceptual term and `val/lpips`: beside the module, not in it."""
         self.recipe.lpips = SharedNet(lpips)
         self.quality.attach_lpips(self.recipe.lpips)
+
+    def attach_fid(self, inception: nn.Module, features: int = FEATURES) -> None:
+        """The FID Inception (`features` per image) for `val/rfid`: beside the module, not in
+        it."""
+        self.quality.attach_fid(SharedNet(inception), features)
 
     def _step(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
         """(loss, reconstruction or None, {name: extra loss term}) of one batch."""

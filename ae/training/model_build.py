@@ -98,6 +98,11 @@ def build_model(
                     "perceptual_weight/disc_weight: a LightningModule of your own trains as it "
                     "is; the recipe's terms are for an nn.Module with encode/decode"
                 )
+            if objective is not None and objective.fid_weights:
+                raise ModelError(
+                    "fid_weights: a LightningModule of your own validates as it is; rFID is "
+                    "for an nn.Module with encode/decode"
+                )
             module = obj
         else:
             module = AutoEncoder(spec, model, optim, world_size, net=obj, objective=objective)

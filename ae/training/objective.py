@@ -213,7 +213,7 @@ class Recipe:
 
 def load_perceptual(cfg: ObjectiveConfig) -> LPIPS | None:
     """LPIPS from `--perceptual_weights` when `--perceptual_weight` > 0 (the launcher checked the
-    files exist; a wrong one is a PerceptualWeightsError naming it)."""
+    files exist; a wrong one is a WeightsFileError naming it)."""
     if cfg.perceptual_weight == 0:
         return None
     files = resolve(cfg.perceptual_weights)

@@ -12,9 +12,9 @@ its v0.1 file loads unchanged. What LPIPS computes, in the `lpips` package's ord
     -> each unit-normalised over channels (eps 1e-10 added to the norm)
     -> squared difference -> 1x1 conv head (1 output, no bias) -> spatial mean -> sum of the 5
 
-Both files are read by the safe loader (`weights_only=True`: tensors only, no code from the
-file) and checked key by key and shape by shape: a wrong or truncated file is one
-`PerceptualWeightsError` naming it and what it should be, before any worker starts.
+Both files are read by the safe loader and checked key by key and shape by shape
+(`ae.training.state_dict_file`): a wrong or truncated file is one `WeightsFileError` naming it
+and what it should be, before any worker starts.
 
 The net is frozen and must not become part of the trained module (its 14.7 M parameters would be
 saved in every checkpoint, averaged by the EMA every step, copied by the EMA and broadcast by
@@ -23,14 +23,13 @@ DDP): `SharedNet` holds it beside the module instead.
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ae.errors import UserError
+from ae.training.state_dict_file import WeightsFileError, checked, read_state_dict
 
 # torchvision's VGG16 `features`: 3x3 convs (padding 1) + ReLU, "M" = 2x2 max pool. Index i of
 # this list is layer i of `features` (a conv's ReLU is the next index), as torchvision builds it.
@@ -48,10 +47,6 @@ VGG16_FILE = "vgg16-397923af.pth"  # torchvision's IMAGENET1K_V1 file, as torch.
 VGG16_URL = f"https://download.pytorch.org/models/{VGG16_FILE}"
 HEADS_FILE = "vgg.pth"  # lpips wheel: lpips/weights/v0.1/vgg.pth
 HEADS_SOURCE = "the lpips wheel (pip download lpips==0.1.4 --no-deps): lpips/weights/v0.1/vgg.pth"
-
-
-class PerceptualWeightsError(UserError):
-    """A VGG16 or LPIPS heads file that is missing, unreadable or not what it should be."""
 
 
 def vgg16_shapes() -> dict[str, tuple[int, ...]]:
@@ -145,63 +140,9 @@ def unit(features: torch.Tensor) -> torch.Tensor:
     return features / (features.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
 
 
-def read_state_dict(path: Path, what: str) -> dict[str, Any]:
-    """A torch file of tensors, read safely; torchvision's VGG16 file is in torch's legacy
-    (pre-zip) format, which cannot be memory-mapped: mapped when possible, so that a 528 MB file
-    of which 59 MB are used is not read whole by every rank."""
-    if not path.is_file():
-        raise PerceptualWeightsError(f"{what}: no such file: {path}")
-    try:
-        mmap = zipfile.is_zipfile(path)
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as e:  # torch raises many kinds for a truncated or foreign file
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise PerceptualWeightsError(
-            f"{what}: {path} is not a readable torch weights file ({type(e).__name__}: {first}); "
-            "a partial download? Fetch it again"
-        ) from None
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]  # a Lightning-style wrapper
-    if not isinstance(state, dict):
-        raise PerceptualWeightsError(f"{what}: {path} holds a {type(state).__name__}, not a dict")
-    return state
-
-
-def checked(
-    state: dict[str, Any],
-    shapes: dict[str, tuple[int, ...]],
-    path: Path,
-    what: str,
-    fix: str,
-) -> dict[str, torch.Tensor]:
-    """The tensors of `shapes` out of `state` as float32, or one error listing what is wrong:
-    missing keys, wrong shapes, non-float or non-finite values. Other keys are ignored (the
-    classifier of a full VGG16 file)."""
-    problems = []
-    out = {}
-    for key, shape in shapes.items():
-        t = state.get(key)
-        if not torch.is_tensor(t):
-            problems.append(f"{key} missing")
-        elif tuple(t.shape) != shape:
-            problems.append(f"{key} is {tuple(t.shape)}, expected {shape}")
-        elif not t.is_floating_point():
-            problems.append(f"{key} is {t.dtype}, expected a float tensor")
-        elif not torch.isfinite(t).all():
-            problems.append(f"{key} has non-finite values")
-        else:
-            out[key] = t.float()
-    if problems:
-        shown = "; ".join(problems[:4]) + (
-            f"; and {len(problems) - 4} more" if len(problems) > 4 else ""
-        )
-        raise PerceptualWeightsError(f"{what}: {path} is not {fix}: {shown}")
-    return out
-
-
 def load_lpips(vgg16_path: Path, heads_path: Path) -> LPIPS:
     """LPIPS with torchvision's VGG16 ImageNet weights (`vgg16_path`) and the v0.1 heads
-    (`heads_path`), frozen, on the CPU. Raises PerceptualWeightsError naming the file at fault."""
+    (`heads_path`), frozen, on the CPU. Raises WeightsFileError naming the file at fault."""
     vgg = checked(
         read_state_dict(vgg16_path, "perceptual_weights"), vgg16_shapes(), vgg16_path,
         "perceptual_weights", f"torchvision's VGG16 state dict ({VGG16_FILE} from {VGG16_URL})",
@@ -214,7 +155,7 @@ def load_lpips(vgg16_path: Path, heads_path: Path) -> LPIPS:
     # head of another version), whose distances would mean nothing.
     negative = [k for k, t in heads.items() if (t < 0).any()]
     if negative:
-        raise PerceptualWeightsError(
+        raise WeightsFileError(
             f"perceptual_weights: {heads_path} is not the LPIPS v0.1 VGG heads: "
             f"{', '.join(negative)} has negative weights ({HEADS_SOURCE})"
         )

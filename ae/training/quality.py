@@ -5,7 +5,10 @@ reconstructions are clamped to it first, as an image viewer would). Vectors: `va
 mean over samples of |x_hat - x| / |x|, and `val/cosine`, the mean cosine similarity of x_hat to x.
 Both kinds also get `val/mse`, comparable across `--loss` choices. With LPIPS loaded
 (`--perceptual_weight` > 0: `attach_lpips`), images also get `val/lpips`, the mean over samples
-of the clamped reconstruction's LPIPS to its input.
+of the clamped reconstruction's LPIPS to its input. With `--fid_weights` (`attach_fid`), images
+also get `val/rfid`: the Frechet distance between the FID Inception features of the validation
+images and of their clamped reconstructions (`ae.training.frechet`), over the whole validation
+set, every rank's images included.
 
 Every state is a running sum (no per-sample lists), so memory stays constant however long the
 validation set is; torchmetrics syncs the sums across ranks when the epoch's value is computed.
@@ -22,6 +25,8 @@ from torchmetrics import MeanMetric, MeanSquaredError
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 
 from ae.data.decoding.decode import InputSpec
+from ae.training.frechet import FrechetDistance
+from ae.training.inception import FEATURES
 from ae.training.perceptual import SharedNet
 
 # What validation logs as `val/<name>`, by input kind (besides `val/loss`).
@@ -50,10 +55,15 @@ class QualityMetrics(nn.Module):
             self.rel_error = MeanMetric()
             self.cosine = MeanMetric()
         self.lpips_net: SharedNet | None = None
+        self.fid_net: SharedNet | None = None
 
     def attach_lpips(self, net: SharedNet) -> None:
         self.lpips_net = net
         self.lpips = MeanMetric()
+
+    def attach_fid(self, net: SharedNet, features: int = FEATURES) -> None:
+        self.fid_net = net
+        self.rfid = FrechetDistance(features)
 
     @torch.no_grad()
     def update(self, recon: torch.Tensor, x: torch.Tensor) -> None:
@@ -67,6 +77,9 @@ class QualityMetrics(nn.Module):
             self.ssim.update(clamped, x)
             if self.lpips_net is not None:
                 self.lpips.update(self.lpips_net(clamped, x))
+            if self.fid_net is not None:
+                real, fake = self.fid_net(torch.cat([x, clamped])).chunk(2)
+                self.rfid.update(real, fake)
         else:
             flat_r, flat_x = recon.flatten(1), x.flatten(1)
             err = (flat_r - flat_x).norm(dim=1) / flat_x.norm(dim=1).clamp_min(1e-12)
@@ -77,5 +90,6 @@ class QualityMetrics(nn.Module):
         """Log the metric objects: Lightning computes (synced) and resets them at epoch end."""
         names = METRIC_NAMES["image" if self.images else "vector"]
         names += ("lpips",) if self.lpips_net is not None else ()
+        names += ("rfid",) if self.fid_net is not None else ()
         for name in names:
             module.log(f"val/{name}", getattr(self, name), on_step=False, on_epoch=True)

@@ -2,7 +2,9 @@
 PatchGAN discriminator from step 2 (`--disc_start=2`), through validation, resumed exactly, and
 encoded; a missing weights file stops the launcher in seconds. One set of launches, shared by the
 assertions (module-scoped): an uninterrupted 2-epoch run, and the same run as 1 epoch resumed to 2.
-The weights files are made here (a random VGG16 in torchvision's format, random LPIPS heads)."""
+The uninterrupted run also reports rFID (`--fid_weights`): its state must still equal the resumed
+one's. The weights files are made here (a random VGG16 in torchvision's format, random LPIPS
+heads, a random FID Inception in pytorch-fid's)."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ import pytest
 import torch
 
 from ae.cli.shards import main as ae_shards
-from ae.config.weight_files import HEADS_FILE, VGG16_FILE
+from ae.config.weight_files import FID_FILE, HEADS_FILE, VGG16_FILE
 from bench.real_images import mixed_collection
+from tests.support.inception_weights import random_inception
 from tests.support.runs import ROOT, RunResult, run_launcher
 from tests.support.weights import random_heads, random_vgg16, save
 
@@ -51,9 +54,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     weights = tmp / "weights"
     save(random_vgg16(), weights / VGG16_FILE)
     save(random_heads(), weights / HEADS_FILE)
+    save(random_inception(), weights / FID_FILE)
     args = [f"--train_shards={tmp / 'data'}", f"--perceptual_weights={weights}", *RECIPE]
     whole_dir, split_dir = tmp / "whole", tmp / "split"
-    whole = run_launcher([*args, "--max_epochs=2"], whole_dir, timeout=900)
+    whole = run_launcher(
+        [*args, "--max_epochs=2", f"--fid_weights={weights}"], whole_dir, timeout=900
+    )
     assert whole.returncode == 0, whole.output
     first = run_launcher([*args, "--max_epochs=1"], split_dir, timeout=900)
     assert first.returncode == 0, first.output
@@ -82,6 +88,14 @@ def test_trains_with_the_recipe_through_validation_on_two_ranks(runs: Runs) -> N
                  "train/g_loss", "train/d_loss", "train/d_weight", "train/d_accuracy"):  # fmt: skip
         assert name in columns, name
     assert [float(r["val/lpips"]) for r in rows if r["val/lpips"]]
+    # rFID over the validation photos of both ranks, at each epoch's validation: in
+    # the loggers and in the train log's epoch summaries
+    assert f"FID Inception v3 from {runs.weights / FID_FILE}" in main
+    rfid = [float(r["val/rfid"]) for r in rows if r.get("val/rfid")]
+    assert len(rfid) == 2 and all(v > 0 for v in rfid), rfid
+    for epoch in (0, 1):
+        (line,) = [x for x in main.splitlines() if f"Epoch {epoch} done:" in x]
+        assert "val/rfid=" in line, line
     # the per-rank series, from each rank's stats file: no collective
     assert {"gan/d_accuracy/rank0", "gan/d_weight/rank0"} <= columns
     assert any(c.startswith("gan/") and c.endswith("/rank1") for c in columns), sorted(columns)

@@ -14,9 +14,9 @@ import psutil
 import pytest
 
 from tests.support.limits import in_namespace, memory_cgroup
-from tests.support.runs import SERIAL, run_processes
+from tests.support.runs import LIMITS, run_processes
 
-pytestmark = [pytest.mark.slow, SERIAL]  # /dev/shm and disk filled, a memory cgroup
+pytestmark = [pytest.mark.slow, LIMITS]  # /dev/shm and disk filled, a memory cgroup
 
 LOAD_STEP = "import sys, torch; print(torch.load(sys.argv[1], weights_only=False)['global_step'])"
 DIM = 16384  # floats per sample: 64 KB, so a batch of 64 is 4 MB

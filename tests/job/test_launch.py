@@ -10,6 +10,7 @@ import pytest
 
 from ae.cli.launch import main
 from ae.config import parse_config
+from ae.config.weight_files import FID_FILE, FID_URL
 from ae.data.shards import demo
 from ae.forensics import faults
 from ae.job import launch
@@ -95,6 +96,18 @@ def test_16_mixed_without_a_gpu_is_refused_up_front(
     text = "".join(capsys.readouterr())
     assert "precision: 16-mixed needs a GPU" in text and "--precision=32" in text
     assert "--precision=bf16-mixed" in text and "Traceback" not in text
+
+
+def test_a_missing_fid_weights_file_stops_the_launcher_before_any_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    missing = tmp_path / "weights" / FID_FILE
+    assert main([f"--output_dir={tmp_path / 'run'}", f"--fid_weights={missing}"]) == 2
+    text = "".join(capsys.readouterr())
+    assert f"fid_weights: no such file: {missing}: rFID needs the FID Inception v3" in text
+    assert f"curl -L --create-dirs -o {missing} {FID_URL}" in text and "Traceback" not in text
+    assert not (tmp_path / "run").exists()  # stopped before the run folder is claimed
 
 
 def test_a_stop_signal_that_finds_the_run_finished_is_no_stop(

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Tests that must not run beside one another under pytest-xdist (./run_tests.sh): timing bounds
 # (a stall within --stall_timeout, a live answer within 5 s, a straggler named within its window)
-# that several such runs at once on 2 cores would break, and a /dev/shm, disk or memory cgroup
-# filled. One group: one worker runs them one after another, beside the other workers' tests.
+# that several such runs at once on 2 cores would break. One group: one worker runs them one
+# after another, beside the other workers' tests.
 # Tests that share one launch (tests/e2e/conftest.py) are in it too, so that their session
 # fixture runs once.
 SERIAL = pytest.mark.xdist_group("serial")
@@ -27,6 +27,10 @@ SERIAL = pytest.mark.xdist_group("serial")
 # wait on their timeouts, and one long chain of every such test was the suite's critical path.
 TWO_HOSTS = pytest.mark.xdist_group("two_hosts")
 SLURM = pytest.mark.xdist_group("slurm")
+# The machine limits made real (a small /dev/shm, a full tmpfs, a memory cgroup,
+# tests/e2e/test_resources.py): each in a private mount namespace, so they disturb no other test,
+# but one at a time; a group of their own, off the serial group's long chain.
+LIMITS = pytest.mark.xdist_group("limits")
 
 
 @dataclass

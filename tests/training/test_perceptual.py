@@ -13,12 +13,12 @@ from torch.nn import functional as F
 
 from ae.training.perceptual import (
     LPIPS,
-    PerceptualWeightsError,
     SharedNet,
     VGG16Features,
     load_lpips,
     vgg16_shapes,
 )
+from ae.training.state_dict_file import WeightsFileError
 from tests.support.weights import HEAD_CHANNELS, VGG16_CONVS, random_heads, random_vgg16, save
 
 
@@ -114,14 +114,14 @@ def test_frozen_but_passes_gradients_to_the_input(files: tuple[Path, Path]) -> N
 
 
 def test_a_missing_file_is_named(files: tuple[Path, Path], tmp_path: Path) -> None:
-    with pytest.raises(PerceptualWeightsError, match=r"no such file: .*nothere\.pth"):
+    with pytest.raises(WeightsFileError, match=r"no such file: .*nothere\.pth"):
         load_lpips(tmp_path / "nothere.pth", files[1])
 
 
 def test_a_truncated_file_is_named(files: tuple[Path, Path], tmp_path: Path) -> None:
     cut = tmp_path / "cut.pth"
     cut.write_bytes(files[0].read_bytes()[:100_000])
-    with pytest.raises(PerceptualWeightsError, match=r"cut\.pth is not a readable torch weights"):
+    with pytest.raises(WeightsFileError, match=r"cut\.pth is not a readable torch weights"):
         load_lpips(cut, files[1])
 
 
@@ -133,7 +133,7 @@ class Payload:
 def test_a_file_that_would_run_code_is_refused(files: tuple[Path, Path], tmp_path: Path) -> None:
     bad = tmp_path / "bad.pth"
     torch.save({"features.0.weight": Payload()}, bad, pickle_module=pickle)
-    with pytest.raises(PerceptualWeightsError, match=r"bad\.pth is not a readable torch weights"):
+    with pytest.raises(WeightsFileError, match=r"bad\.pth is not a readable torch weights"):
         load_lpips(bad, files[1])
 
 
@@ -142,7 +142,7 @@ def test_wrong_shapes_and_missing_keys_are_listed(files: tuple[Path, Path], tmp_
     vgg["features.5.weight"] = torch.zeros(128, 64, 5, 5)
     del vgg["features.28.bias"]
     path = save(vgg, tmp_path / "odd.pth")
-    with pytest.raises(PerceptualWeightsError) as e:
+    with pytest.raises(WeightsFileError) as e:
         load_lpips(path, files[1])
     text = str(e.value)
     assert "torchvision's VGG16 state dict" in text
@@ -151,9 +151,7 @@ def test_wrong_shapes_and_missing_keys_are_listed(files: tuple[Path, Path], tmp_
 
 
 def test_the_heads_swapped_for_vgg_is_named(files: tuple[Path, Path]) -> None:
-    with pytest.raises(
-        PerceptualWeightsError, match=r"LPIPS v0\.1 VGG heads.*lin0\.model\.1\.weight"
-    ):
+    with pytest.raises(WeightsFileError, match=r"LPIPS v0\.1 VGG heads.*lin0\.model\.1\.weight"):
         load_lpips(files[0], files[0])
 
 
@@ -161,9 +159,7 @@ def test_negative_heads_are_not_lpips(files: tuple[Path, Path], tmp_path: Path) 
     heads = random_heads()
     heads["lin2.model.1.weight"] = -heads["lin2.model.1.weight"]
     path = save(heads, tmp_path / "neg.pth")
-    with pytest.raises(
-        PerceptualWeightsError, match=r"lin2\.model\.1\.weight has negative weights"
-    ):
+    with pytest.raises(WeightsFileError, match=r"lin2\.model\.1\.weight has negative weights"):
         load_lpips(files[0], path)
 
 
