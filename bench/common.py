@@ -122,6 +122,15 @@ def tiny_shard_set(root: Path, shards: int, per_shard: int, dim: int = 64) -> st
     return str(Path(urls[0]).parent / f"shard-{{000000..{shards - 1:06d}}}.tar")
 
 
+def one_thread_per_process() -> None:
+    """For a `--quick` run: torch in every process this bench starts from now on (the launcher's
+    ranks, the workers, spawned jobs) uses one thread, unless OMP_NUM_THREADS is set already.
+    The launcher gives one rank all the cores; on a shared 2-core machine their OpenMP threads
+    spin against the other processes: a 1-rank run of 120 tiny steps took 21 s of CPU with 2
+    threads, 9 s with one (load ~6)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def launch_run(args: list[str], out_dir: Path) -> subprocess.Popen:
     """Start the real launcher (what ./train_ae.sh execs) in its own process group."""
     import shutil

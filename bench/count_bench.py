@@ -13,6 +13,9 @@
 
 Usage: python -m bench.count_bench [--quick] [--part count|startup]
        (writes bench/results/count_bench_<part>.json; --quick: count_bench_<part>_quick.json)
+
+`--quick` (the suite's smoke run): 8,000 samples to count, and one launch for the startup part:
+the first run (it counts, and fills the cache), one rank, 20,000 samples in 4 shards.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 from ae.cli.shards import main as shards_main
 from ae.data.shards.tar_header_count import scan_shard
 from ae.data.shards.tar_samples import split_name
-from bench.common import tiny_shard_set, write_record
+from bench.common import one_thread_per_process, tiny_shard_set, write_record
 from bench.startup import first_step_seconds
 
 DATA = Path("/tmp/ae-bench-data")
@@ -108,19 +111,24 @@ def _counts_line(run: Path) -> str:
     return lines[0].split("] ", 1)[-1] if lines else "(no train count)"
 
 
-def startup(urls: list[str], per_shard: int) -> list[dict]:
+def startup(urls: list[str], per_shard: int, quick: bool = False) -> list[dict]:
+    """The three runs (`quick`: the first alone, one rank with one worker)."""
     spec = str(Path(urls[0]).parent / f"shard-{{000000..{len(urls) - 1:06d}}}.tar")
     val = tiny_shard_set(DATA, 2, 128, dim=16)  # a name of its own: sets are cached by shape
     cache = DATA / "count-cache"
     shutil.rmtree(cache, ignore_errors=True)
     os.environ["AE_CACHE_DIR"] = str(cache)  # the launcher hands it to the ranks
     common = [f"--val_shards={val}", "--write_index=never"]
-    rows = []
-    for name, extra in (
+    runs = [
         ("first run", []),
         ("second run, new --output_dir", []),
         ("resampled", ["--shard_split=resampled", f"--epoch_samples={len(urls) * per_shard}"]),
-    ):
+    ]
+    if quick:
+        runs, common = runs[:1], [*common, "--devices=1", "--num_workers=1"]
+        one_thread_per_process()
+    rows = []
+    for name, extra in runs:
         run = DATA / f"run-count-{len(rows)}"
         secs = first_step_seconds(spec, run, [*common, *extra])
         line = _counts_line(run)
@@ -140,7 +148,7 @@ def main() -> None:
         rates = count_rates(tarwriter_shards(DATA, shards, per_shard, 256))
     big, big_per = (4, 5000) if args.quick else (50, 20_000)
     if args.part in ("all", "startup"):
-        rows = startup(tarwriter_shards(DATA, big, big_per, 16), big_per)
+        rows = startup(tarwriter_shards(DATA, big, big_per, 16), big_per, args.quick)
     load = os.getloadavg()
     print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     record = {"count": rates, "startup": rows, "load": load}

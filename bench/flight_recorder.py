@@ -17,6 +17,10 @@ steps, rank 0 of each `on` job dumps its buffer (full: 2,000 entries) twice thro
 `flight_recorder.dump`, the code a rank runs: the first dump pays a one-time symbolizer start,
 the second is what later dumps cost.
 
+`--quick` (the suite's smoke run): one pair of 100 steps after 10 warm-up steps, the processes
+forked from this one (which has imported torch already) instead of spawned: the same jobs,
+without a fresh interpreter importing torch for each of the six processes.
+
 Writes bench/results/flight_recorder.json (`_quick` with --quick).
 """
 
@@ -41,6 +45,8 @@ from bench.common import write_record
 
 WARMUP = 100
 WORLD = 2
+# (steps, warm-up steps, start method) of --quick
+QUICK = (100, 10, "fork")
 
 
 def _free_port() -> int:
@@ -49,7 +55,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _job(rank: int, on: bool, steps: int, port: int, logs: str, result: Any) -> None:
+def _job(rank: int, on: bool, steps: int, warmup: int, port: int, logs: str, result: Any) -> None:
     if on:
         flight_recorder.enable(Path(logs), rank, "bench")
     else:
@@ -65,8 +71,8 @@ def _job(rank: int, on: bool, steps: int, port: int, logs: str, result: Any) -> 
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, flag, stop = torch.randn(16, 16), torch.zeros(1, dtype=torch.long), torch.zeros(())
     start, cpu = 0.0, 0.0
-    for step in range(WARMUP + steps):
-        if step == WARMUP:
+    for step in range(warmup + steps):
+        if step == warmup:
             start, cpu = time.perf_counter(), time.process_time()
         dist.broadcast(flag, 0)  # Lightning's stop broadcast
         loss = torch.nn.functional.mse_loss(model(x), x)
@@ -93,7 +99,7 @@ def _job(rank: int, on: bool, steps: int, port: int, logs: str, result: Any) -> 
     dist.destroy_process_group()
 
 
-def _micro(_index: int, on: bool, n: int, port: int, logs: str, result: Any) -> None:
+def _micro(_index: int, on: bool, n: int, warmup: int, port: int, logs: str, result: Any) -> None:
     """One process, world size 1: `n` all-reduces of one number issued from 40 frames deep
     (a Lightning step's depth); CPU time per collective."""
     if on:
@@ -107,7 +113,7 @@ def _micro(_index: int, on: bool, n: int, port: int, logs: str, result: Any) -> 
     def deep(level: int) -> float:
         if level:
             return deep(level - 1)
-        for _ in range(WARMUP):
+        for _ in range(warmup):
             dist.all_reduce(x)
         t0 = time.process_time()
         for _ in range(n):
@@ -118,23 +124,21 @@ def _micro(_index: int, on: bool, n: int, port: int, logs: str, result: Any) -> 
     dist.destroy_process_group()
 
 
-def run_micro(on: bool, n: int) -> float:
-    ctx = mp.get_context("spawn")
+def run_micro(on: bool, n: int, warmup: int = WARMUP, start: str = "spawn") -> float:
+    ctx = mp.get_context(start)
     result = ctx.Queue()
     with tempfile.TemporaryDirectory() as logs:
-        mp.start_processes(
-            _micro, args=(on, n, _free_port(), logs, result), nprocs=1, start_method="spawn"
-        )
+        args = (on, n, warmup, _free_port(), logs, result)
+        mp.start_processes(_micro, args=args, nprocs=1, start_method=start)
         return float(result.get(timeout=60))
 
 
-def run_job(on: bool, steps: int) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
+def run_job(on: bool, steps: int, warmup: int = WARMUP, start: str = "spawn") -> dict[str, Any]:
+    ctx = mp.get_context(start)
     result = ctx.Queue()
     with tempfile.TemporaryDirectory() as logs:
-        mp.start_processes(
-            _job, args=(on, steps, _free_port(), logs, result), nprocs=WORLD, start_method="spawn"
-        )
+        args = (on, steps, warmup, _free_port(), logs, result)
+        mp.start_processes(_job, args=args, nprocs=WORLD, start_method=start)
         return result.get(timeout=60)
 
 
@@ -142,17 +146,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--quick", action="store_true", help="1 pair of 600 steps: a smoke run")
+    p.add_argument("--quick", action="store_true", help="1 pair of 100 steps: a smoke run")
     args = p.parse_args()
-    pairs, steps = (1, 600) if args.quick else (args.pairs, args.steps)
+    pairs, steps, warmup, start = (
+        (1, *QUICK) if args.quick else (args.pairs, args.steps, WARMUP, "spawn")
+    )
     runs, micro = [], []
     for _ in range(pairs):
-        off, on = run_job(False, steps), run_job(True, steps)
+        off, on = run_job(False, steps, warmup, start), run_job(True, steps, warmup, start)
         runs.append({"off_step_ms": off["step_s"] * 1e3, "on_step_ms": on["step_s"] * 1e3,
                      "overhead": on["step_s"] / off["step_s"] - 1,
                      "off_cpu_ms": off["cpu_s"] * 1e3, "on_cpu_ms": on["cpu_s"] * 1e3,
                      "cpu_overhead": on["cpu_s"] / off["cpu_s"] - 1, "dump": on})  # fmt: skip
-        micro.append(run_micro(True, steps * 4) - run_micro(False, steps * 4))
+        n = steps * 4
+        micro.append(run_micro(True, n, warmup, start) - run_micro(False, n, warmup, start))
     collectives = 4  # per step
     overhead = statistics.median(r["overhead"] for r in runs)
     us_per_collective = statistics.median(micro) * 1e6

@@ -2,7 +2,10 @@
 multi-node tests' harness, tests/support/two_hosts.py), one rank each, `--max_restarts` on
 torchrun's elastic agent; the rank on node1 SIGKILLed (as the OOM killer would) K seconds after
 each attempt's first step, with and without `--checkpoint_minutes`, against the same job without
-faults, measured in the same run of this bench.
+faults, measured in the same run of this bench. `--quick` (the suite's smoke run) runs one job:
+node1's rank killed once at a step count (`AE_FAULT=kill@train:step=N:attempt=0` in node1's
+environment: the rank SIGKILLs itself there, so the kill never lands in a finished attempt's
+teardown), with `--checkpoint_minutes`, and no fault-free job to compare with.
 
 Every figure comes from `ae-diagnose --json`'s `goodput` (one source): the effective-training
 share and the breakdown of the wall time the logs span (docs/DIAGNOSE.md, `--goodput`); the
@@ -27,22 +30,28 @@ import threading
 import time
 from pathlib import Path
 
-from ae.log_lines import RESTART
-from bench.common import tiny_shard_set, write_record
+from ae.log_lines import FAULT_INJECTED, RESTART
+from bench.common import one_thread_per_process, tiny_shard_set, write_record
 from tests.support.two_hosts import TwoHosts, available, cleanup_stale
 
 DATA = Path("/tmp/ae-bench-data")
 ROOT = Path(__file__).resolve().parent.parent
 STEP_MS = 100  # each optimizer step's simulated compute
 MASTER = "192.168.77.1"  # host 0's address in TwoHosts
+# --quick: node1's rank is killed at this step of the first attempt (a save at step 20 before
+# it: 5 steps redone), and the restart trains on to QUICK_STEPS
+QUICK_STEPS, QUICK_KILL_STEP = 40, 25
 
 
-def _node_env(node: int, port: int) -> dict[str, str]:
+def _node_env(node: int, port: int, kill_step: int | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_SOCKET_IFNAME")}
     env.pop("AE_RUN_TS", None)
+    fault = f"slow@train:ms={STEP_MS}"
+    if node == 1 and kill_step is not None:  # the first attempt's rank only: the restart runs on
+        fault += f",kill@train:step={kill_step}:attempt=0"
     return {**env, "NNODES": "2", "NODE_RANK": str(node), "MASTER_ADDR": MASTER,
             "MASTER_PORT": str(port), "AE_CACHE_DIR": str(DATA / "cache"),
-            "AE_FAULT": f"slow@train:ms={STEP_MS}"}  # fmt: skip
+            "AE_FAULT": fault}  # fmt: skip
 
 
 def _node1_rank(logs: Path, seen: set[str]) -> tuple[str, int] | None:
@@ -89,8 +98,18 @@ def _kill_every(logs: Path, seconds: float, kills: int, done: threading.Event) -
     return killed
 
 
+def _injected_kills(logs: Path) -> int:
+    """How many ranks a `kill@train` fault struck (each logs its FAULT injected line first)."""
+    return sum(
+        1
+        for path in logs.glob("debug_rank*_*.log")
+        for line in path.read_text(errors="replace").splitlines()
+        if (m := FAULT_INJECTED.parse(line)) and m["action"] == "kill"
+    )
+
+
 def run(name: str, spec: str, steps: int, extra: list[str], port: int,
-        kill_after: float | None, kills: int) -> dict:  # fmt: skip
+        kill_after: float | None, kills: int, kill_step: int | None = None) -> dict:  # fmt: skip
     out = DATA / f"run-goodput-{name}"
     subprocess.run(["rm", "-rf", str(out)], check=True)
     out.mkdir(parents=True)
@@ -100,8 +119,9 @@ def run(name: str, spec: str, steps: int, extra: list[str], port: int,
     t0 = time.time()
     with TwoHosts() as hosts:
         procs = [
-            hosts.popen(i, [sys.executable, "-m", "ae.cli.launch", *args], env=_node_env(i, port),
-                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            hosts.popen(i, [sys.executable, "-m", "ae.cli.launch", *args],
+                        env=_node_env(i, port, kill_step), cwd=ROOT,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for i in (0, 1)
         ]  # fmt: skip
         done, struck = threading.Event(), [0]
@@ -124,6 +144,8 @@ def run(name: str, spec: str, steps: int, extra: list[str], port: int,
     for path in sorted((out / "logs").glob("train_*.log")):
         restarts += [r for ln in path.read_text(errors="replace").splitlines()
                      if (r := RESTART.parse(ln))]  # fmt: skip
+    if kill_step is not None:
+        struck[0] = _injected_kills(out / "logs")
     return {
         "launchers_wall_s": round(wall, 1),
         "kills": struck[0],
@@ -153,15 +175,17 @@ def show(name: str, row: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="a short smoke run: two runs, one kill")
-    p.add_argument("--kill_after", type=float, help="seconds into each attempt (20; quick: 3)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: one job, one kill")
+    p.add_argument("--kill_after", type=float, help="seconds into each attempt (20)")
     a = p.parse_args()
-    # Quick: 120 steps of ~0.14 s, so that the kill (3 s after a heartbeat, every 5 s, shows
-    # node1's first step) lands mid-run, not in the run's teardown.
-    steps, kills, period = (120, 1, 10) if a.quick else (600, 3, 100)
-    kill_after = a.kill_after or (3.0 if a.quick else 20.0)
+    steps, kills, period = (QUICK_STEPS, 1, 10) if a.quick else (600, 3, 100)
+    # Quick: killed by step count (AE_FAULT in node1's rank), not by time
+    kill_after = None if a.quick else a.kill_after or 20.0
     record: dict = {"steps": steps, "kill_after_s": kill_after, "kills": kills,
                     "checkpointing_period": period, "hosts": 2, "runs": {}}  # fmt: skip
+    if a.quick:
+        record["kill_step"] = QUICK_KILL_STEP
+        one_thread_per_process()
     ok, why = available()
     if not ok:
         print(f"skipped: two network-namespace hosts cannot be made here ({why})")
@@ -175,12 +199,13 @@ def main() -> None:
     scenarios = [("no faults", every, None), (f"node1 rank killed {kills}x", every, kill_after),
                  (f"node1 rank killed {kills}x, --checkpoint_minutes=0.1", every + minutes,
                   kill_after)]  # fmt: skip
-    if a.quick:  # the baseline, and the kills with both kinds of save
-        scenarios = [scenarios[0], (scenarios[2][0], every + minutes, kill_after)]
+    kill_step = None
+    if a.quick:  # one launch: the kill and the restart, with both kinds of save
+        scenarios, kill_step = [(scenarios[2][0], every + minutes, None)], QUICK_KILL_STEP
     rows = record["runs"]
     for i, (name, extra, after) in enumerate(scenarios):
-        rows[name] = run(f"s{i}", spec, steps, extra, 29651 + 2 * i, after, kills)
-        if i:
+        rows[name] = run(f"s{i}", spec, steps, extra, 29651 + 2 * i, after, kills, kill_step)
+        if "no faults" in rows and name != "no faults":
             rows[name]["vs_no_faults"] = ratios(rows[name], rows["no faults"])
         print(show(name, rows[name]), flush=True)
     print(f"wrote {write_record('goodput', record, quick=a.quick)}")

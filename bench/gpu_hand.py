@@ -10,17 +10,18 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from bench.gpu_data import vec_array
-from bench.gpu_runner import ae_names
+from bench.gpu_runner import ae_names, trainer_names
 from bench.gpu_timing import StepRecorder, Windows, kernel_busy
 
 
 def hand_worker(spec_path: Path, out_path: Path) -> None:
     import torch
 
-    a = ae_names()
+    a = SimpleNamespace(**vars(ae_names()), **vars(trainer_names()))
     spec = json.loads(spec_path.read_text())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results: dict[str, Any] = {"device": str(device)}

@@ -15,7 +15,8 @@ WebDataset's `TarWriter`, indexed (`bench.common.tarwriter_shards`).
 
     python -m bench.gpu_throughput            # 8 x 250k samples (4 GB of shards, written once:
                                               # a few minutes), then 20 s per way
-    python -m bench.gpu_throughput --quick    # a smoke run: 2 x 16k samples, 2 s per way
+    python -m bench.gpu_throughput --quick    # a smoke run: 2 x 4k samples, batch 512, 0.5 s
+                                              # per way, one thread
     python -m bench.gpu_throughput --accelerator=cpu   # the same on the CPU (no figure of note)
 
 Needs CUDA: without it, it stops with one line saying so, except `--quick`, which then runs on
@@ -160,22 +161,25 @@ def _ae_batches(urls: list[str], dim: int, batch: int, workers: int) -> Iterator
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small data, 2 s per way")
+    ap.add_argument("--quick", action="store_true", help="small data, 0.5 s per way")
     ap.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
     ap.add_argument("--data", default="/tmp/ae-bench-data")
-    ap.add_argument("--batch_size", type=int, default=4096)
+    ap.add_argument("--batch_size", type=int, help="4096 (--quick: 512)")
     ap.add_argument("--workers", help="worker counts for ae, comma-separated (0,2,4; --quick: 0,2)")
     ap.add_argument("--seconds", type=float, default=20.0)
     args = ap.parse_args()
     args.workers = args.workers or ("0,2" if args.quick else "0,2,4")
+    args.batch_size = args.batch_size or (512 if args.quick else 4096)
     cuda = torch.cuda.is_available()
     wants_gpu = args.accelerator == "gpu" or (args.accelerator == "auto" and not args.quick)
     if wants_gpu and not cuda:
         sys.exit("bench.gpu_throughput needs a CUDA GPU, and torch sees none here.")
     device = torch.device("cuda" if cuda and args.accelerator != "cpu" else "cpu")
     print(f"device: {device}", flush=True)
-    shards, per_shard = (2, 16_384) if args.quick else (8, 250_000)
-    seconds = 2.0 if args.quick else args.seconds
+    shards, per_shard = (2, 4096) if args.quick else (8, 250_000)
+    seconds = 0.5 if args.quick else args.seconds
+    if args.quick:  # on a shared 2-core CPU, torch's second thread spins against other processes
+        torch.set_num_threads(1)
     dim = 64
     urls = tarwriter_shards(Path(args.data), shards, per_shard, dim)
     meter = Utilisation(enabled=device.type == "cuda")

@@ -18,6 +18,10 @@ settings (persistent workers, prefetch), as training reads them.
   returns only a count.
 
 Usage: python -m bench.input_pipeline [--quick]   (writes bench/results/input_pipeline[_quick].json)
+
+`--quick` (the suite's smoke run): every reader once over a few small batches of each kind
+(`QUICK_BATCH`), 0 and 2 workers, `vec` for one epoch (not epochs for 3 s), the JPEG decode
+timed in one round.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from bench.common import photo_shards, synthetic_shards, tarwriter_shards, write
 
 BATCH = 256
 VEC_BATCH = 4096
+QUICK_BATCH = {"vec": 512, "npy": 64, "png": 64, "jpg": 32}  # --quick: one a worker, and more
 VEC_EPOCHS_S = 3.0  # ae on `vec` reads epoch after epoch for at least this long
 JPG_SIZE = 64
 DECODERS = {
@@ -85,13 +90,15 @@ class _Ceiling(IterableDataset):
             yield _ceiling_parse(url, self.kind)
 
 
-def _ours(urls: list[str], kind: str, workers: int, columnar: bool = True) -> DataLoader:
+def _ours(
+    urls: list[str], kind: str, workers: int, batch: int, columnar: bool = True
+) -> DataLoader:
     stream = ShardStream(
         split="bench",
         urls=urls,
         counts=count_shards(urls).counts,
         decoder=DECODERS[kind],
-        batch_size=_batch(kind),
+        batch_size=batch,
         rank=0,
         world_size=1,
         num_workers=workers,
@@ -110,15 +117,15 @@ def _ours(urls: list[str], kind: str, workers: int, columnar: bool = True) -> Da
     )
 
 
-def _ours_general(urls: list[str], kind: str, workers: int) -> DataLoader:
-    return _ours(urls, kind, workers, columnar=False)
+def _ours_general(urls: list[str], kind: str, workers: int, batch: int) -> DataLoader:
+    return _ours(urls, kind, workers, batch, columnar=False)
 
 
-def _batch(kind: str) -> int:
-    return VEC_BATCH if kind == "vec" else BATCH
+def _batch(kind: str, quick: bool) -> int:
+    return QUICK_BATCH[kind] if quick else VEC_BATCH if kind == "vec" else BATCH
 
 
-def _webdataset(urls: list[str], kind: str, workers: int) -> DataLoader:
+def _webdataset(urls: list[str], kind: str, workers: int, batch: int) -> DataLoader:
     ds = wds.WebDataset(
         urls, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False
     )
@@ -127,7 +134,7 @@ def _webdataset(urls: list[str], kind: str, workers: int) -> DataLoader:
     else:
         ds = ds.decode(*(["rgb"] if kind == "png" else []))
     field = "npy" if kind == "vec" else kind
-    batched = ds.to_tuple(field).batched(_batch(kind))
+    batched = ds.to_tuple(field).batched(batch)
     return DataLoader(batched, batch_size=None, num_workers=workers)
 
 
@@ -163,7 +170,7 @@ def _decode_only(urls: list[str], rounds: int) -> dict[str, float]:
     return best
 
 
-def _ceiling(urls: list[str], kind: str, workers: int) -> DataLoader:
+def _ceiling(urls: list[str], kind: str, workers: int, batch: int) -> DataLoader:
     return DataLoader(_Ceiling(urls, kind), batch_size=None, num_workers=workers)
 
 
@@ -179,15 +186,16 @@ def _count(loader: DataLoader) -> int:
     return n
 
 
-def _rate(loader: DataLoader, expect: int) -> tuple[float, float]:
+def _rate(loader: DataLoader, expect: int, epochs_s: float) -> tuple[float, float]:
     """Samples per second of wall time, and per second of this process's CPU time (all of the
-    work with 0 workers; the figure that other processes on a shared machine disturb least)."""
+    work with 0 workers; the figure that other processes on a shared machine disturb least).
+    A `ResumableLoader` reads epoch after epoch for `epochs_s`."""
     t0, c0 = time.perf_counter(), time.process_time()
     n = _count(loader)
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
     if isinstance(loader, ResumableLoader):  # epoch after epoch, as training reads
         epoch = 0
-        while dt < VEC_EPOCHS_S:
+        while dt < epochs_s:
             epoch += 1
             loader.dataset.epoch = epoch
             n += _count(loader)
@@ -209,11 +217,12 @@ def main() -> None:
     )  # fmt: skip
     args = ap.parse_args()
     args.workers = args.workers or ("0,2" if args.quick else "0,1,2")
+    epochs_s = 0.0 if args.quick else VEC_EPOCHS_S
     sizes = {  # (shards, samples per shard); --quick: a smoke run of seconds
-        "vec": (2, 4096) if args.quick else (8, 25000),
-        "npy": (2, 2048) if args.quick else (8, 25000),
-        "png": (2, 256) if args.quick else (8, 4000),
-        "jpg": (2, 256) if args.quick else (4, 200),  # a batch of 256 for each of 2 workers
+        "vec": (2, 1024) if args.quick else (8, 25000),
+        "npy": (2, 256) if args.quick else (8, 25000),
+        "png": (2, 128) if args.quick else (8, 4000),
+        "jpg": (2, 64) if args.quick else (4, 200),  # a batch of 256 for each of 2 workers
     }
     rows = []
     for kind in args.kinds.split(","):
@@ -227,13 +236,13 @@ def main() -> None:
         total = shards * per_shard
         for workers in (int(w) for w in args.workers.split(",")):
             r: dict = {"kind": kind, "workers": workers, "repeat": args.repeat}
-            r["batch_size"] = _batch(kind)
+            r["batch_size"] = batch = _batch(kind, args.quick)
             readers = [("ae", _ours), ("webdataset", _webdataset), ("ceiling", _ceiling)]
             if kind == "vec":
                 readers.insert(1, ("ae_general", _ours_general))
             for _ in range(args.repeat):
                 for name, make in readers:
-                    wall, cpu = _rate(make(urls, kind, workers), total)
+                    wall, cpu = _rate(make(urls, kind, workers, batch), total, epochs_s)
                     r[name] = max(r.get(name, 0.0), wall)
                     if workers == 0:
                         r[f"{name}_cpu"] = max(r.get(f"{name}_cpu", 0.0), cpu)
@@ -255,7 +264,8 @@ def main() -> None:
             )
     decode_ms = None
     if "jpg" in args.kinds.split(","):
-        decode_ms = _decode_only(photo_shards(Path(args.data), *sizes["jpg"]), 3 * args.repeat)
+        rounds = 1 if args.quick else 3 * args.repeat
+        decode_ms = _decode_only(photo_shards(Path(args.data), *sizes["jpg"]), rounds)
         print(
             f"jpg decode+resize alone (CPU time): ae {decode_ms['ae']:.3f} ms, webdataset "
             f"{decode_ms['webdataset']:.3f} ms per image -> "
@@ -264,7 +274,7 @@ def main() -> None:
     path = write_record(
         "input_pipeline",
         {
-            "batch_size": BATCH,
+            "batch_size": _batch("npy", args.quick),
             "rows": rows,
             "jpg_decode_ms": decode_ms,
             "targets": {

@@ -60,11 +60,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--quick", action="store_true", help="batch 2, 1 round: a smoke run")
+    p.add_argument("--quick", action="store_true", help="batch 2, 1 round, 1 thread: a smoke run")
     p.add_argument("--fid", action="store_true", help="also rFID's cost per validation image")
     args = p.parse_args()
     if args.quick:
         args.batch_size, args.rounds, args.warmup = 2, 1, 0
+        # on a shared 2-core CPU, torch's second thread spins against other processes
+        torch.set_num_threads(1)
     torch.manual_seed(0)
     dev = torch.device(args.device)
     enc, dec, last = build(args.model)

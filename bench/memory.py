@@ -6,7 +6,8 @@ each sample is put in the epoch named by the latest `EPOCH e TRAINING START` mar
 own debug log. Workers are re-forked every epoch, so a leak in them would show in the rank.
 
 Usage: python -m bench.memory   (writes bench/results/memory.json)
-       python -m bench.memory --quick   (3 epochs of 10 shards: memory_quick.json)
+       python -m bench.memory --quick   (3 epochs of 10 shards, one rank with one worker:
+                                        memory_quick.json)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from ae.log_lines import MARKER
-from bench.common import launch_run, tiny_shard_set, write_record
+from bench.common import launch_run, one_thread_per_process, tiny_shard_set, write_record
 
 DATA = Path("/tmp/ae-bench-data")
 EPOCHS = 5
@@ -50,10 +51,11 @@ def _current_epoch(logs: Path, rank: int) -> int | None:
     return epoch
 
 
-def measure(spec: str, out: Path, epochs: int) -> dict:
+def measure(spec: str, out: Path, epochs: int, extra: list[str]) -> dict:
+    """RSS per epoch of each rank and its workers; `extra` flags win."""
     proc = launch_run(
         [f"--train_shards={spec}", f"--val_shards={spec}", f"--max_epochs={epochs}",
-         "--batch_size=256", "--num_workers=2", "--checkpointing_period=0"],
+         "--batch_size=256", "--num_workers=2", "--checkpointing_period=0", *extra],
         out,
     )  # fmt: skip
     # peaks[rank][epoch] = (rank RSS MB, max worker RSS MB)
@@ -99,10 +101,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 epochs of 10 shards: a smoke run")
     args = ap.parse_args()
     epochs, cases = (3, ((10, 1024),)) if args.quick else (EPOCHS, ((100, 1000), (10_000, 10)))
+    extra = ["--devices=1", "--num_workers=1"] if args.quick else []  # quick: one launch, cheap
+    if args.quick:
+        one_thread_per_process()
     rows = {}
     for shards, per_shard in cases:
         spec = tiny_shard_set(DATA, shards, per_shard)
-        rows[shards] = measure(spec, DATA / f"run-memory-{shards}", epochs)
+        rows[shards] = measure(spec, DATA / f"run-memory-{shards}", epochs, extra)
         for rank, r in rows[shards].items():
             print(
                 f"{shards:>6} shards, rank {rank}: rank RSS/epoch {r['rank_mb']} MB, "

@@ -24,10 +24,13 @@ batch 16), eager and with `--compile=true`, `--compile_epochs` each; steps/s is 
 rate line of the last epoch (epoch 0 carries the compilation itself). `--accelerator=cpu`
 measures it on the CPU.
 
-`--quick`: one epoch over the first train shard (144 crops) of the first pair of models (conv and
-resnet at latent 256) and their grid, no `compile` part (compiling takes minutes on a CPU); the
-accelerator is the launcher's `auto` (the CPU where no GPU is). Writes
-models_bench_<part>_quick.json, and works in bench/results/models_bench_quick/.
+`--quick`: one epoch over the first train shard (144 crops) of the first model (conv, latent 256:
+one launch, which runs every step of the bench that a model does) and its grid, the crops taken
+to 16x16 (`QUICK_SIZE`: a step at 64x64 takes seconds on a shared CPU), no `compile` part
+(compiling takes minutes on a CPU); the accelerator is the launcher's `auto` (the CPU where no
+GPU is). Writes
+models_bench_<part>_quick.json, and works in bench/results/models_bench_quick/; the photo crops
+are kept in /tmp/ae-bench-data (written once, like the other benches' data).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from PIL import Image
 
 from ae.data.shards.writer import png_bytes, write_shards
 from ae.log_lines import PROCESSED_TRAIN
-from bench.common import results_dir, write_record
+from bench.common import one_thread_per_process, results_dir, write_record
 from bench.real_images import real_photos
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +70,9 @@ MODELS = {  # name -> flags; pairs share a latent size
 # `compile`: the resnet f=8 layout at a size a shared 2-core CPU steps through in seconds.
 COMPILE_MODEL = ["--model=resnet", "--downsample=8", "--base_channels=8", "--channel_mult=1,2,4,4",
                  "--res_blocks=1", "--image_size=16", "--batch_size=16"]  # fmt: skip
-EXTRA: list[str] = []  # --accelerator of this bench run (main)
+EXTRA: list[str] = []  # --accelerator of this bench run (main); --quick: --image_size
+QUICK_SIZE = 16  # --quick: the crops' side in training and in the grid
+QUICK_DATA = Path("/tmp/ae-bench-data")
 
 
 ZOOMS = (1.0, 1.3, 1.7)
@@ -173,9 +178,12 @@ def compile_speed(data: tuple[str, str], epochs: int, work: Path) -> dict[str, A
     return result
 
 
-def comparison_grid(val_spec: str, work: Path, models: dict[str, list[str]]) -> Path:
+def comparison_grid(
+    val_spec: str, work: Path, models: dict[str, list[str]], image_size: int = 0
+) -> Path:
     """One PNG: 8 validation crops (2 of each held-out photo) above each quality run's
-    reconstructions (its final checkpoint), a row per model, labelled."""
+    reconstructions (its final checkpoint), a row per model, labelled; `image_size`: the runs'
+    `--image_size` (0: the crops' own)."""
     import torch
     from PIL import ImageDraw
 
@@ -189,7 +197,7 @@ def comparison_grid(val_spec: str, work: Path, models: dict[str, list[str]]) -> 
 
     samples = [s for url in expand_shards(val_spec) for s in iter_samples(url)]
     picks = [samples[i] for i in range(0, len(samples), len(samples) // 8)][:8]
-    decoder = SampleDecoder.probe(picks[0], DataConfig())
+    decoder = SampleDecoder.probe(picks[0], DataConfig(image_size=image_size))
     x = torch.from_numpy(np.stack([decoder.decode(s) for s in picks]))
     rows = [("input", x)]
     for i, name in enumerate(models):
@@ -218,20 +226,24 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=40, help="quality runs (18 steps an epoch)")
     p.add_argument("--compile_epochs", type=int, default=4)
     p.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
-    p.add_argument("--quick", action="store_true", help="1 epoch of 2 models, no compile part")
+    p.add_argument("--quick", action="store_true", help="1 epoch of 1 model, no compile part")
     args = p.parse_args()
     EXTRA.append(f"--accelerator={args.accelerator}")
-    models = dict(list(MODELS.items())[:2]) if args.quick else MODELS
+    models = dict(list(MODELS.items())[:1]) if args.quick else MODELS
     epochs = 1 if args.quick else args.epochs
     work = results_dir() / ("models_bench_quick" if args.quick else "models_bench")
-    data = photo_shards(results_dir())
+    data = photo_shards(QUICK_DATA if args.quick else results_dir())
+    image_size = 0
     if args.quick:  # the first train shard: 144 crops, 4 steps an epoch instead of 18
         data = (data[0].replace("train-*.tar", "train-000000.tar"), data[1])
+        image_size = QUICK_SIZE
+        EXTRA.append(f"--image_size={image_size}")
+        one_thread_per_process()
     record: dict[str, Any] = {"epochs": epochs, "data": data, "common": [*COMMON, *EXTRA]}
     if args.part in ("quality", "both"):
         record["quality"] = quality(data, epochs, work, models)
     if args.part in ("quality", "grids", "both"):
-        record["comparison_grid"] = str(comparison_grid(data[1], work, models))
+        record["comparison_grid"] = str(comparison_grid(data[1], work, models, image_size))
         print(record["comparison_grid"], flush=True)
     if args.part in ("compile", "both"):
         if args.quick:

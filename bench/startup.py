@@ -7,7 +7,8 @@ process is spawned and stops at the timestamp of rank 0's first `Training step` 
 Target: under 5 s difference between 10 and 10,000 shards.
 
 Usage: python -m bench.startup   (writes bench/results/startup.json)
-       python -m bench.startup --quick   (10 vs 100 shards, one run each: startup_quick.json)
+       python -m bench.startup --quick   (10 vs 100 shards, one run each, one rank with one
+                                         worker: startup_quick.json)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ae.log_lines import RECORD_PATTERN, TRAIN_STEP
-from bench.common import launch_run, tiny_shard_set, write_record
+from bench.common import launch_run, one_thread_per_process, tiny_shard_set, write_record
 
 DATA = Path("/tmp/ae-bench-data")
 
@@ -47,10 +48,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="10 vs 100 shards, one run each")
     args = ap.parse_args()
     cases, tries = (((10, 100), (100, 10)), 1) if args.quick else (((10, 1000), (10_000, 10)), 2)
+    # quick: a launch costs ~8 s of CPU with one rank, ~14 with two (imports, mostly)
+    extra = ["--devices=1", "--num_workers=1"] if args.quick else []
+    if args.quick:
+        one_thread_per_process()
     rows = []
     for shards, per_shard in cases:
         spec = tiny_shard_set(DATA, shards, per_shard)
-        secs = [first_step_seconds(spec, DATA / f"run-startup-{shards}") for _ in range(tries)]
+        out = DATA / f"run-startup-{shards}"
+        secs = [first_step_seconds(spec, out, extra) for _ in range(tries)]
         rows.append({"shards": shards, "samples": shards * per_shard, "seconds": min(secs)})
         print(f"{shards:>6} shards: first optimizer step after {min(secs):.1f} s (best of {tries})")
     diff = rows[1]["seconds"] - rows[0]["seconds"]

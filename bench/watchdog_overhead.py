@@ -1,7 +1,8 @@
 """Training throughput with the stall watchdog + debug logging on, versus both off.
 
     .venv/bin/python -m bench.watchdog_overhead [--pairs 2] [--batches 1500] [--segments 200]
-    .venv/bin/python -m bench.watchdog_overhead --quick   # 1 pair of 400 batches, 6 segments
+    .venv/bin/python -m bench.watchdog_overhead --quick   # 20 warm-up batches (not 300), then
+                                                          # 1 pair of 100 batches, 4 segments
 
 On: `--debug=true --stall_timeout=300`: the watchdog thread and its heartbeat file, and a
 `Training step` line per batch (loss, LR, samples/s, RSS of rank and workers).
@@ -53,6 +54,7 @@ from bench.common import synthetic_shards, write_record
 
 BATCH = 16
 SKIP = 300  # warm-up batches, excluded
+QUICK_SKIP = 20
 # Batches per interleaved segment: prime, so that periodic work (Lightning's metrics every 10
 # steps, the CSV flush every 100, progress lines every 500) falls on on and off segments alike.
 SEGMENT = 37
@@ -70,14 +72,15 @@ def make_shards(folder: Path, batches: int) -> tuple[list[str], list[str]]:
 
 
 class Stopwatch(L.Callback):
-    """Wall and process CPU time at batch SKIP and at the last batch."""
+    """Wall and process CPU time at batch `skip` and at the last batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, skip: int = SKIP) -> None:
+        self.skip = skip
         self.marks: list[tuple[int, float, float]] = []
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         done = trainer.global_step
-        if done == SKIP or done == trainer.num_training_batches:
+        if done == self.skip or done == trainer.num_training_batches:
             self.marks.append((done, time.perf_counter(), time.process_time()))
 
 
@@ -85,8 +88,8 @@ class Toggle(L.Callback):
     """Switches the per-batch forensics off and on every SEGMENT batches, timing each segment.
     With switch=False it only labels the segments (the control: measures the noise)."""
 
-    def __init__(self, trainer: L.Trainer, switch: bool = True) -> None:
-        self.switch = switch
+    def __init__(self, trainer: L.Trainer, switch: bool = True, skip: int = SKIP) -> None:
+        self.switch, self.skip = switch, skip
         self.debug_cb = next(c for c in trainer.callbacks if isinstance(c, DebugCallback))
         self.on = True
         self.last = -1
@@ -95,7 +98,7 @@ class Toggle(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         done = trainer.global_step
-        if done < SKIP or (done - SKIP) % SEGMENT or done == self.last:
+        if done < self.skip or (done - self.skip) % SEGMENT or done == self.last:
             return
         self.last = done
         now = (time.perf_counter(), time.process_time())
@@ -132,9 +135,11 @@ def fit(
     return watch
 
 
-def whole_run(mode: str, urls: tuple[list[str], list[str]], out: Path) -> tuple[float, float]:
-    """(batches per second, CPU milliseconds per batch) after the warm-up."""
-    (b0, w0, c0), (b1, w1, c1) = fit(mode, urls, out, lambda _: Stopwatch()).marks
+def whole_run(
+    mode: str, urls: tuple[list[str], list[str]], out: Path, skip: int
+) -> tuple[float, float]:
+    """(batches per second, CPU milliseconds per batch) after `skip` warm-up batches."""
+    (b0, w0, c0), (b1, w1, c1) = fit(mode, urls, out, lambda _: Stopwatch(skip)).marks
     return (b1 - b0) / (w1 - w0), 1000 * (c1 - c0) / (b1 - b0)
 
 
@@ -156,21 +161,23 @@ def main() -> int:
     parser.add_argument("--segments", type=int, default=200, help="interleaved segments")
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes")
     args = parser.parse_args()
+    skip = QUICK_SKIP if args.quick else SKIP
     if args.quick:
-        args.pairs, args.batches, args.segments = 1, SKIP + 100, 6
+        args.pairs, args.batches, args.segments = 1, skip + 100, 4
     torch.set_num_threads(1)  # as the launcher does for 2 ranks on 2 cores: no spinning threads
     t_start = time.monotonic()
     rate: dict[str, list[float]] = {m: [] for m in MODES}
     cpu: dict[str, list[float]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        long_urls = make_shards(folder / "long", SKIP + (args.segments + 1) * SEGMENT)
-        segments = fit("on", long_urls, folder / "interleaved", Toggle).segments
-        control = fit("on", long_urls, folder / "control", lambda t: Toggle(t, False)).segments
+        long_urls = make_shards(folder / "long", skip + (args.segments + 1) * SEGMENT)
+        switched = fit("on", long_urls, folder / "interleaved", lambda t: Toggle(t, True, skip))
+        labelled = fit("on", long_urls, folder / "control", lambda t: Toggle(t, False, skip))
+        segments, control = switched.segments, labelled.segments
         urls = make_shards(folder / "short", args.batches)
         for i in range(args.pairs):
             for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
-                r, c = whole_run(mode, urls, folder / f"{mode}{i}")
+                r, c = whole_run(mode, urls, folder / f"{mode}{i}", skip)
                 rate[mode].append(round(r, 1))
                 cpu[mode].append(round(c, 3))
     whole = [pct(1 / off, 1 / on) for off, on in zip(rate["off"], rate["on"], strict=True)]

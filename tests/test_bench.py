@@ -83,8 +83,9 @@ def test_quick_mode_runs_and_writes_its_record(bench: str, tmp_path: Path) -> No
     if bench == "peers" and peer_versions() is None:  # the bench itself would print `skipped:`
         pytest.skip("the peers extra is not installed (bench/README.md: pip install '.[peers]')")
     env = {**os.environ, "AE_BENCH_RESULTS": str(tmp_path)}  # not the full runs' records
-    # A few seconds to half a minute each on a quiet 2-core machine (~4 min in all); under a load
-    # of 15 the slowest (models_bench: two CPU trainings) took over 5 minutes.
+    # A few seconds to a minute each (6-8 min in all at a load of 5-9 on 2 cores, trainer_overhead
+    # aside); a launch of the real launcher is most of a quick mode's cost (~8 s of CPU a rank),
+    # so they launch once where they can, one rank on one thread.
     out = subprocess.run(
         [sys.executable, "-m", f"bench.{bench}", "--quick"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
