@@ -99,3 +99,25 @@ def test_the_lr_is_logged_at_the_steps_of_the_losses_with_the_lr_that_step_used(
         used = 1e-2 * lr_factor(step - 1, 5, 40, "cosine")  # the step-th step: index step - 1
         assert float(row["lr-AdamW/encoder"]) == pytest.approx(used)
         assert float(row["lr-AdamW/decoder"]) == pytest.approx(used * 0.5)
+
+
+def test_ae_metrics_go_with_lightnings_at_their_step_or_on_their_own(tmp_path: Path) -> None:
+    """The LRs join the losses' write at the same step (one CSV row); at a step where Lightning
+    hands over nothing they are still written, at their own step, by the next save."""
+    logger = NumberedCSVLogger(tmp_path, name="m", version="v")
+    steps = iter([10, 20])
+    logger.steps_done = lambda: next(steps)
+    logger.add({"lr": 0.1}, 10)
+    logger.log_metrics({"train/loss": 1.0})  # Lightning's handover at step 10
+    logger.add({"lr": 0.2}, 15)  # no handover at 15
+    logger.log_metrics({"train/loss": 2.0})  # at 20: the LR of 15 first, on its own
+    logger.add({"lr": 0.3}, 25)
+    logger.save()
+    with open(tmp_path / "m" / "v" / "metrics.csv", newline="") as f:
+        rows = [{k: v for k, v in r.items() if v} for r in csv.DictReader(f)]
+    assert rows == [
+        {"lr": "0.1", "train/loss": "1.0", "step": "10"},
+        {"lr": "0.2", "step": "15"},
+        {"train/loss": "2.0", "step": "20"},
+        {"lr": "0.3", "step": "25"},
+    ]
