@@ -9,8 +9,8 @@ is read on the host every step where that costs nothing or is needed (on a CPU, 
 GPU) every `log_every_n_steps` steps, when the loggers read the loss anyway; the first bad step
 is named from the window kept since the last read.
 
-Agreement without a collective of its own: a rank whose loss is non-finite while its gradient
-is finite puts a NaN into each bucket it reduces, so the reduced gradient, which every rank
+Agreement without a collective of its own: a rank whose loss is non-finite puts a NaN into
+the step's first gradient bucket before reducing it, so the reduced gradient, which every rank
 holds identically, is non-finite on all ranks whenever any rank's loss or gradient is. Every
 rank then takes the same decision at the same step from the same value. The rank(s) whose own
 loss or pre-reduce gradient held the value write the NONFINITE line; the others write
@@ -194,10 +194,11 @@ class NonFiniteGuard(L.Callback):
         buf = bucket.buffer()
         bad = ~torch.isfinite(buf).all()
         self.grad_bad = bad if self.grad_bad is None else self.grad_bad | bad
-        if self.loss is not None:
-            # A non-finite loss with a finite gradient still reaches every rank: one NaN added.
-            poison = ~torch.isfinite(self.loss) & ~bad
-            buf[:1].add_(torch.where(poison, float("nan"), 0.0).to(buf.dtype))
+        if self.loss is not None and bucket.index() == 0:
+            # A non-finite loss still reaches every rank: one NaN added to one bucket of the
+            # step (the reduced gradient is then non-finite everywhere; one bucket is enough).
+            poison = torch.where(torch.isfinite(self.loss), 0.0, float("nan"))
+            buf[:1].add_(poison.to(buf.dtype))
         return allreduce_hook(state, bucket)
 
     def on_before_optimizer_step(
