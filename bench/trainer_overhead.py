@@ -1,11 +1,12 @@
 """Trainer overhead: optimizer steps/s of `ae` (Lightning + our callbacks + logging), of a bare
-Lightning Trainer (no ae callbacks, no logger) and of a hand-written PyTorch loop, same model,
-same tensors, 1 process and 2-process DDP (gloo on CPU), all measured in one run.
+Lightning Trainer (no ae callbacks; the two loggers ae writes by default) and of a hand-written
+PyTorch loop, same model, same tensors, 1 process and 2-process DDP (gloo on CPU), all measured
+in one run.
 
 The three sides train the `AutoEncoder` on the same pre-made batches (no data pipeline: that has
 its own bench), with the same AdamW + warmup/cosine schedule and gradient clipping. The hand
 loop is what a trainer would cost if it were free; bare Lightning / hand loop is what Lightning
-itself costs, ae / bare Lightning what ae adds on top (callbacks, loggers, logging).
+itself costs, ae / bare Lightning what ae adds on top (callbacks, forensics, its own logging).
 
 The ae side gets what a rank gets (`ae/rank/train.py`): logging configured, `build_trainer` with
 every callback, and a `ShardDataModule` over a small shard set (its validation split is what
@@ -153,10 +154,14 @@ def _timer(steps: int):
     return Timer()
 
 
-def run_lightning(steps: int, world: int) -> dict[str, float]:
-    """A bare Lightning Trainer: its defaults, no callback but the timer, no logger, the same
-    clipping and schedule (the model's own `configure_optimizers`)."""
+def run_lightning(steps: int, world: int, logs: Path) -> dict[str, float]:
+    """A bare Lightning Trainer: its defaults, no callback but the timer, the same clipping and
+    schedule (the model's own `configure_optimizers`), and the loggers ae writes by default
+    (`--logger=csv,tensorboard`) at ae's cadence: what a Lightning user gets with logging (its
+    own default, `logger=True`, is a TensorBoard logger), so that the ratio compares the
+    trainers' per-step work, not whether the metrics are written."""
     import lightning as L
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
     from lightning.pytorch.strategies import DDPStrategy
 
     timer = _timer(steps)
@@ -169,7 +174,7 @@ def run_lightning(steps: int, world: int) -> dict[str, float]:
         gradient_clip_val=1.0,
         use_distributed_sampler=False,
         num_sanity_val_steps=0,
-        logger=False,
+        logger=[CSVLogger(logs, name="metrics"), TensorBoardLogger(logs, name="tensorboard")],
         callbacks=[timer],
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -238,7 +243,7 @@ def _worker(args: argparse.Namespace) -> None:
             dist.init_process_group("gloo")
         rate = run_manual(args.steps, world)
     elif args.side == "lightning":
-        rate = run_lightning(args.steps, world)
+        rate = run_lightning(args.steps, world, Path(args.out).parent / "run")
     else:
         variant = args.side.removeprefix("ae:") if args.side != "ae" else None
         rate = run_ae(args.steps, world, Path(args.out).parent / "run", variant)

@@ -33,8 +33,18 @@ VARIANTS = {
 
 
 def _drop(*kinds: type) -> Callable[[Any], None]:
+    """Those callbacks out of the trainer's list, and their per-batch hooks out of the
+    `BatchHooks` that calls them (`ae/training/batch_hooks.py`)."""
+
     def change(trainer: Any) -> None:
+        from ae.training.batch_hooks import BatchHooks
+
         trainer.callbacks = [cb for cb in trainer.callbacks if not isinstance(cb, kinds)]
+        for hooks in [cb for cb in trainer.callbacks if isinstance(cb, BatchHooks)]:
+            for name, fns in list(hooks.calls.items()):
+                fns[:] = [fn for fn in fns if not isinstance(fn.__self__, kinds)]
+                if not fns:  # nothing left there: Lightning skips the hook, as without them
+                    setattr(hooks, name, None)
 
     return change
 

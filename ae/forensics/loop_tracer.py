@@ -90,7 +90,12 @@ class DebugCallback(L.Callback):
             marker = epoch_marker(trainer.current_epoch, "TRAINING", "START")
             logger.info(f"{marker} (resumed at batch {idx})")
 
-    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        # Backward has just returned (the optimizer step starts): a hook the step already
+        # dispatches, where `on_after_backward` would cost one more a batch. A batch that only
+        # accumulates has no all-reduce to time (DDP's no_sync).
         step_times.backward_done(time.perf_counter())
 
     def on_train_batch_end(

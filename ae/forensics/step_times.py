@@ -5,7 +5,8 @@ Per training batch, three clocks (host time, `time.perf_counter`):
   by `ae.data.stream.resume.ResumableLoader`);
 - sync: the time spent waiting for the other ranks. The gradient all-reduce is timed from the
   moment the last gradient is ready (a hook on each parameter: DDP launches the last bucket then)
-  to the end of backward, when DDP has waited for every bucket: the time backward only waits.
+  to the end of backward (read as the optimizer step starts, a few us later), when DDP has
+  waited for every bucket: the time backward only waits.
   Added to it is the stretch between the end of one batch and the fetch of the next:
   Lightning's per-step stop-signal broadcast (a collective, where a fast rank waits when its
   peer was slow after the all-reduce), the step boundary's work (`ae.training.step_boundary`:
@@ -91,7 +92,8 @@ class StepTimes:
         self._collectives.append((launched, done))
 
     def backward_done(self, now: float) -> None:
-        """Backward returned `now` (DDP has waited for every bucket's all-reduce)."""
+        """Backward of an optimizer step's batch returned by `now` (DDP has waited for every
+        bucket's all-reduce)."""
         if self.last_grad_ready is not None:
             self.collective(self.last_grad_ready, now)
             self.last_grad_ready = None

@@ -80,13 +80,14 @@ def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     ]
 
 
-def _last_step_of_training(trainer: L.Trainer, batch_idx: int) -> bool:
-    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+def _last_step_of_training(trainer: L.Trainer, batch_idx: int, step: int) -> bool:
+    """Optimizer step `step`, ending batch `batch_idx`, is the run's last. Asked after every
+    step: the cheap tests first (each of the trainer's properties is a few Python calls)."""
+    if 0 <= trainer.max_steps <= step:  # -1: no limit
         return True
-    last_epoch = (
-        trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
-    )
-    return last_epoch and batch_idx + 1 >= trainer.num_training_batches
+    if batch_idx + 1 < trainer.num_training_batches:
+        return False
+    return trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
 
 
 def current_lr(trainer: L.Trainer) -> float:
@@ -171,15 +172,16 @@ class Checkpointing(L.Callback):
         minutes = self.cfg.checkpoint_minutes
         return bool(minutes) and self.clock() - self.saved_at >= minutes * 60
 
-    def after_step(self, trainer: L.Trainer, idx: int, timed: bool = False) -> None:
-        """After optimizer step `trainer.global_step`, ending batch `idx` (`StepBoundary`);
-        `timed`: the ranks agreed that a timed save is due (any rank's clock decides)."""
-        step = trainer.global_step
-        if self.cfg.checkpointing_period and step % self.cfg.checkpointing_period == 0:
+    def after_step(self, trainer: L.Trainer, idx: int, step: int, timed: bool = False) -> None:
+        """After optimizer step `step` (`trainer.global_step`), ending batch `idx`
+        (`StepBoundary`); `timed`: the ranks agreed that a timed save is due (any rank's clock
+        decides)."""
+        period = self.cfg.checkpointing_period
+        if period and step % period == 0:
             self.save_step(trainer, "periodic")
         if self.saved_step != step and timed:
             self.save_step(trainer, "timed")
-        if self.saved_step != step and _last_step_of_training(trainer, idx):
+        if self.saved_step != step and _last_step_of_training(trainer, idx, step):
             self.save_step(trainer, "final")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -8,10 +8,11 @@ store `<output_dir>/mlruns/` (unless `--mlflow_tracking_uri`), and `<output_dir>
 
 Steps: every metric is logged at the number of optimizer steps done (what the console, the
 checkpoint names and `global_step` say). Lightning hands its loggers that number minus one for
-the metrics that `self.log` collects (it counts the step only after handing them over), so
-`StepsDone` logs a `step` metric, which Lightning's logger connector takes in place of its own
-count (its documented use), with every batch of metrics: train, epoch and validation, of the
-built-in models and of a LightningModule of the user's alike. The LR is logged by
+the step metrics (it counts the step only after handing them over), and the loggers here take
+the step from the trainer instead (`StepsDoneNumbering`, wired by `StepsDone`): train, epoch and
+validation metrics, of the built-in models and of a LightningModule of the user's alike. A
+`self.log("step")` with every batch of metrics did the same through Lightning's result
+collection, some 1,000 Python calls each time (bench/README.md). The LR is logged by
 `LearningRates` at the same steps (Lightning's monitor logs it one step earlier).
 
 Resume: each checkpoint records the loggers' run ids (LOGGER_RUNS); a run resumed from it
@@ -27,7 +28,7 @@ import csv
 import math
 import os
 import secrets
-import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,19 +71,75 @@ def build_loggers(
     return loggers
 
 
+class StepsDoneNumbering:
+    """Before a Lightning logger class: its metrics at `steps_done()` (the trainer's optimizer
+    steps done) whatever step Lightning hands it; Lightning's own until `StepsDone` sets it.
+
+    `add`: metrics of ae's own (the LRs, the per-rank series) written with those Lightning hands
+    over at the same step, in one write: TensorBoard's costs ~140 us whatever it holds, and the
+    CSV gets one row. If none come at that step, they are written on their own at the next
+    `save` (Lightning saves after every handover) or at the end."""
+
+    steps_done: Callable[[], int] | None = None
+    _pending: tuple[int, dict[str, float]] | None = None
+
+    def add(self, metrics: Mapping[str, float], step: int) -> None:
+        if self._pending is not None and self._pending[0] == step:
+            self._pending[1].update(metrics)
+            return
+        self._flush()
+        self._pending = (step, dict(metrics))
+
+    def _flush(self) -> None:
+        if self._pending is not None:
+            step, metrics = self._pending
+            self._pending = None
+            super().log_metrics(metrics, step)  # type: ignore[misc]
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if self.steps_done is not None:
+            step = self.steps_done()
+        if self._pending is not None and self._pending[0] == step:
+            metrics = {**self._pending[1], **metrics}
+            self._pending = None
+        else:
+            self._flush()
+        super().log_metrics(metrics, step)  # type: ignore[misc]
+
+    def save(self) -> None:
+        self._flush()
+        super().save()  # type: ignore[misc]
+
+    def finalize(self, status: str) -> None:
+        self._flush()
+        super().finalize(status)  # type: ignore[misc]
+
+
+class NumberedCSVLogger(StepsDoneNumbering, CSVLogger):
+    pass
+
+
+class NumberedTensorBoardLogger(StepsDoneNumbering, TensorBoardLogger):
+    pass
+
+
+class NumberedWandbLogger(StepsDoneNumbering, WandbLogger):
+    pass
+
+
 def _make_logger(
     name: str, obs: ObservabilityConfig, run_dir: RunDir, run_ts: str, run_id: str | None
 ) -> Logger:
     if name == "csv":
         # CSVLogger(root, name, version) writes <root>/<name>/<version>/: metrics/<TS>/.
-        return CSVLogger(run_dir.root, name=run_dir.metrics.name, version=run_ts)
+        return NumberedCSVLogger(run_dir.root, name=run_dir.metrics.name, version=run_ts)
     if name == "tensorboard":
-        return TensorBoardLogger(
+        return NumberedTensorBoardLogger(
             run_dir.root, run_dir.tensorboard.name, version=run_id or run_ts,
             default_hp_metric=False,
         )  # fmt: skip
     if name == "wandb":
-        return WandbLogger(
+        return NumberedWandbLogger(
             project=obs.experiment, save_dir=str(run_dir.root), name=run_dir.root.name,
             id=run_id or f"ae-{run_ts}-{secrets.token_hex(3)}", resume="allow",
         )  # fmt: skip
@@ -97,7 +154,7 @@ def _make_logger(
     )
 
 
-class ResumableMLFlowLogger(MLFlowLogger):
+class ResumableMLFlowLogger(StepsDoneNumbering, MLFlowLogger):
     """Lightning's MLFlowLogger, except that a resumed run logs only the hyperparameters its
     MLflow run does not hold yet: MLflow refuses to change a logged parameter, and a resume may
     change some (the LR scaled for another world size, a flag; the train log lists them as
@@ -175,30 +232,16 @@ def log_cadence(total_steps: float) -> int:
 
 
 class StepsDone(L.Callback):
-    """Logs the `step` metric (optimizer steps done) with each set of metrics Lightning hands to
-    the loggers, and sets their cadence for the run's length. Placed after `StepBoundary`: a stop
-    decided there (preemption) makes Lightning log this batch too."""
+    """Numbers the loggers' metrics by the optimizer steps done (`StepsDoneNumbering`), and sets
+    their cadence for the run's length."""
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Lightning suggests sync_dist for an epoch-level value logged without it; `step` is
-        # the same on every rank, and syncing it would cost a collective for nothing.
-        warnings.filterwarnings("ignore", message=r".*self\.log\('step', \.\.\., sync_dist")
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for lg in trainer.loggers:
+            if isinstance(lg, StepsDoneNumbering):
+                lg.steps_done = lambda: trainer.global_step
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         trainer.log_every_n_steps = log_cadence(trainer.estimated_stepping_batches)
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
-    ) -> None:
-        # Lightning's own test for handing this batch's metrics over, in steps done.
-        if trainer.global_step % trainer.log_every_n_steps == 0 or trainer.should_stop:
-            pl_module.log("step", float(trainer.global_step))
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pl_module.log("step", float(trainer.global_step))
-
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pl_module.log("step", float(trainer.global_step))
 
 
 def lr_names(optimizers: list[Any]) -> list[list[str]]:
@@ -222,44 +265,47 @@ class LearningRates(L.Callback):
     at the number of optimizer steps done after it (`lr-AdamW/encoder` at 10 is the LR of the
     10th step, as `train/loss` at 10 is its loss). Lightning's LearningRateMonitor logs it at
     the steps done *before* the step (9, 19, 29 beside losses at 10, 20, 30). Placed after
-    `StepBoundary`, as `StepsDone`: a stop decided there logs this batch too."""
+    `StepBoundary`: a stop decided there makes Lightning log this batch, and the LRs too."""
 
     def __init__(self) -> None:
-        self.names: list[list[str]] | None = None
-        self.lrs: dict[str, float] = {}  # the LRs of the batch in progress, read before its step
+        self.names: list[str] = []  # one per parameter group, the optimizers' in order
+        self.optimizers: list[Any] = []
+        self.lrs: list[float] = []  # the LRs of the batch in progress, read before its step
+        self.active = False  # rank 0 with a logger: the only rank that logs
         self.seen_step = -1  # global_step after the previous batch
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.seen_step = trainer.global_step
+        self.active = bool(trainer.loggers) and trainer.is_global_zero
+        self.optimizers = list(trainer.optimizers)
+        self.names = [name for names in lr_names(self.optimizers) for name in names]
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
     ) -> None:
-        if not trainer.loggers:
-            return
-        optimizers = trainer.optimizers
-        if self.names is None:
-            self.names = lr_names(optimizers)
-        self.lrs = {
-            name: float(group["lr"])
-            for opt, names in zip(optimizers, self.names, strict=True)
-            for name, group in zip(names, opt.param_groups, strict=True)
-        }
+        if self.active:  # the groups read again each time: a rollback replaces them
+            self.lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups]
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
+        if not self.active:
+            return
         step = trainer.global_step
         stepped, self.seen_step = step != self.seen_step, step  # else accumulating gradients
-        # The cadence of `StepsDone` (the losses').
-        due = step % trainer.log_every_n_steps == 0 or trainer.should_stop
-        if stepped and due and self.lrs and trainer.is_global_zero:
+        # The cadence of the losses (Lightning's own test, in steps done).
+        if stepped and (step % trainer.log_every_n_steps == 0 or trainer.should_stop):
+            lrs = {name: float(lr) for name, lr in zip(self.names, self.lrs, strict=True)}
             for lg in trainer.loggers:
-                lg.log_metrics(self.lrs, step=step)
+                if isinstance(lg, StepsDoneNumbering):  # with the losses, in one write
+                    lg.add(lrs, step)
+                else:
+                    lg.log_metrics(lrs, step=step)
 
 
 def metric_callbacks(run_dir: RunDir) -> list[L.Callback]:
-    """After `StepBoundary` in the trainer's callbacks (`StepsDone` reads its stop decision)."""
+    """After `StepBoundary` in the trainer's callbacks (`LearningRates` reads its stop
+    decision)."""
     return [
         LearningRates(),
         LoggerRuns(),

@@ -41,7 +41,7 @@ from ae.training.model_check import (
 )
 from ae.training.models.builtin import builtin_networks, kl_divergence, resolve_name
 from ae.training.objective import Parts, Recipe, check_recipe, discriminator_for, last_layer_of
-from ae.training.optimizer import clip_groups, generator_groups, param_groups
+from ae.training.optimizer import MeasuredNorm, clip_groups, generator_groups, param_groups
 from ae.training.perceptual import LPIPS, SharedNet
 from ae.training.position.checkpoint_read import spec_record
 from ae.training.quality import QualityMetrics
@@ -99,10 +99,7 @@ class AutoEncoder(L.LightningModule):
         self._compile = model.compile
         self._loss_sum: torch.Tensor | None = None  # this epoch's training loss, summed
         self._loss_n = 0
-        # The total gradient norm of the optimizer step under way, set by the non-finite guard
-        # (`ae.training.nonfinite`, which measures it first): the clipping uses it rather than
-        # measure the same norm again, a pass over every gradient a step.
-        self.step_grad_norm: torch.Tensor | None = None
+        self.step_grad_norm = MeasuredNorm()  # filled by the non-finite guard, for the clipping
 
     # --- the network ----------------------------------------------------------------------
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -307,7 +304,8 @@ class AutoEncoder(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        norm, self.step_grad_norm = self.step_grad_norm, None
+        measured = self.step_grad_norm
+        norm, measured.value = measured.value, None
         if self.discriminator is not None and gradient_clip_val:
             clip_groups(optimizer, gradient_clip_val)
         elif norm is not None and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):

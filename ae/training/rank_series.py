@@ -19,6 +19,7 @@ import lightning as L
 
 from ae.log_lines import GAN_STATS_FILE, HEARTBEAT_FILE
 from ae.stragglers import RankTiming, scores
+from ae.training.metrics import StepsDoneNumbering
 
 # Series name -> what it is (the tag is `<series>/rank<N>`: TensorBoard groups each series).
 SERIES = {
@@ -96,9 +97,9 @@ class RankSeries:
         self.logs_dir, self.run_ts = Path(logs_dir), run_ts
         self._last_read = float("-inf")
 
-    def after_step(self, trainer: L.Trainer) -> None:
-        step = trainer.global_step
-        if not trainer.is_global_zero or not trainer.loggers or step % trainer.log_every_n_steps:
+    def after_step(self, trainer: L.Trainer, step: int) -> None:
+        """After optimizer step `step` (`trainer.global_step`)."""
+        if step % trainer.log_every_n_steps or not trainer.loggers or not trainer.is_global_zero:
             return
         now = time.monotonic()
         if now - self._last_read < MIN_READ_INTERVAL_S:
@@ -108,4 +109,7 @@ class RankSeries:
         values |= gan_values(self.logs_dir, self.run_ts)
         if values:
             for lg in trainer.loggers:
-                lg.log_metrics(values, step=step)
+                if isinstance(lg, StepsDoneNumbering):  # with the losses, in one write
+                    lg.add(values, step)
+                else:
+                    lg.log_metrics(values, step=step)

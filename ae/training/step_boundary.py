@@ -108,13 +108,13 @@ class StepBoundary(L.Callback):
             if self.ema is not None:
                 self.ema.update(trainer, pl_module)
             agreed = self.vote.answer(step, self._flags)
-            self.checkpointing.after_step(trainer, idx, agreed.save)
+            self.checkpointing.after_step(trainer, idx, step, agreed.save)
             self.preemption.after_step(trainer, agreed.stop)
             if not trainer.should_stop:
                 self.sampling.after_step(trainer, pl_module)
                 self.vote.cast(step, self._flags)
             if self.rank_series is not None:
-                self.rank_series.after_step(trainer)
+                self.rank_series.after_step(trainer, step)
         due = not trainer.should_stop and (
             idx + 1 >= trainer.num_training_batches  # the epoch's last batch
             or (stepped and self.val_interval > 0 and step % self.val_interval == 0)

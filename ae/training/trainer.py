@@ -17,6 +17,7 @@ from ae.config.checks import CPU_16_MIXED
 from ae.data.bad_data_limit import BadDataBound
 from ae.data.epoch_sync import EpochSync
 from ae.forensics.loop_tracer import DebugCallback
+from ae.training.batch_hooks import route
 from ae.training.checkpointing import AtomicCheckpointIO, Checkpointing
 from ae.training.clock import ClockOffset
 from ae.training.ema import EMA
@@ -49,26 +50,6 @@ def check_precision(run: RunConfig, accelerator: str) -> None:
         raise ConfigError(
             ["precision: bf16-mixed needs a GPU with bfloat16 (Ampere or newer); use 16-mixed"]
         )
-
-
-# The hooks Lightning calls on every callback at every training batch (and validation batch).
-PER_BATCH_HOOKS = (
-    "on_train_batch_start", "on_before_backward", "on_after_backward",
-    "on_before_optimizer_step", "on_before_zero_grad", "on_train_batch_end",
-    "on_validation_batch_start", "on_validation_batch_end",
-)  # fmt: skip
-
-
-def skip_idle_hooks(callbacks: list[L.Callback]) -> list[L.Callback]:
-    """Lightning dispatches every hook to every callback (~3 us each: a profiler context, the
-    state key, the call), which for ae's dozen callbacks is as much as a small model's step
-    costs in the framework. It skips an attribute that is not callable, so each per-batch hook
-    that a callback's class leaves as `L.Callback`'s no-op is set to None on the instance."""
-    for cb in callbacks:
-        for hook in PER_BATCH_HOOKS:
-            if getattr(type(cb), hook) is getattr(L.Callback, hook):
-                setattr(cb, hook, None)
-    return callbacks
 
 
 def build_callbacks(cfg: Config, ctx: RankContext, run_ts: str) -> list[L.Callback]:
@@ -108,9 +89,10 @@ def build_callbacks(cfg: Config, ctx: RankContext, run_ts: str) -> list[L.Callba
         ),
         *metric_callbacks(cfg.run.dir),
     ]
+    callbacks = route(callbacks)  # their per-batch hooks through one callback (batch_hooks.py)
     if sys.stderr.isatty() and ctx.rank == 0:
         callbacks.append(RichProgressBar())
-    return skip_idle_hooks(callbacks)
+    return callbacks
 
 
 def build_trainer(

@@ -9,13 +9,18 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.loggers import CSVLogger
 
 from ae.config import ConfigError, ModelConfig, OptimConfig, parse_config
 from ae.data.decoding.decode import InputSpec
 from ae.log_lines import HEARTBEAT_FILE
 from ae.training.lr import lr_factor
-from ae.training.metrics import LearningRates, StepsDone, build_loggers, log_cadence
+from ae.training.metrics import (
+    LearningRates,
+    NumberedCSVLogger,
+    StepsDone,
+    build_loggers,
+    log_cadence,
+)
 from ae.training.model import AutoEncoder
 from ae.training.rank_series import rank_values, read_heartbeats
 
@@ -70,24 +75,49 @@ def test_the_lr_is_logged_at_the_steps_of_the_losses_with_the_lr_that_step_used(
     tmp_path: Path,
 ) -> None:
     """TensorBoard showed the LR at 9/19/29 beside losses at 10/20/30 (Lightning's monitor logs
-    before the step): now both at the steps done, the LR the step trained with."""
+    before the step): now both at the steps done, the LR the step trained with; the validation
+    and epoch metrics too (Lightning hands them over at the steps done minus one as well)."""
     optim = OptimConfig(learning_rate=1e-2, warmup_steps=5, lr_scale="none", decoder_lr_mult=0.5)
     model = AutoEncoder(InputSpec("vector", (8,)), ModelConfig(hidden_dim=16, latent_dim=2), optim)
-    data = torch.utils.data.DataLoader(torch.rand(64, 8), batch_size=2)
+    data = torch.utils.data.DataLoader(torch.rand(64, 8), batch_size=2)  # 32 batches an epoch
     trainer = L.Trainer(
-        max_steps=30, accelerator="cpu", logger=CSVLogger(tmp_path, name="m", version="v"),
+        max_steps=40, accelerator="cpu", logger=NumberedCSVLogger(tmp_path, name="m", version="v"),
         callbacks=[LearningRates(), StepsDone()], enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        limit_val_batches=0,
+        val_check_interval=16, limit_val_batches=1,
     )  # fmt: skip
-    trainer.fit(model, data)
+    trainer.fit(model, data, torch.utils.data.DataLoader(torch.rand(4, 8), batch_size=2))
     with open(tmp_path / "m" / "v" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
+    assert sorted({int(r["step"]) for r in rows if r.get("val/loss")}) == [16, 32]
+    assert sorted(int(r["step"]) for r in rows if r.get("train/loss_epoch")) == [32, 40]
     loss_steps = sorted(int(float(r["step"])) for r in rows if r.get("train/loss"))
     lrs = {int(float(r["step"])): r for r in rows if r.get("lr-AdamW/encoder")}
-    assert loss_steps == list(range(3, 31, 3))  # a 30-step run logs every 3 steps
+    assert loss_steps == list(range(4, 41, 4))  # a 40-step run logs every 4 steps
     assert sorted(lrs) == loss_steps
     for step, row in lrs.items():
-        used = 1e-2 * lr_factor(step - 1, 5, 30, "cosine")  # the step-th step: index step - 1
+        used = 1e-2 * lr_factor(step - 1, 5, 40, "cosine")  # the step-th step: index step - 1
         assert float(row["lr-AdamW/encoder"]) == pytest.approx(used)
         assert float(row["lr-AdamW/decoder"]) == pytest.approx(used * 0.5)
+
+
+def test_ae_metrics_go_with_lightnings_at_their_step_or_on_their_own(tmp_path: Path) -> None:
+    """The LRs join the losses' write at the same step (one CSV row); at a step where Lightning
+    hands over nothing they are still written, at their own step, by the next save."""
+    logger = NumberedCSVLogger(tmp_path, name="m", version="v")
+    steps = iter([10, 20])
+    logger.steps_done = lambda: next(steps)
+    logger.add({"lr": 0.1}, 10)
+    logger.log_metrics({"train/loss": 1.0})  # Lightning's handover at step 10
+    logger.add({"lr": 0.2}, 15)  # no handover at 15
+    logger.log_metrics({"train/loss": 2.0})  # at 20: the LR of 15 first, on its own
+    logger.add({"lr": 0.3}, 25)
+    logger.save()
+    with open(tmp_path / "m" / "v" / "metrics.csv", newline="") as f:
+        rows = [{k: v for k, v in r.items() if v} for r in csv.DictReader(f)]
+    assert rows == [
+        {"lr": "0.1", "train/loss": "1.0", "step": "10"},
+        {"lr": "0.2", "step": "15"},
+        {"train/loss": "2.0", "step": "20"},
+        {"lr": "0.3", "step": "25"},
+    ]

@@ -10,7 +10,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from ae.config import ConfigError, RunConfig, parse_config
-from ae.training.trainer import PER_BATCH_HOOKS, build_trainer, check_precision, skip_idle_hooks
+from ae.training.batch_hooks import PER_BATCH_HOOKS, BatchHooks, route
+from ae.training.trainer import build_trainer, check_precision
 from logging_cfg import RankContext
 
 
@@ -28,12 +29,21 @@ def test_val_shards_none_builds_a_trainer_that_never_validates(tmp_path) -> None
     assert build_trainer(parse_config(base), RankContext(), "TS", {}).limit_val_batches == 1.0
 
 
-class _Counts(L.Callback):
-    def __init__(self) -> None:
-        self.ends = 0
+class _Calls(L.Callback):
+    """Records its per-batch hooks in `log` (shared), and counts its epoch ends."""
+
+    def __init__(self, name: str, log: list[tuple[str, str]]) -> None:
+        self.name, self.calls = name, log
+        self.epoch_ends = 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self.calls.append((self.name, "start"))
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        self.ends += 1
+        self.calls.append((self.name, "end"))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.epoch_ends += 1
 
 
 class _Tiny(L.LightningModule):
@@ -48,27 +58,42 @@ class _Tiny(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def test_idle_per_batch_hooks_are_skipped_and_the_others_still_run() -> None:
-    """Lightning then skips the no-op hooks (not callable) and still calls the overridden one."""
-    counts, idle = skip_idle_hooks([_Counts(), L.Callback()])
-    assert callable(counts.on_train_batch_end)
-    assert not callable(counts.on_before_zero_grad)
-    assert not any(callable(getattr(idle, hook)) for hook in PER_BATCH_HOOKS)
-    assert callable(idle.on_train_epoch_end)  # not a per-batch hook: untouched
+def test_per_batch_hooks_reach_the_callbacks_through_one_in_their_order() -> None:
+    """Lightning dispatches each per-batch hook once, to BatchHooks, which calls the callbacks'
+    own in their order; their other hooks are still Lightning's to call."""
+    log: list[tuple[str, str]] = []
+    first, second, idle = _Calls("first", log), _Calls("second", log), L.Callback()
+    callbacks = route([first, second, idle])
+    hooks = callbacks[-1]
+    assert isinstance(hooks, BatchHooks) and callbacks[:-1] == [first, second, idle]
+    for cb in (first, second, idle):  # Lightning skips what is not callable
+        assert not any(callable(getattr(cb, hook)) for hook in PER_BATCH_HOOKS)
+    assert callable(hooks.on_train_batch_end) and callable(hooks.on_train_batch_start)
+    assert not callable(hooks.on_before_zero_grad)  # no callback works there
+    assert callable(first.on_train_epoch_end)  # not a per-batch hook: untouched
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=5, callbacks=[counts, idle], logger=False,
+        accelerator="cpu", max_steps=5, max_epochs=1, callbacks=callbacks, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
-    trainer.fit(_Tiny(), DataLoader(torch.randn(8, 2), batch_size=1))
-    assert counts.ends == 5
+    trainer.fit(_Tiny(), DataLoader(torch.randn(5, 2), batch_size=1))
+    one_batch = [("first", "start"), ("second", "start"), ("first", "end"), ("second", "end")]
+    assert log == one_batch * 5
+    assert first.epoch_ends == second.epoch_ends == 1
 
 
-def test_the_run_trainers_callbacks_skip_their_idle_hooks(tmp_path) -> None:
+def test_the_run_trainers_callbacks_take_their_per_batch_hooks_through_one(tmp_path) -> None:
     cfg = parse_config([f"--output_dir={tmp_path}", "--accelerator=cpu"])
     trainer = build_trainer(cfg, RankContext(), "T", {})
-    dispatched = [
+    dispatched = {
         type(cb).__name__
         for cb in trainer.callbacks
-        if callable(getattr(cb, "on_before_zero_grad", None))
-    ]
-    assert dispatched == []  # no callback of the run does anything there
+        for hook in PER_BATCH_HOOKS
+        if callable(getattr(cb, hook, None))
+    }
+    assert dispatched == {"BatchHooks"}
+    (hooks,) = [cb for cb in trainer.callbacks if isinstance(cb, BatchHooks)]
+    ends = [type(fn.__self__).__name__ for fn in hooks.calls["on_train_batch_end"]]
+    # the order the step boundary's docstring and the data callbacks rely on
+    assert ends.index("EpochSync") < ends.index("BadDataBound") < ends.index("NonFiniteGuard")
+    assert ends.index("NonFiniteGuard") < ends.index("StepBoundary") < ends.index("LearningRates")
+    assert "on_before_zero_grad" not in hooks.calls

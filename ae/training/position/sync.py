@@ -60,7 +60,8 @@ class PositionSync(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
-        self._samples += len(batch) if torch.is_tensor(batch) else 0
+        if isinstance(batch, torch.Tensor):  # its shape, not len(): no Python-level call
+            self._samples += batch.shape[0]
         self._batches += 1
 
     def _report(self, trainer: L.Trainer) -> None:
