@@ -177,10 +177,14 @@ def test_sigterm_saves_on_every_rank_and_resume_continues(make_shards, tmp_path:
     assert resumed and resumed.group(1) == lr_before, main
     assert f"Training finished at step {n + 6}" in main
     rank0 = sorted(res.logs.glob("debug_rank0_*.log"))[-1].read_text()
-    assert f"Resuming the train data at epoch {epoch}, batch {batch} of 8" in rank0
-    assert re.search(
-        rf"EPOCH {epoch} TRAINING START ========== \(resumed at batch {batch}\)", rank0
-    )
+    if batch:  # mid-epoch: the rest of that epoch
+        assert f"Resuming the train data at epoch {epoch}, batch {batch} of 8" in rank0
+        assert re.search(
+            rf"EPOCH {epoch} TRAINING START ========== \(resumed at batch {batch}\)", rank0
+        )
+    else:  # the signal came at an epoch's last step: the next epoch starts whole
+        assert re.search(rf"EPOCH {epoch} TRAINING START ==========\s*$", rank0, re.M), rank0
+        assert "resumed at batch" not in rank0
     assert re.search(
         rf"Processing \d/4 files from train_shards \(\d+ samples planned, epoch {epoch}\)", rank0
     )
