@@ -7,10 +7,16 @@ import os
 import re
 import time
 
+import pytest
+
+from ae.forensics import process_stats
 from ae.forensics.process_stats import RssReader, memory_summary, process_table
 
 
-def test_rank_and_worker_rss() -> None:
+def test_rank_and_worker_rss(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The summary is cached for SUMMARY_REFRESH_S: one that an earlier test of this worker
+    # process read (without a child then) must not answer for this one.
+    monkeypatch.setattr(process_stats, "_summary", (float("-inf"), ""))
     ctx = mp.get_context("fork")
     ready = ctx.Event()
     child = ctx.Process(target=lambda: (ready.set(), time.sleep(30)), daemon=True)
