@@ -21,8 +21,8 @@ actions:
           the gradient bucket it pairs with their gradient all-reduce, and the job hangs later)
   slow    sleep `ms` milliseconds in `_injected_slow` at every call from `step` on (until
           `until`): a straggler -- per batch at `data`, per optimizer step at `train`
-  nan     `train` only: the loss of the step turns NaN (`poisoned_loss`), on the rank named
-  inf     `train` only: the loss of the step turns +Inf (`poisoned_loss`)
+  nan     `train` only: the loss of the step turns NaN (`loss_poison`), on the rank named
+  inf     `train` only: the loss of the step turns +Inf (`loss_poison`)
 points (who calls `fault_point`):
   data        in the dataset iteration (the dataloader worker, or the rank with 0 workers),
               before the rank's batch `step` of the run (epoch * batches per epoch + batch);
@@ -70,7 +70,6 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import TypeVar
 
 from loguru import logger
 
@@ -80,7 +79,7 @@ from ae.log_lines import FAULT_INJECTED
 ACTIONS = (
     "sleep", "raise", "segv", "kill", "oom", "slow", "grow", "desync", "gpusleep", "nan", "inf",
 )  # fmt: skip
-# Actions on the loss of a training step (`poisoned_loss`), not at `fault_point`.
+# Actions on the loss of a training step (`loss_poison`), not at `fault_point`.
 LOSS_ACTIONS = ("nan", "inf")
 KEYS = {
     "rank": int, "step": int, "secs": float, "ms": float, "until": int, "mb": float, "size": int,
@@ -89,7 +88,6 @@ KEYS = {
 POINTS = ("data", "train", "checkpoint", "sampling")
 # The attempt number of a job that restarts (`--max_restarts`), set by the launcher for its ranks.
 ATTEMPT_ENV = "AE_ATTEMPT"
-T = TypeVar("T")
 
 
 class InjectedFault(RuntimeError):
@@ -197,14 +195,15 @@ def fault_point(point: str, step: int) -> None:
             _ACT[fault.action](getattr(fault, _ARG.get(fault.action, "secs")))
 
 
-def poisoned_loss(loss: T, step: int) -> T:
-    """`loss`, or NaN / +Inf in its place at the step of a `nan@train` / `inf@train` fault (once
-    per process, on the rank named); one `None` check when AE_FAULT is unset."""
+def loss_poison(step: int) -> float | None:
+    """NaN or +Inf at the step of a `nan@train` / `inf@train` fault (once per process, on the rank
+    named), to multiply the step's loss by -- the loss that backward gets and the one logged
+    alike; None otherwise. One `None` check when AE_FAULT is unset."""
     if _faults is None:
-        return loss
+        return None
     faults = active_faults()
     if faults is None:
-        return loss
+        return None
     rank = int(os.environ.get("RANK", 0))
     for i, fault in enumerate(faults):
         if fault.action not in LOSS_ACTIONS or fault.rank not in (None, rank) or i in _fired:
@@ -214,8 +213,8 @@ def poisoned_loss(loss: T, step: int) -> T:
             logger.warning(
                 FAULT_INJECTED.format(action=fault.action, point="train", step=step, rank=rank)
             )
-            return loss * float(fault.action)  # x nan is NaN; x inf is +Inf for a loss > 0
-    return loss
+            return float(fault.action)  # x nan is NaN; x inf is +Inf for a loss > 0
+    return None
 
 
 # Named functions, so a stack dump shows which fault is acting.

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from ae.config import ModelConfig, ObjectiveConfig, OptimConfig
 from ae.data.datamodule import ShardDataModule
 from ae.data.decoding.decode import InputSpec
-from ae.forensics.faults import fault_point, poisoned_loss
+from ae.forensics.faults import fault_point, loss_poison
 from ae.log_lines import main_log
 from ae.training.inception import FEATURES
 from ae.training.lr import (
@@ -180,8 +180,9 @@ class AutoEncoder(L.LightningModule):
             self._parts(batch), batch, d, self.adaptive_layer() if d is not None else None,
             self.global_step, with_stats=on_cadence,
         )  # fmt: skip
-        loss, logs = terms.loss, terms.logs
-        loss = poisoned_loss(loss, self.global_step)  # AE_FAULT=nan@train: tests only
+        loss, logs, backward = terms.loss, terms.logs, terms.backward
+        if (poison := loss_poison(self.global_step)) is not None:  # AE_FAULT=nan@train: tests
+            loss, backward = loss * poison, backward * poison  # what backward gets, and logged
         if terms.stats is not None:  # this rank's own, in its log: no collective
             self.recipe.report(self.global_step, self.global_rank, terms.stats)
         if on_cadence:
@@ -199,7 +200,7 @@ class AutoEncoder(L.LightningModule):
             # Epoch mean over all ranks: one collective per epoch.
             mean = self._loss_sum / self._loss_n
             self.log("train/loss_epoch", mean, on_step=False, on_epoch=True, sync_dist=True)
-        return terms.backward
+        return backward
 
     def evaluate(self, batch: torch.Tensor, quality: QualityMetrics) -> tuple[torch.Tensor, dict]:
         """What validation computes on a batch: (loss, {name: extra loss term}), the quality

@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from ae.forensics import faults as fault_injection
-from ae.forensics.faults import Fault, FaultSpecError, fault_point, parse_faults, poisoned_loss
+from ae.forensics.faults import Fault, FaultSpecError, fault_point, loss_poison, parse_faults
 
 
 def use(monkeypatch: pytest.MonkeyPatch, spec: str, rank: int) -> None:
@@ -25,15 +24,14 @@ def test_parse_loss_faults() -> None:
 
 
 def test_nan_on_the_named_rank_at_its_step_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    loss = torch.tensor(0.25)
     use(monkeypatch, "nan@train:rank=1:step=5", rank=0)
-    assert [float(poisoned_loss(loss, s)) for s in (5, 6)] == [0.25, 0.25]  # another rank
+    assert [loss_poison(s) for s in (5, 6)] == [None, None]  # another rank
     use(monkeypatch, "nan@train:rank=1:step=5", rank=1)
     fault_point("train", 5)  # no action of its own at the fault point
-    values = [float(poisoned_loss(loss, s)) for s in (4, 5, 6)]
-    assert values[0] == 0.25 and math.isnan(values[1]) and values[2] == 0.25
+    values = [loss_poison(s) for s in (4, 5, 6)]
+    assert values[0] is None and math.isnan(values[1]) and values[2] is None
 
 
 def test_inf(monkeypatch: pytest.MonkeyPatch) -> None:
     use(monkeypatch, "inf@train", rank=0)
-    assert float(poisoned_loss(torch.tensor(0.5), 0)) == math.inf
+    assert loss_poison(0) == math.inf
