@@ -34,6 +34,13 @@ SLEEP = "sleep@train:step=3:secs=8"  # every rank, in its step 3: the launcher d
 KILLS = [signal.SIGKILL, signal.SIGHUP]
 
 
+def _sighup_as_from_a_terminal() -> None:
+    """A launcher started from a terminal dies of its SIGHUP. The suite itself may run under
+    `nohup`, whose ignored SIGHUP every child inherits (and the launcher then rightly lives on):
+    the launchers here start with SIGHUP's default, as from a terminal."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def shard_args(make_shards) -> list[str]:
     train = make_shards([200, 200], name="train")
     val = make_shards([16], name="val")
@@ -87,6 +94,7 @@ def test_one_node_job_follows_its_killed_launcher(tmp_path: Path, make_shards, s
     launcher = subprocess.Popen(
         [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out}", *shard_args(make_shards)],
         cwd=ROOT, env=env, stdout=console, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=_sighup_as_from_a_terminal,
     )  # fmt: skip
     try:
         wait_for("every rank in its sleeping step", lambda: fault_fired(logs, 2), timeout=180)
@@ -136,7 +144,8 @@ def test_node_1s_killed_launcher_ends_the_job_with_a_verdict_on_node_0(
             sink = (tmp_path / f"console_node{node}.txt").open("w")
             nodes.append(hosts.popen(node, [sys.executable, "-m", "ae.cli.launch", *args],
                                      env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
-                                     start_new_session=True))  # fmt: skip
+                                     start_new_session=True,
+                                     preexec_fn=_sighup_as_from_a_terminal))  # fmt: skip
         node0, node1 = nodes
         wait_for("every rank in its sleeping step", lambda: fault_fired(logs, 2), timeout=180)
         family = job_family(node0.pid) + job_family(node1.pid)
