@@ -50,38 +50,21 @@ class BatchHooks(L.Callback):
             else:  # nobody does work there: Lightning skips it for this callback too
                 setattr(self, hook, None)
 
-    # One method per hook, each looping itself: a shared helper would be one more call each.
-    def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
-        for fn in self.calls["on_train_batch_start"]:
+
+def _dispatcher(hook: str) -> Callable[..., None]:
+    """The method for `hook`: a loop over its doers, with no shared helper in between (that
+    would be one more Python call per hook per batch)."""
+
+    def call(self: BatchHooks, *args: Any, **kwargs: Any) -> None:
+        for fn in self.calls[hook]:
             fn(*args, **kwargs)
 
-    def on_before_backward(self, *args: Any, **kwargs: Any) -> None:
-        for fn in self.calls["on_before_backward"]:
-            fn(*args, **kwargs)
+    call.__name__ = call.__qualname__ = hook
+    return call
 
-    def on_after_backward(self, *args: Any, **kwargs: Any) -> None:
-        for fn in self.calls["on_after_backward"]:
-            fn(*args, **kwargs)
 
-    def on_before_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
-        for fn in self.calls["on_before_optimizer_step"]:
-            fn(*args, **kwargs)
-
-    def on_before_zero_grad(self, *args: Any, **kwargs: Any) -> None:
-        for fn in self.calls["on_before_zero_grad"]:
-            fn(*args, **kwargs)
-
-    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
-        for fn in self.calls["on_train_batch_end"]:
-            fn(*args, **kwargs)
-
-    def on_validation_batch_start(self, *args: Any, **kwargs: Any) -> None:
-        for fn in self.calls["on_validation_batch_start"]:
-            fn(*args, **kwargs)
-
-    def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
-        for fn in self.calls["on_validation_batch_end"]:
-            fn(*args, **kwargs)
+for _hook in PER_BATCH_HOOKS:  # one method per hook, from the one list of them
+    setattr(BatchHooks, _hook, _dispatcher(_hook))
 
 
 def route(callbacks: list[L.Callback]) -> list[L.Callback]:
