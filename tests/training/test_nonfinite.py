@@ -4,6 +4,9 @@ finds the first non-finite tensor; the sample description names non-finite input
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -15,8 +18,10 @@ from torch.utils.data import DataLoader
 
 from ae.config import CheckpointConfig, OptimConfig
 from ae.data.stream.batch_members import Member
+from ae.log_lines import NONFINITE_RECEIVED
 from ae.training.checkpoint_files import CheckpointStore
 from ae.training.nonfinite import NonFiniteError, NonFiniteGuard, describe_members, nonfinite_in
+from tests.support.runs import ROOT
 
 NAN_BATCH = 3  # the 4th batch holds a NaN: optimizer step 4
 
@@ -172,3 +177,84 @@ def test_the_clipping_uses_the_guards_norm_and_clips_as_lightning_does(
     lightnings = weights(with_guard=False)
     assert len(clipped) == len(data)
     assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(guarded, lightnings, strict=True))
+
+
+# Two ranks in a real gloo group, the guard's DDP comm hook on a DDP-wrapped model; the trainer
+# is reduced to what the guard reads of it. Forked from one interpreter that imported torch.
+DDP_SCRIPT = """
+import json, sys, types
+import torch, torch.distributed as dist
+import torch.multiprocessing as mp
+import lightning as L
+from loguru import logger
+from torch.nn.parallel import DistributedDataParallel
+from ae.config import CheckpointConfig, OptimConfig
+from ae.training.checkpoint_files import CheckpointStore
+from ae.training.nonfinite import NonFiniteError, NonFiniteGuard
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.net(x)
+
+def case(rank, name, bad_grad_rank, nan_loss_rank):
+    torch.manual_seed(0)
+    module = Tiny()
+    ddp = DistributedDataParallel(module)
+    guard = NonFiniteGuard(OptimConfig(), CheckpointConfig(), CheckpointStore(sys.argv[2], 3), "32")
+    trainer = types.SimpleNamespace(
+        strategy=types.SimpleNamespace(model=ddp), log_every_n_steps=10, global_step=0,
+        is_global_zero=rank == 0, global_rank=rank, current_epoch=0, datamodule=None)
+    guard.on_train_start(trainer, module)
+    if rank == bad_grad_rank:  # this rank's own gradient turns NaN; its loss stays finite
+        module.net.weight.register_hook(lambda g: g * float("nan"))
+    loss = ddp(torch.rand(2, 4)).pow(2).mean()
+    seen = float("nan") * loss if rank == nan_loss_rank else loss  # what the guard is shown
+    guard.on_before_backward(trainer, module, seen)
+    loss.backward()
+    try:
+        guard.on_before_optimizer_step(trainer, module, None)
+        return "went on"
+    except NonFiniteError:
+        return "stopped"
+
+def rank_main(rank, store, out):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    lines = []
+    logger.remove()
+    logger.add(lambda m: lines.append(m.record["message"].split(" (")[0]), level="INFO")
+    result = {}
+    for name, bad_grad, nan_loss in (("fine", -1, -1), ("grad", 1, -1), ("loss", -1, 0)):
+        lines.clear()
+        result[name] = [case(rank, name, bad_grad, nan_loss), list(lines)]
+    json.dump(result, open(f"{out}/rank{rank}.json", "w"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.start_processes(rank_main, args=(sys.argv[1], sys.argv[3]), nprocs=2, start_method="fork")
+"""
+
+
+@pytest.mark.slow
+def test_the_rank_whose_own_gradient_or_loss_turned_nan_is_named_under_ddp(tmp_path: Path) -> None:
+    script = tmp_path / "guard_ranks.py"
+    script.write_text(DDP_SCRIPT)
+    res = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "store"), str(tmp_path), str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    RECEIVED = NONFINITE_RECEIVED.format(step=1).split(" (")[0]
+    assert r0["fine"] == r1["fine"] == ["went on", []]
+    # Rank 1's own gradient: it names itself (the gradient), rank 0 only received the NaN.
+    assert r1["grad"][0] == r0["grad"][0] == "stopped"
+    assert r1["grad"][1][0] == "NONFINITE gradient=nan in net.weight on rank 1 at step 1"
+    assert r0["grad"][1][0] == RECEIVED, r0["grad"]
+    # Rank 0's loss alone (its gradients finite): the NaN it adds to the bucket reaches rank 1.
+    assert r0["loss"][1][0] == "NONFINITE loss=nan on rank 0 at step 1"
+    assert r1["loss"][1][0] == RECEIVED, r1["loss"]
