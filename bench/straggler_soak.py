@@ -12,10 +12,11 @@ the detector's own rules, `ae.stragglers.scores`), and the per-step figures of i
 overhead: the measurement's cost per optimizer step, timed in this process on the real objects,
 divided by the soak run's step time (the baseline, from the same run):
 - the training thread: the data-wait clock around the loader's `next()` (two clock reads and
-  `StepTimes.fetched`), `StepTimes.batch_end`, and the timed all-reduce hook against DDP's own
-  all-reduce on a 1-process gloo group (blocks of 200 backward passes alternate between the two
-  models; the fastest block of each, the one least disturbed by other processes, is compared:
-  on this shared machine a median of block differences swung from 30 to 430 us);
+  `StepTimes.fetched`), `StepTimes.batch_end`, and the note of the all-reduce's start in DDP's
+  comm hook against the same hook without it, on a 1-process gloo group (blocks of 200
+  backward passes alternate between the two models; the fastest block of each, the one least
+  disturbed by other processes, is compared: on this shared machine a median of block
+  differences swung from 30 to 430 us);
 - each dataloader worker: `SlotMeter.batch`, once per batch (one batch per step here);
 - the watchdog thread, once per heartbeat (every 5 s at the defaults): the heartbeat's `timing`
   and `data_workers`, and the detector reading and scoring both ranks' heartbeat files; spread
@@ -45,7 +46,7 @@ from ae.forensics import step_times as st
 from ae.forensics.heartbeat import heartbeat_record
 from ae.forensics.process_stats import RssReader
 from ae.forensics.progress import Progress
-from ae.forensics.step_times import StepTimes, time_gradient_allreduce
+from ae.forensics.step_times import StepTimes, gradients_ready
 from ae.forensics.stragglers import Stragglers, read_timings
 from ae.log_lines import HEARTBEAT_FILE, STRAGGLER, STRAGGLER_RESOLVED
 from ae.stragglers import scores
@@ -132,23 +133,33 @@ def clock_us(n: int) -> dict[str, float]:
 
 
 def hook_us(tmp: Path, blocks: int = 20, per_block: int = 200) -> float:
-    """Extra time per backward pass of the timed all-reduce hook over DDP's own all-reduce."""
+    """Extra time per backward pass of noting the all-reduce's start (`gradients_ready`, what ae's
+    comm hook calls for the step clock) over the same comm hook without it."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
     times = StepTimes()
     saved, st.step_times = st.step_times, times
     dist.init_process_group("gloo", init_method=f"file://{tmp / 'store'}", rank=0, world_size=1)
+
+    def timed_hook(state, bucket):  # unannotated: DDP checks a hook's annotations' types
+        gradients_ready()
+        return allreduce_hook(state, bucket)
+
     try:
         torch.manual_seed(0)
         plain = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 8),
                                                             torch.nn.Linear(8, 16)))  # fmt: skip
         timed = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 8),
                                                             torch.nn.Linear(8, 16)))  # fmt: skip
-        time_gradient_allreduce(timed)
+        plain.register_comm_hook(None, allreduce_hook)
+        timed.register_comm_hook(None, timed_hook)
         x = torch.randn(16, 16)
 
         def block(model: DistributedDataParallel) -> float:
             t0 = time.perf_counter()
             for _ in range(per_block):
                 model(x).sum().backward()
+                times.backward_done(time.perf_counter())
                 times.batch_end(time.perf_counter(), 0)  # drop the collected collectives
             return (time.perf_counter() - t0) / per_block * 1e6
 

@@ -11,8 +11,8 @@ from typing import Any
 VARIANTS = {
     "no_loop_tracer": "without the loop tracer (DebugCallback: markers, progress beats and lines,"
     " the step clock)",
-    "no_step_times": "without the step clock (data / compute / sync per batch, the gradient-ready"
-    " hooks that time DDP's all-reduce): what the straggler scores and rank series read",
+    "no_step_times": "without the step clock (data / compute / sync per batch, the comm hook's"
+    " note of the all-reduce's start): what the straggler scores and rank series read",
     "no_vote": "without the step vote (stop signal, timed save: a gloo all-reduce about once a"
     " second)",
     "old_stop_check": "with the stop check as it was: an all-reduce on the training group after"
@@ -56,9 +56,11 @@ def _boundary(trainer: Any) -> Any:
 
 
 def _no_step_times(trainer: Any) -> None:
-    """The loop tracer's step clock replaced by one that records nothing, and no gradient-ready
-    hooks (the bench's loader is a plain DataLoader: no data-wait clock to take out)."""
+    """The loop tracer's step clock replaced by one that records nothing, and no note of the
+    all-reduce's start in the comm hook (the bench's loader is a plain DataLoader: no data-wait
+    clock to take out)."""
     from ae.forensics import loop_tracer
+    from ae.training import nonfinite
 
     class NoClock:
         last, epoch = None, (0, 0.0, 0.0, 0.0)
@@ -69,7 +71,7 @@ def _no_step_times(trainer: Any) -> None:
         def batch_end(self, now: float, steps: int) -> None: ...
 
     loop_tracer.step_times = NoClock()  # type: ignore[assignment]
-    loop_tracer.time_gradient_allreduce = lambda model: None
+    nonfinite.gradients_ready = lambda: None
 
 
 def _no_vote(trainer: Any) -> None:

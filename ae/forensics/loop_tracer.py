@@ -33,7 +33,7 @@ from loguru import logger
 
 from ae.forensics.process_stats import memory_summary
 from ae.forensics.progress import progress
-from ae.forensics.step_times import step_times, time_gradient_allreduce
+from ae.forensics.step_times import step_times
 from ae.log_lines import (
     EPOCH_STEP_TIMES,
     PROCESSED_TRAIN,
@@ -58,9 +58,6 @@ class DebugCallback(L.Callback):
         self._train_open = False
         self._global_step = 0  # at the previous batch end: tells an optimizer step
         self._validated = False  # this training epoch ran a validation
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        time_gradient_allreduce(trainer.strategy.model)  # wrapped by DDP by now
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if (mode := os.environ.get(SYNC_DEBUG_ENV)) and torch.cuda.is_available():

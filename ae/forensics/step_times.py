@@ -4,8 +4,9 @@ Per training batch, three clocks (host time, `time.perf_counter`):
 - data: the time spent in the train loader's `next()`, waiting for the batch (`fetched`, called
   by `ae.data.stream.resume.ResumableLoader`);
 - sync: the time spent waiting for the other ranks. The gradient all-reduce is timed from the
-  moment the last gradient is ready (a hook on each parameter: DDP launches the last bucket then)
-  to the end of backward (read as the optimizer step starts, a few us later), when DDP has
+  moment the last gradient is ready (`gradients_ready`, from DDP's comm hook as the last bucket
+  is launched; a Python hook on each parameter cost ~12 us a parameter a step) to the end of
+  backward (read as the optimizer step starts, a few us later), when DDP has
   waited for every bucket: the time backward only waits.
   Added to it is the stretch between the end of one batch and the fetch of the next:
   Lightning's per-step stop-signal broadcast (a collective, where a fast rank waits when its
@@ -38,9 +39,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
-
-import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from ae.stragglers import RECENT_S
 
@@ -165,14 +163,8 @@ def per_step(
 step_times = StepTimes()
 
 
-def time_gradient_allreduce(model: torch.nn.Module) -> None:
-    """On a DDP-wrapped model, note when each gradient is ready (the last one launches the last
-    bucket's all-reduce). Call once, after the strategy wrapped the model."""
-    if isinstance(model, DistributedDataParallel):
-        for param in model.module.parameters():
-            if param.requires_grad:
-                param.register_post_accumulate_grad_hook(_grad_ready)
-
-
-def _grad_ready(_param: torch.Tensor) -> None:
+def gradients_ready() -> None:
+    """A gradient bucket is ready and its all-reduce starts now: called by ae's DDP comm hook
+    (`ae.training.nonfinite`), on the thread that runs backward. DDP launches the buckets in
+    order, so the last call of a backward is when its last gradient was ready."""
     step_times.last_grad_ready = time.perf_counter()

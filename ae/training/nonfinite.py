@@ -48,6 +48,7 @@ from ae.config import CheckpointConfig, OptimConfig
 from ae.data.stream.batch_members import Member, batch_members
 from ae.data.stream.shard_stream import ShardStream
 from ae.errors import UserError
+from ae.forensics.step_times import gradients_ready
 from ae.log_lines import (
     LOSS_SPIKE,
     NONFINITE,
@@ -193,6 +194,7 @@ class NonFiniteGuard(L.Callback):
 
     def _reduce(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """DDP's all-reduce of one gradient bucket, after looking at this rank's own values."""
+        gradients_ready()  # the step clock's start of the all-reduce wait (ae.forensics)
         buf = bucket.buffer()
         # One pass: a sum is non-finite exactly when an element is (NaN, +-Inf), unless finite
         # values overflow float32 (~3e38), where the reduced norm has overflowed long before.

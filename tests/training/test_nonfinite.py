@@ -7,13 +7,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
+import torch.distributed as dist
 from loguru import logger
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from ae.config import CheckpointConfig, OptimConfig
@@ -31,6 +35,9 @@ class Tiny(L.LightningModule):
         super().__init__()
         self.net = nn.Linear(4, 4)
         self.weights: dict[int, torch.Tensor] = {}  # after each optimizer step
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
 
     def training_step(self, batch: torch.Tensor, idx: int) -> torch.Tensor:
         return ((self.net(batch) - batch) ** 2).mean()
@@ -258,3 +265,39 @@ def test_the_rank_whose_own_gradient_or_loss_turned_nan_is_named_under_ddp(tmp_p
     # Rank 0's loss alone (its gradients finite): the NaN it adds to the bucket reaches rank 1.
     assert r0["loss"][1][0] == "NONFINITE loss=nan on rank 0 at step 1"
     assert r1["loss"][1][0] == RECEIVED, r1["loss"]
+
+
+def test_the_comm_hook_reduces_as_ddp_does_and_starts_the_all_reduce_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a real (1-process gloo) DDP model: the guard's comm hook gives DDP's gradients, and
+    notes when the last bucket's all-reduce started (the step clock's sync, ae.forensics)."""
+    from ae.forensics import step_times as st
+
+    times = st.StepTimes()
+    monkeypatch.setattr(st, "step_times", times)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)  # fmt: skip
+    try:
+        torch.manual_seed(0)
+        plain, module = Tiny(), Tiny()
+        module.load_state_dict(plain.state_dict())
+        ddp = DistributedDataParallel(module)
+        guard = NonFiniteGuard(
+            OptimConfig(), CheckpointConfig(), CheckpointStore(tmp_path, 3), "32"
+        )
+        trainer = SimpleNamespace(strategy=SimpleNamespace(model=ddp), log_every_n_steps=10)
+        guard.on_train_start(trainer, module)
+        x = torch.randn(3, 4)
+        times.fetched(0.0, 0.0)
+        before = time.perf_counter()
+        ddp(x).sum().backward()
+        assert times.last_grad_ready is not None and times.last_grad_ready >= before
+        times.backward_done(time.perf_counter())
+        assert len(times._collectives) == 1  # the wait after the last bucket, timed
+        plain(x).sum().backward()
+        for a, b in zip(module.parameters(), plain.parameters(), strict=True):
+            assert torch.allclose(a.grad, b.grad)  # the mean over 1 rank: the same gradients
+        assert guard.grad_sum is not None and torch.isfinite(guard.grad_sum)
+    finally:
+        dist.destroy_process_group()
