@@ -22,7 +22,8 @@ cost per step is 1 / rate(ae) - 1 / rate(ae without it) (bench/README.md has the
 
 The figures are medians over `--repeats` rounds; a round runs every side once, in turn, so a busy
 moment of a shared machine hits all of them alike. Then each side runs once more to count its
-Python function calls a step in the same window (`calls_per_step`): a figure no load moves.
+Python function calls a step in the same window (`calls_per_step`): a figure no load moves
+(`--quick`, a smoke run, counts them in its one round instead).
 
 Usage: python -m bench.trainer_overhead [--steps 600] [--repeats 5] [--worlds 1,2]
            [--variants no_vote,old_stop_check,...|all] [--quick]
@@ -99,11 +100,11 @@ class Clock:
 
     def rates(self) -> dict[str, float]:
         n = timed_steps(self.steps)
-        if self.profile is not None:
+        rates = {"wall": n / self.wall, "cpu": n / self.cpu, "thread_cpu": n / self.thread_cpu}
+        if self.profile is not None:  # the rates are the profiled run's (--quick only keeps them)
             stats = pstats.Stats(self.profile).stats  # type: ignore[attr-defined]
-            calls = sum(stat[1] for stat in stats.values())
-            return {"calls": calls / n}
-        return {"wall": n / self.wall, "cpu": n / self.cpu, "thread_cpu": n / self.thread_cpu}
+            rates["calls"] = sum(stat[1] for stat in stats.values()) / n
+        return rates
 
 
 def timed_steps(steps: int) -> int:
@@ -340,7 +341,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians kept")
     ap.add_argument("--worlds", default="1,2", help="process counts, comma-separated")
     ap.add_argument("--variants", default="", help=f"'all' or some of: {', '.join(VARIANTS)}")
-    ap.add_argument("--quick", action="store_true", help="60 steps, one round: a smoke run")
+    ap.add_argument(
+        "--quick", action="store_true", help="60 steps, one round, calls counted in it: a smoke run"
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--side")
     ap.add_argument("--out")
@@ -360,11 +363,14 @@ def main() -> None:
         rates: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
         for _ in range(repeats):
             for side in sides:
-                rates[side].append(_measure(side, world, steps))
+                rates[side].append(_measure(side, world, steps, count_calls=args.quick))
         row = _row(world, rates)
-        # Python calls a step, rank 0's, counted in a run of their own per side
+        # Python calls a step, rank 0's, counted in a run of their own per side (the profiler
+        # slows every call). --quick, a smoke run of every path whose figures mean nothing,
+        # counts them in its one timed round: half the processes (each costs ~5 s of imports).
         row["calls_per_step"] = {
-            side: _measure(side, world, steps, True)["calls"] for side in sides
+            side: (rates[side][0] if args.quick else _measure(side, world, steps, True))["calls"]
+            for side in sides
         }
         rows.append(row)
         _report(world, row)
