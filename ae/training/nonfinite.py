@@ -149,6 +149,7 @@ class NonFiniteGuard(L.Callback):
         self.grads_count = precision != "16-mixed"
         self.every = 1  # steps per read of the record (set at train start)
         self.on_cpu = True
+        self.reduce_here = False  # the comm hook all-reduces itself (gloo), or allreduce_hook
         self.measured: MeasuredNorm | None = None
         self.params: list[torch.nn.Parameter] = []
         self.zero: torch.Tensor | None = None  # on the module's device
@@ -177,6 +178,7 @@ class NonFiniteGuard(L.Callback):
         self.zero = torch.zeros((), device=device)
         model = trainer.strategy.model
         if isinstance(model, DistributedDataParallel):
+            self.reduce_here = dist.get_backend(model.process_group) == "gloo"
             # Through a lambda: DDP compares a hook's annotations with its types, and ours are
             # strings here (`from __future__ import annotations`).
             model.register_comm_hook(None, lambda state, bucket: self._reduce(state, bucket))
@@ -207,7 +209,18 @@ class NonFiniteGuard(L.Callback):
             # step (the reduced gradient is then non-finite everywhere; one bucket is enough).
             # loss * 0 is 0 for a finite loss and NaN for NaN or +-Inf.
             buf[:1].add_((self.loss * 0).to(buf.dtype))
-        return allreduce_hook(state, bucket)
+        if not self.reduce_here:
+            return allreduce_hook(state, bucket)  # NCCL: its callback runs on this thread
+        # gloo: reduced on this thread, the one that runs backward. `allreduce_hook`'s future
+        # callback would run on gloo's thread, in a Python thread state made and freed each
+        # step, and a DataLoader forking its workers meanwhile (validation's) can leave one
+        # deadlocked at birth (bench/README.md, straggler_soak). The price: on gloo, backward
+        # waits for each bucket's all-reduce instead of overlapping the next buckets with it.
+        group = state if state is not None else dist.group.WORLD
+        dist.all_reduce(buf.div_(group.size()), group=group)
+        reduced: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        reduced.set_result(buf)
+        return reduced
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer

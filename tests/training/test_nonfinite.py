@@ -271,8 +271,16 @@ def test_the_comm_hook_reduces_as_ddp_does_and_starts_the_all_reduce_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a real (1-process gloo) DDP model: the guard's comm hook gives DDP's gradients, and
-    notes when the last bucket's all-reduce started (the step clock's sync, ae.forensics)."""
+    notes when the last bucket's all-reduce started (the step clock's sync, ae.forensics). On
+    gloo it reduces on the thread that runs backward: torch's `allreduce_hook` is not called
+    (its future callback would run on gloo's thread)."""
     from ae.forensics import step_times as st
+    from ae.training import nonfinite
+
+    def refused(*args: object) -> None:
+        raise AssertionError("allreduce_hook called on gloo")
+
+    monkeypatch.setattr(nonfinite, "allreduce_hook", refused)
 
     times = st.StepTimes()
     monkeypatch.setattr(st, "step_times", times)
