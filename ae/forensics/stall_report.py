@@ -34,6 +34,9 @@ _COLLECTIVE_NAME = re.compile(
 _COLLECTIVE_PATHS = ("torch/distributed/", "torch/nn/parallel/", "lightning/")
 _BACKWARD = ("torch/autograd/", ("_engine_run_backward", "backward"))
 _COLLECTIVE_DEPTH = 4  # only the innermost frames: outer ones are the training loop around it
+# A collective called by a DDP comm hook (ae's reduces on the training thread on gloo): backward
+# is at most this many frames further out (the hook, its lambda, c10d's logging wrapper).
+_HOOK_DEPTH = 4
 
 
 def main_thread_frame() -> FrameType | None:
@@ -64,18 +67,20 @@ def _ddp_active() -> bool:
 
 
 def collective_wait(frame: FrameType | None) -> str:
-    """`no`, or `yes (<function>)` when the innermost frames are a collective call."""
-    for _ in range(_COLLECTIVE_DEPTH):
-        if frame is None:
+    """`no`, or `yes (<function>)` when the innermost frames are a collective call; DDP's
+    gradient all-reduce when they are backward, or a collective that a comm hook called in it."""
+    found = None
+    for depth in range(_COLLECTIVE_DEPTH + _HOOK_DEPTH):
+        if frame is None or (found is None and depth >= _COLLECTIVE_DEPTH):
             break
         path = frame.f_code.co_filename.replace(os.sep, "/")
         name = frame.f_code.co_name
-        if any(p in path for p in _COLLECTIVE_PATHS) and _COLLECTIVE_NAME.search(name):
-            return f"yes ({name})"
         if _BACKWARD[0] in path and name in _BACKWARD[1] and _ddp_active():
             return "yes (DDP gradient all-reduce in backward)"
+        if found is None and any(p in path for p in _COLLECTIVE_PATHS):
+            found = f"yes ({name})" if _COLLECTIVE_NAME.search(name) else None
         frame = frame.f_back
-    return "no"
+    return found or "no"
 
 
 def main_thread_doing(phase: str) -> str | None:

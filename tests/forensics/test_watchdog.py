@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from loguru import logger
 
+from ae.forensics import stall_report
 from ae.forensics.faults import _injected_sleep
 from ae.forensics.heartbeat import heartbeat_record, write_heartbeat
 from ae.forensics.process_stats import RssReader
@@ -164,6 +165,41 @@ def test_collective_wait_guess() -> None:
     # Without an initialized process group, backward is just backward.
     backward = _frame_in("/x/site-packages/torch/autograd/graph.py", "_engine_run_backward")
     assert collective_wait(backward) == "no"
+
+
+def _chain(*calls: tuple[str, str]):
+    """The innermost live frame of nested calls, outermost first: (file, function) each."""
+    namespace: dict = {"sys": sys}
+    for path, name in calls:
+        body = "inner[0](box, inner[1:]) if inner else box.append(sys._getframe())"
+        code = f"def {name}(box, inner):\n    {body}\n"
+        exec(compile(code, path, "exec"), namespace)
+        namespace[f"fn_{name}"] = namespace[name]
+    box: list = []
+    fns = [namespace[f"fn_{name}"] for _, name in calls]
+    fns[0](box, fns[1:])
+    return box[0]
+
+
+def test_a_collective_that_a_comm_hook_calls_in_backward_is_ddps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ae's comm hook all-reduces on the training thread (gloo): the innermost frame is
+    torch's all_reduce, backward a few frames out. Called outside backward, it stays itself."""
+    monkeypatch.setattr(stall_report, "_ddp_active", lambda: True)
+    hook = _chain(
+        ("/x/site-packages/torch/autograd/graph.py", "_engine_run_backward"),
+        ("/x/ae/training/nonfinite.py", "_reduce"),
+        ("/x/site-packages/torch/distributed/c10d_logger.py", "wrapper"),
+        ("/x/site-packages/torch/distributed/distributed_c10d.py", "all_reduce"),
+    )
+    assert collective_wait(hook) == "yes (DDP gradient all-reduce in backward)"
+    user = _chain(
+        ("/x/site-packages/lightning/loop.py", "training_step"),
+        ("/x/model.py", "forward"),
+        ("/x/site-packages/torch/distributed/distributed_c10d.py", "all_reduce"),
+    )
+    assert collective_wait(user) == "yes (all_reduce)"
 
 
 def test_thread_stacks_name_every_thread() -> None:
