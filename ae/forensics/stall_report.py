@@ -77,8 +77,9 @@ def collective_wait(frame: FrameType | None) -> str:
         name = frame.f_code.co_name
         if _BACKWARD[0] in path and name in _BACKWARD[1] and _ddp_active():
             return "yes (DDP gradient all-reduce in backward)"
-        if found is None and any(p in path for p in _COLLECTIVE_PATHS):
-            found = f"yes ({name})" if _COLLECTIVE_NAME.search(name) else None
+        if (found is None and any(p in path for p in _COLLECTIVE_PATHS)
+                and _COLLECTIVE_NAME.search(name)):  # fmt: skip
+            found = f"yes ({name})"
         frame = frame.f_back
     return found or "no"
 

@@ -5,9 +5,8 @@ Per training batch, three clocks (host time, `time.perf_counter`):
   by `ae.data.stream.resume.ResumableLoader`);
 - sync: the time spent waiting for the other ranks. The gradient all-reduce is timed from the
   moment the last gradient is ready (`gradients_ready`, from DDP's comm hook as the last bucket
-  is launched; a Python hook on each parameter cost ~12 us a parameter a step) to the end of
-  backward (read as the optimizer step starts, a few us later), when DDP has
-  waited for every bucket: the time backward only waits.
+  is launched) to the end of backward (read as the optimizer step starts, a few us later), when
+  DDP has waited for every bucket: the time backward only waits.
   Added to it is the stretch between the end of one batch and the fetch of the next:
   Lightning's per-step stop-signal broadcast (a collective, where a fast rank waits when its
   peer was slow after the all-reduce), the step boundary's work (`ae.training.step_boundary`:

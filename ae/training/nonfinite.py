@@ -178,10 +178,11 @@ class NonFiniteGuard(L.Callback):
         self.zero = torch.zeros((), device=device)
         model = trainer.strategy.model
         if isinstance(model, DistributedDataParallel):
-            self.reduce_here = dist.get_backend(model.process_group) == "gloo"
+            group = model.process_group
+            self.reduce_here = dist.get_backend(group) == "gloo"
             # Through a lambda: DDP compares a hook's annotations with its types, and ours are
             # strings here (`from __future__ import annotations`).
-            model.register_comm_hook(None, lambda state, bucket: self._reduce(state, bucket))
+            model.register_comm_hook(group, lambda state, bucket: self._reduce(state, bucket))
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -194,8 +195,11 @@ class NonFiniteGuard(L.Callback):
         loss = loss.detach().float()
         self.loss = loss if self.loss is None else self.loss + loss
 
-    def _reduce(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        """DDP's all-reduce of one gradient bucket, after looking at this rank's own values."""
+    def _reduce(
+        self, group: dist.ProcessGroup, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
+        """DDP's all-reduce of one gradient bucket on DDP's `group`, after looking at this rank's
+        own values."""
         gradients_ready()  # the step clock's start of the all-reduce wait (ae.forensics)
         buf = bucket.buffer()
         # One pass: a sum is non-finite exactly when an element is (NaN, +-Inf), unless finite
@@ -210,13 +214,12 @@ class NonFiniteGuard(L.Callback):
             # loss * 0 is 0 for a finite loss and NaN for NaN or +-Inf.
             buf[:1].add_((self.loss * 0).to(buf.dtype))
         if not self.reduce_here:
-            return allreduce_hook(state, bucket)  # NCCL: its callback runs on this thread
+            return allreduce_hook(group, bucket)  # NCCL: its callback runs on this thread
         # gloo: reduced on this thread, the one that runs backward. `allreduce_hook`'s future
         # callback would run on gloo's thread, in a Python thread state made and freed each
         # step, and a DataLoader forking its workers meanwhile (validation's) can leave one
         # deadlocked at birth (bench/README.md, straggler_soak). The price: on gloo, backward
         # waits for each bucket's all-reduce instead of overlapping the next buckets with it.
-        group = state if state is not None else dist.group.WORLD
         dist.all_reduce(buf.div_(group.size()), group=group)
         reduced: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         reduced.set_result(buf)

@@ -207,7 +207,7 @@ class Tiny(L.LightningModule):
     def forward(self, x):
         return self.net(x)
 
-def case(rank, name, bad_grad_rank, nan_loss_rank):
+def case(rank, bad_grad_rank, nan_loss_rank):
     torch.manual_seed(0)
     module = Tiny()
     ddp = DistributedDataParallel(module)
@@ -236,7 +236,7 @@ def rank_main(rank, store, out):
     result = {}
     for name, bad_grad, nan_loss in (("fine", -1, -1), ("grad", 1, -1), ("loss", -1, 0)):
         lines.clear()
-        result[name] = [case(rank, name, bad_grad, nan_loss), list(lines)]
+        result[name] = [case(rank, bad_grad, nan_loss), list(lines)]
     json.dump(result, open(f"{out}/rank{rank}.json", "w"))
     dist.barrier()
     dist.destroy_process_group()
