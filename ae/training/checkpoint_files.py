@@ -53,16 +53,14 @@ class CheckpointStore:
             logger.warning(f"Removing {tmp}: left by a checkpoint save that did not finish")
             tmp.unlink(missing_ok=True)
 
-    def step_files(self) -> list[Path]:
-        """Step checkpoints, oldest first (by write time, then step)."""
-        files = [p for p in self.dir.glob("step-*.ckpt") if _STEP_FILE.match(p.name)]
-
-        def order(p: Path) -> tuple[float, int]:
-            match = _STEP_FILE.match(p.name)
-            assert match is not None
-            return p.stat().st_mtime, int(match.group(1))
-
-        return sorted(files, key=order)
+    def step_files(self, before: int | None = None) -> list[Path]:
+        """Step checkpoints, oldest first (by write time, then step); with `before`, only those
+        of earlier steps."""
+        steps = {p: int(m.group(1)) for p in self.dir.glob("step-*.ckpt")
+                 if (m := _STEP_FILE.match(p.name))}  # fmt: skip
+        if before is not None:
+            steps = {p: step for p, step in steps.items() if step < before}
+        return sorted(steps, key=lambda p: (p.stat().st_mtime, steps[p]))
 
     def commit_step(self, path: Path) -> list[Path]:
         """Point `last` at a freshly written step checkpoint and prune old ones; returns the

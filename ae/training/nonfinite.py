@@ -161,6 +161,7 @@ class NonFiniteGuard(L.Callback):
         self.skipped = 0
         self.rollbacks = 0
         self.rollback_pending = False
+        self.rollback_step = 0  # the step that a pending rollback undoes
         self.mean: float | None = None  # the loss's exponential mean (spikes)
         # (step, what) of each loss spike and non-finite step: marks on the loss curve
         self.events: list[tuple[int, str]] = []
@@ -333,9 +334,10 @@ class NonFiniteGuard(L.Callback):
             return
         self.rollbacks += 1
         self.rollback_pending = True
+        self.rollback_step = rec.step
 
-    def newest_checkpoint(self) -> Path | None:
-        files = self.store.step_files()
+    def newest_checkpoint(self, before: int | None = None) -> Path | None:
+        files = self.store.step_files(before)
         return files[-1] if files else None
 
     def on_train_batch_end(
@@ -344,7 +346,10 @@ class NonFiniteGuard(L.Callback):
         if not self.rollback_pending:
             return
         self.rollback_pending = False
-        path = self.newest_checkpoint()
+        # The newest checkpoint of a step before the bad one, the same file on every rank: rank 0
+        # may already be writing this step's own checkpoint while a slower rank looks (seen: rank
+        # 1 went back to step 6's, rank 0 to step 4's).
+        path = self.newest_checkpoint(before=self.rollback_step)
         if path is None:
             raise NonFiniteError(
                 f"non-finite value at step {trainer.global_step}: --on_nonfinite=rollback has no "

@@ -38,6 +38,18 @@ def test_store_links_last_and_keeps_at_most_n(tmp_path: Path) -> None:
     assert torch.load(store.last, weights_only=False)["global_step"] == 30
 
 
+def test_step_files_before_a_step_leave_out_that_steps_own(tmp_path: Path) -> None:
+    """A rollback at step 6 goes to the newest checkpoint of an earlier step on every rank, even
+    when rank 0 has already written step 6's own (the guard's `newest_checkpoint(before=6)`)."""
+    store = CheckpointStore(tmp_path, keep=3)
+    for step in (2, 4, 6):
+        store.step_path(step).write_bytes(b"")
+        os.utime(store.step_path(step), (step, step))
+    assert store.step_files()[-1] == store.step_path(6)
+    assert store.step_files(before=6) == [store.step_path(2), store.step_path(4)]
+    assert store.step_files(before=2) == []
+
+
 def test_prepare_removes_leftovers_of_a_killed_save(tmp_path: Path) -> None:
     (tmp_path / ".step-00000004.ckpt.4242-0a1b2c3d.tmp").write_bytes(b"partial")
     (tmp_path / "step-00000002.ckpt").write_bytes(b"whole")
