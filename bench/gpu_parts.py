@@ -82,6 +82,16 @@ def throughput_configs(p: Proof, z: SimpleNamespace) -> list[dict[str, Any]]:
         }
         for b in z.mlp_batches
     ]
+    if not p.quick:  # the largest batch read by the rank itself (a thread reads ahead on CUDA)
+        big = out[-1]
+        out.append(
+            {
+                **big,
+                "name": f"{big['name']}_w0",
+                "flags": [f for f in big["flags"] if not f.startswith("--num_workers")]
+                + ["--num_workers=0"],
+            }
+        )
     out.append(
         {
             "name": f"resnet_f8_bf16_b{z.resnet_batch}",

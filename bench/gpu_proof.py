@@ -100,6 +100,12 @@ def main() -> None:
         default=None,
         help=f"correctness chains, of {','.join(CHAINS)} (default all; quick: nccl_stall)",
     )
+    ap.add_argument(
+        "--configs",
+        default=None,
+        help="throughput configs by name, comma-separated (default all: mlp_b4096, mlp_b65536, "
+        "mlp_b65536_w0, resnet_f8_bf16_b128)",
+    )
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -129,6 +135,13 @@ def main() -> None:
         if p.specs is None:
             return
         configs = throughput_configs(p, z)
+        if args.configs:
+            chosen = args.configs.split(",")
+            if unknown := set(chosen) - {c["name"] for c in configs}:
+                ap.error(
+                    f"--configs: unknown {sorted(unknown)}; known: {[c['name'] for c in configs]}"
+                )
+            configs = [c for c in configs if c["name"] in chosen]
         if "hand" in parts:
             p.part("hand", lambda: part_hand(p, z, configs), 60)
         if "ae" in parts:
