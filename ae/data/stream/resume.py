@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +38,20 @@ from loguru import logger
 
 from ae.data.planning.plan import plan_epoch
 from ae.data.stream.loader import PreemptibleLoader
+from ae.data.stream.read_ahead import read_ahead
 from ae.data.stream.resume_arithmetic import remainder
 from ae.data.stream.shard_stream import ShardStream
 from ae.forensics.step_times import step_times
 
 # The settings whose change re-splits the rest of an interrupted epoch.
 SPLIT_KEYS = ("world_size", "num_workers", "batch_size", "mode", "shuffle_buffer", "seed")
+
+
+def same_cuda_device() -> Callable[[], None]:
+    """For a thread of the rank's: use the rank's CUDA device (pinning from a thread on device 0
+    would make every rank a CUDA context there)."""
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    return lambda: None if device is None else torch.cuda.set_device(device)
 
 
 def split_settings(stream: ShardStream) -> dict[str, Any]:
@@ -154,6 +162,10 @@ class ResumableLoader(PreemptibleLoader):
     def __init__(self, dataset: ShardStream, **kwargs: Any) -> None:
         super().__init__(dataset, **kwargs)
         self._resume: Resume | None = None  # until the resumed epoch's last batch
+        # Read on a thread of its own when the rank reads its batches itself for a GPU (pinned
+        # batches): the step only queues kernels, so reading on the training thread idles the
+        # GPU (`ae.data.stream.read_ahead`; bench/README.md has the figures).
+        self.reads_ahead = self.num_workers == 0 and self.pin_memory
 
     def resuming(self) -> int | None:
         """The epoch being resumed, until its last batch; None otherwise."""
@@ -180,6 +192,8 @@ class ResumableLoader(PreemptibleLoader):
         stream.resumed = resume is not None and resume.base is not None
         stream.skip_batches = resume.skip if resume else 0
         batches = super().__iter__()
+        if self.reads_ahead:
+            batches = read_ahead(batches, on_start=same_cuda_device())
         while True:
             started = time.perf_counter()
             try:

@@ -43,14 +43,23 @@ def _batches(loader: ResumableLoader) -> list[torch.Tensor]:
     return [b.clone() for b in loader]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_resumed_epoch_yields_the_rest_of_the_same_epoch(make_shards, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "ahead"), [(0, False), (0, True), (2, False)])
+def test_resumed_epoch_yields_the_rest_of_the_same_epoch(
+    make_shards, workers: int, ahead: bool
+) -> None:
+    """Also read ahead on a thread (what a GPU rank without workers does): the same batches."""
     spec = make_shards([30, 25, 20], name="train")
-    loader = ResumableLoader(_stream(spec, workers), batch_size=None, num_workers=workers)
+
+    def train_loader() -> ResumableLoader:
+        loader = ResumableLoader(_stream(spec, workers), batch_size=None, num_workers=workers)
+        loader.reads_ahead = ahead
+        return loader
+
+    loader = train_loader()
     full = _batches(loader)
     assert len(full) == len(loader) == 9
     for k in (1, 4, 5):
-        resumed = ResumableLoader(_stream(spec, workers), batch_size=None, num_workers=workers)
+        resumed = train_loader()
         resumed.resume(loader.position(k))
         assert len(resumed) == 9  # Lightning counts the epoch's batches on from k
         rest = _batches(resumed)
