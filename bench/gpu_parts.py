@@ -30,7 +30,7 @@ def sizes(quick: bool) -> SimpleNamespace:
                 "--channel_mult=1,2,2,2",
                 "--res_blocks=1",
             ],
-            windows=dict(warmup=5, seconds=0.5, min_steps=5, profile=4, sync=12),
+            windows=dict(warmup=5, seconds=0.5, min_steps=5, profile=4, pyprof=4, sync=12),
             hand_windows=dict(warmup=5, seconds=0.5, min_steps=5, profile=0),
             workers=1,
             resident_images=512,
@@ -48,7 +48,7 @@ def sizes(quick: bool) -> SimpleNamespace:
         mlp_batches=(4096, 65536),
         resnet_batch=128,
         resnet=["--model=resnet", "--downsample=8"],  # the defaults: base 64, 1,2,4,4, 2 blocks
-        windows=dict(warmup=30, seconds=6.0, min_steps=20, profile=20, sync=100),
+        windows=dict(warmup=30, seconds=6.0, min_steps=20, profile=20, pyprof=50, sync=100),
         hand_windows=dict(warmup=30, seconds=5.0, min_steps=20, profile=20),
         workers=6,
         resident_images=4096,
@@ -162,6 +162,7 @@ def part_ae_throughput(p: Proof, z: SimpleNamespace, configs: list[dict]) -> Non
         entry = {
             "ae": row or None,
             "ae_profile": pr.get("profile"),
+            "ae_host_profile": pr.get("pyprof"),
             "ae_run": res,
             "ae_probe_errors": pr.get("errors"),
             "ae_strategy": pr.get("strategy"),

@@ -19,7 +19,7 @@ from typing import Any
 # Only the standard library above and in bench.gpu_timing: each rank imports this module at
 # start (through the probe's sitecustomize), before ae sends its native output to the log and
 # before torch.
-from bench.gpu_timing import StepRecorder, SyncCapture, Windows, kernel_busy
+from bench.gpu_timing import StepRecorder, SyncCapture, Windows, host_profile, kernel_busy
 
 PROBE_ENV, MODULE_ENV = "GPU_PROOF_PROBE", "GPU_PROOF_MODULE"
 MODULE = __name__  # what the sitecustomize imports
@@ -168,6 +168,8 @@ def make_probe(cfg: dict[str, Any]) -> Any:
             self.sync = SyncCapture(torch, lambda: self.trainer.global_step, self.cuda)
             self._data_mark = 0.0
             self._prof: Any = None
+            self._pyprof: Any = None
+            self._pyprof_step = 0
             self._prof_t0 = 0.0
             self._ballast: Any = None
             self._slept = False
@@ -234,6 +236,15 @@ def make_probe(cfg: dict[str, Any]) -> Any:
                 self._profile_start()
             elif (edge, phase) == ("end", "profile"):
                 self._profile_end()
+            elif (edge, phase) == ("start", "pyprof"):
+                import cProfile
+
+                self._pyprof, self._pyprof_step = cProfile.Profile(), step
+                self._pyprof.enable()  # this thread only: the training thread
+            elif (edge, phase) == ("end", "pyprof"):
+                self._pyprof.disable()
+                self.out["pyprof"] = host_profile(self._pyprof, step - self._pyprof_step)
+                self._pyprof = None
             elif (edge, phase) == ("start", "sync"):
                 self.out["sync_from_step"] = step
                 self.sync.start()

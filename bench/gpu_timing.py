@@ -17,10 +17,25 @@ SYNC_WARNING = "synchroniz"  # torch: "called a synchronizing CUDA operation"
 
 class Windows:
     """The phases of a measured run, after each step: warmup (steps) -> timed (seconds, and at
-    least `min_steps`) -> profile (steps) -> sync (steps) -> done. A phase of 0 is skipped."""
+    least `min_steps`) -> profile (steps) -> pyprof (steps) -> sync (steps) -> done. A phase of 0
+    is skipped."""
 
-    def __init__(self, warmup: int, seconds: float, min_steps: int, profile: int, sync: int):
-        self.plan = [("warmup", warmup), ("timed", seconds), ("profile", profile), ("sync", sync)]
+    def __init__(
+        self,
+        warmup: int,
+        seconds: float,
+        min_steps: int,
+        profile: int,
+        sync: int,
+        pyprof: int = 0,
+    ):
+        self.plan = [
+            ("warmup", warmup),
+            ("timed", seconds),
+            ("profile", profile),
+            ("pyprof", pyprof),
+            ("sync", sync),
+        ]
         self.plan = [p for p in self.plan if p[1] > 0]
         self.min_steps = min_steps
         self.index = 0
@@ -154,6 +169,31 @@ class StepRecorder:
                 else None
             )
         return row
+
+
+def host_profile(prof: Any, steps: int, top: int = 40) -> dict[str, Any]:
+    """From a cProfile run of the training thread over `steps` steps: its Python calls a step,
+    and the functions that take the most time a step, by own time and by time with callees (us,
+    inflated alike by the profiler: read the shares, not the microseconds)."""
+    import pstats
+
+    rows = []
+    for (path, line, fn), (_, calls, own, cum, _) in pstats.Stats(prof).stats.items():
+        where = "/".join(path.split("/")[-2:]) if path != "~" else ""
+        rows.append((f"{where}:{line}({fn})", calls / steps, own / steps * 1e6, cum / steps * 1e6))
+
+    def table(key: int) -> list[list]:
+        best = sorted(rows, key=lambda r: r[key], reverse=True)[:top]
+        return [[name, round(n, 2), round(own, 1), round(cum, 1)] for name, n, own, cum in best]
+
+    return {
+        "steps": steps,
+        "columns": ["function", "calls per step", "own us per step", "with callees us per step"],
+        "calls_per_step": round(sum(r[1] for r in rows), 1),
+        "own_us_per_step": round(sum(r[2] for r in rows), 1),
+        "top_own": table(2),
+        "top_with_callees": table(3),
+    }
 
 
 def kernel_busy(prof: Any, window_s: float, steps: int) -> dict[str, Any]:
