@@ -83,15 +83,7 @@ def throughput_configs(p: Proof, z: SimpleNamespace) -> list[dict[str, Any]]:
         for b in z.mlp_batches
     ]
     if not p.quick:  # the largest batch read by the rank itself (a thread reads ahead on CUDA)
-        big = out[-1]
-        out.append(
-            {
-                **big,
-                "name": f"{big['name']}_w0",
-                "flags": [f for f in big["flags"] if not f.startswith("--num_workers")]
-                + ["--num_workers=0"],
-            }
-        )
+        out.append(variant(out[-1], "w0", ["--num_workers=0"]))
     out.append(
         {
             "name": f"resnet_f8_bf16_b{z.resnet_batch}",
@@ -117,6 +109,13 @@ def throughput_configs(p: Proof, z: SimpleNamespace) -> list[dict[str, Any]]:
             p.put("skipped", f"throughput {c['name']}", "skipped: --quick (one config)")
         out = out[:1]
     return out
+
+
+def variant(config: dict[str, Any], suffix: str, flags: list[str]) -> dict[str, Any]:
+    """`config` with `flags` in place of its own of the same names, named `<name>_<suffix>`."""
+    names = {f.split("=")[0] for f in flags}
+    kept = [f for f in config["flags"] if f.split("=")[0] not in names]
+    return {**config, "name": f"{config['name']}_{suffix}", "flags": kept + flags}
 
 
 def part_hand(p: Proof, z: SimpleNamespace, configs: list[dict]) -> None:
@@ -212,7 +211,8 @@ def _targets(p: Proof) -> None:
             "met": None if r is None else r >= 0.9,
             "vs": "hand loop with every sample on the GPU",
         }
-    big = max((k for k in tp if k.startswith("mlp_b")), key=lambda k: int(k[5:]), default=None)
+    plain = [k for k in tp if k.startswith("mlp_b") and k[5:].isdigit()]  # not the variants
+    big = max(plain, key=lambda k: int(k[5:]), default=None)
     if big:
         busy = (tp[big].get("ae") or {}).get("gpu_busy", {})
         share = busy.get("kernel_share")

@@ -65,7 +65,14 @@ from pathlib import Path
 from bench.gpu_correctness import CHAINS, part_correctness
 from bench.gpu_data import part_data
 from bench.gpu_hand import hand_worker
-from bench.gpu_parts import part_ae_throughput, part_hand, part_oom, sizes, throughput_configs
+from bench.gpu_parts import (
+    part_ae_throughput,
+    part_hand,
+    part_oom,
+    sizes,
+    throughput_configs,
+    variant,
+)
 from bench.gpu_runner import NAME, Proof, ae_names, say
 
 PARTS = ("data", "hand", "ae", "oom", "correctness")
@@ -106,6 +113,13 @@ def main() -> None:
         help="throughput configs by name, comma-separated (default all: mlp_b4096, mlp_b65536, "
         "mlp_b65536_w0, resnet_f8_bf16_b128)",
     )
+    ap.add_argument(
+        "--variants",
+        default=None,
+        help="more configs, each the largest MLP config with other flags: "
+        "'w12:--num_workers=12;compile:--compile=true,--num_workers=12' adds mlp_b65536_w12 "
+        "and mlp_b65536_compile",
+    )
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -135,6 +149,10 @@ def main() -> None:
         if p.specs is None:
             return
         configs = throughput_configs(p, z)
+        mlp = [c for c in configs if c["name"].startswith("mlp_b")]
+        for spec in filter(None, (args.variants or "").split(";")):
+            suffix, _, flags = spec.partition(":")
+            configs.append(variant(mlp[-1], suffix, flags.split(",")))
         if args.configs:
             chosen = args.configs.split(",")
             if unknown := set(chosen) - {c["name"] for c in configs}:
