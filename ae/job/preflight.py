@@ -68,7 +68,8 @@ def shm_size_flag(need: int) -> str:
 
 def shm_need(batch_bytes: int, workers: int, local_ranks: int, prefetch: int) -> Need:
     """Dataloader workers hand every batch to their rank through /dev/shm: up to `prefetch`
-    batches per worker at once."""
+    batches per worker at once (a train worker's reused buffers, one more than `prefetch`, are
+    within the margin)."""
     shm = fs_space(SHM)
     need = int(batch_bytes * prefetch * workers * local_ranks * SHM_MARGIN)
     how = (

@@ -37,6 +37,7 @@ import torch
 from loguru import logger
 
 from ae.data.planning.plan import plan_epoch
+from ae.data.stream.batch_buffers import received, release_table
 from ae.data.stream.loader import PreemptibleLoader
 from ae.data.stream.read_ahead import read_ahead
 from ae.data.stream.resume_arithmetic import remainder
@@ -166,6 +167,8 @@ class ResumableLoader(PreemptibleLoader):
         # batches): the step only queues kernels, so reading on the training thread idles the
         # GPU (`ae.data.stream.read_ahead`; bench/README.md has the figures).
         self.reads_ahead = self.num_workers == 0 and self.pin_memory
+        if self.num_workers > 0:  # before the workers fork: they reuse their batch buffers
+            dataset.released = release_table(self.num_workers)
 
     def resuming(self) -> int | None:
         """The epoch being resumed, until its last batch; None otherwise."""
@@ -194,6 +197,8 @@ class ResumableLoader(PreemptibleLoader):
         batches = super().__iter__()
         if self.reads_ahead:
             batches = read_ahead(batches, on_start=same_cuda_device())
+        elif stream.released is not None:
+            batches = received(stream.released, batches)
         while True:
             started = time.perf_counter()
             try:

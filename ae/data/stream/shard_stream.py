@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from ae.data.planning.plan import EpochPlan, ShardSlice, SplitMode, plan_epoch
 from ae.data.planning.shuffle_order import shuffled_order
 from ae.data.shards.errors import DataError, ErrorCounts, SlotErrors
 from ae.data.shards.tar_samples import RawSample, TarReader
+from ae.data.stream.batch_buffers import WorkerBuffers
 from ae.data.stream.fixed_layout_batches import column_batches, columnar_slot
 from ae.data.stream.loader import into_shared_memory
 from ae.data.stream.resampled import ResampledPlan, read_resampled, resampled_plan
@@ -92,6 +93,10 @@ class ShardStream(IterableDataset):
     # (epoch, skip_batches, resumed) as the rank last set them, in shared memory: persistent
     # workers hold the copy of the stream they were started with, and read these at every epoch
     position: torch.Tensor = field(init=False)
+    # Set by the train loader before its workers fork (`ae.data.stream.batch_buffers`): which
+    # batches the rank has let go of, so that each worker reuses its shared-memory buffers.
+    released: torch.Tensor | None = field(default=None, init=False)
+    buffers: WorkerBuffers | None = field(default=None, init=False, repr=False)  # a worker's
 
     def __post_init__(self) -> None:
         self.errors = ErrorCounts.create(self.num_workers)
@@ -240,6 +245,18 @@ class ShardStream(IterableDataset):
         )
         return batch_samples(stream, self.batch_size, self.spec)
 
+    def _hand_over(self, info: Any) -> Callable[[torch.Tensor], Any]:
+        """How a batch leaves this process: as it is in the rank's own process; in a worker, in
+        shared memory, in one of the worker's reused buffers with its tag when the loader asked
+        for them (`released`)."""
+        if info is None:
+            return lambda batch: batch
+        if self.released is None:
+            return into_shared_memory
+        if self.buffers is None:  # the first epoch of this worker process
+            self.buffers = WorkerBuffers(info.id, self.released)
+        return self.buffers.hand_over
+
     @log_worker_exceptions
     def __iter__(self) -> Iterator[torch.Tensor]:
         info = get_worker_info()
@@ -287,12 +304,13 @@ class ShardStream(IterableDataset):
         # Time producing each batch, without the time suspended at `yield` (the batch waiting
         # in the loader's queue): the worker's read rate, not the rank's pace.
         started = time.perf_counter()
+        hand_over = self._hand_over(info)
         for i, batch in enumerate(batches):
             fault_point("data", step0 + i * stride)
-            into_shared_memory(batch)
+            item = hand_over(batch)
             meter.batch(time.perf_counter() - started)
             n += len(batch)
-            yield batch
+            yield item
             started = time.perf_counter()
         errors1, replaced1 = errors.snapshot()
         logger.info(

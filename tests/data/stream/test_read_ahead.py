@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -68,7 +69,8 @@ def test_a_consumer_that_leaves_stops_the_thread() -> None:
 
 def test_the_train_loader_reads_ahead_only_in_process_and_pinned() -> None:
     def loader(workers: int, pin: bool) -> ResumableLoader:
-        return ResumableLoader(range(4), batch_size=None, num_workers=workers, pin_memory=pin)
+        stream = SimpleNamespace(released=None)  # never iterated
+        return ResumableLoader(stream, batch_size=None, num_workers=workers, pin_memory=pin)
 
     assert loader(0, True).reads_ahead
     assert not loader(2, True).reads_ahead
