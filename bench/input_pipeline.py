@@ -4,9 +4,10 @@ Four datasets: 64-dim float32 `.npy` vectors (ae's writer), 32x32 RGB PNGs (nati
 real-photo JPEGs of 500x400 taken to 64x64 (`--image_size=64`), all in batches of 256, and
 `vec`: 64-dim float32 vectors in shards written by WebDataset's `TarWriter` (a pax header per
 member), indexed as `ae-shards index` does, in batches of 4096 (`--vec_batch`). For `vec` ae is
-timed twice: `ae` (the columnar path, `ae.data.stream.fixed_layout_batches`) and `ae_general`
-(sample by sample, what other shards take), both over several epochs through the trainer's loader
-settings (persistent workers, prefetch), as training reads them.
+timed three times: `ae` (the columnar path, `ae.data.stream.fixed_layout_batches`), `ae_general`
+(sample by sample, what other shards take), and with workers `ae_new_segments` (a new
+shared-memory segment per batch instead of the workers' reused buffers), all over several epochs
+through the trainer's loader settings (persistent workers, prefetch), as training reads them.
 
 - ae: `ShardStream` (the trainer's dataset) through a DataLoader, whole batches to the main
   process, exactly as training gets them (shuffle buffer on; JPEGs: random crops).
@@ -121,8 +122,16 @@ def _ours_general(urls: list[str], kind: str, workers: int, batch: int) -> DataL
     return _ours(urls, kind, workers, batch, columnar=False)
 
 
-def _batch(kind: str, quick: bool) -> int:
-    return QUICK_BATCH[kind] if quick else VEC_BATCH if kind == "vec" else BATCH
+def _ours_new_segments(urls: list[str], kind: str, workers: int, batch: int) -> DataLoader:
+    """`ae` with a new shared-memory segment for every batch, as before the workers' reused
+    buffers (`ae.data.stream.batch_buffers`)."""
+    loader = _ours(urls, kind, workers, batch)
+    loader.dataset.released = None
+    return loader
+
+
+def _batch(kind: str, quick: bool, vec_batch: int = VEC_BATCH) -> int:
+    return QUICK_BATCH[kind] if quick else vec_batch if kind == "vec" else BATCH
 
 
 def _webdataset(urls: list[str], kind: str, workers: int, batch: int) -> DataLoader:
@@ -215,6 +224,7 @@ def main() -> None:
         "--repeat", type=int, default=1,
         help="rounds, the readers alternating; each reader's best round counts (a shared machine)",
     )  # fmt: skip
+    ap.add_argument("--vec_batch", type=int, default=VEC_BATCH, help="batch size of `vec`")
     args = ap.parse_args()
     args.workers = args.workers or ("0,2" if args.quick else "0,1,2")
     epochs_s = 0.0 if args.quick else VEC_EPOCHS_S
@@ -236,10 +246,12 @@ def main() -> None:
         total = shards * per_shard
         for workers in (int(w) for w in args.workers.split(",")):
             r: dict = {"kind": kind, "workers": workers, "repeat": args.repeat}
-            r["batch_size"] = batch = _batch(kind, args.quick)
+            r["batch_size"] = batch = _batch(kind, args.quick, args.vec_batch)
             readers = [("ae", _ours), ("webdataset", _webdataset), ("ceiling", _ceiling)]
             if kind == "vec":
                 readers.insert(1, ("ae_general", _ours_general))
+                if workers:
+                    readers.insert(1, ("ae_new_segments", _ours_new_segments))
             for _ in range(args.repeat):
                 for name, make in readers:
                     wall, cpu = _rate(make(urls, kind, workers, batch), total, epochs_s)
@@ -255,6 +267,12 @@ def main() -> None:
                 cpu_ratio = f" ({r['ae_vs_webdataset_cpu']:.1f}x in CPU time)"
             rows.append(r)
             general = f"ae_general {r['ae_general']:,.0f}/s, " if "ae_general" in r else ""
+            if "ae_new_segments" in r:
+                r["ae_vs_new_segments"] = r["ae"] / r["ae_new_segments"]
+                general += (
+                    f"ae_new_segments {r['ae_new_segments']:,.0f}/s "
+                    f"({r['ae_vs_new_segments']:.2f}x), "
+                )
             print(
                 f"{kind} batch={r['batch_size']} workers={workers}: ae {r['ae']:,.0f}/s, {general}"
                 f"webdataset {r['webdataset']:,.0f}/s, ceiling {r['ceiling']:,.0f}/s -> "

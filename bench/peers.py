@@ -370,7 +370,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, help="rounds, readers alternating; the median counts")
     ap.add_argument("--epoch_cap_s", type=float, help="stop an epoch after this long")
     ap.add_argument("--rate_mb", type=float, default=20.0, help="throttled source, MB/s")
+    ap.add_argument(
+        "--readers",
+        default=None,
+        help="rows to run beside ae, comma-separated (e.g. litdata_turbo; default all)",
+    )
     args = ap.parse_args()
+    chosen = set(args.readers.split(",")) | {"ae"} if args.readers else None
     versions = peer_versions()
     if versions is None:
         print(f"skipped: the peers extra is not installed ({', '.join(PEERS)})")
@@ -398,6 +404,8 @@ def main() -> None:
             runs: dict[str, list[dict]] = {}
             for _ in range(repeat):
                 for name, reader, variant in variants(kind):
+                    if chosen is not None and name not in chosen:
+                        continue
                     r = measure(info, kind, name, reader, variant, workers, cap_s)
                     runs.setdefault(name, []).append(r)
             row: dict[str, Any] = {"kind": kind, "workers": workers, "readers": {}}
