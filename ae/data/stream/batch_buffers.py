@@ -4,8 +4,9 @@ A dataloader worker hands every batch to its rank in shared memory. A new segmen
 costs its pages every time: the kernel allocates and zeroes each one as the worker first writes
 it, and frees it after the rank is done (on the 2-core VM: a 16 MB batch gathered in 3.7 ms,
 moved into a new segment 16 ms; ~55 us of a ~400 us JPEG image). So each train worker keeps
-`SLOTS` buffers and writes batch n into buffer n % SLOTS, once the rank has let go of the batch
-that buffer held before.
+`SLOTS` buffers for an epoch and writes batch n into buffer n % SLOTS, once the rank has let go
+of the batch that buffer held before. Between epochs it holds none (validation's workers need
+the room then, as before).
 
 The rank lets go of a batch when nothing of it is left there: the finalizer of the batch's
 storage (the last tensor, view or array over it freed) writes the batch's number into
@@ -14,8 +15,9 @@ pinned memory (a GPU) the loader's pin thread copies each batch and drops it at 
 batch is let go as it arrives; on a CPU it lives until the step (and whatever kept it) is done.
 A worker reuses a buffer only if that table shows its last batch was let go; otherwise the batch
 takes a new segment, as torch would do (a worker never waits on the rank: a rank that stops
-reading holds nobody up). Batch numbers start at a random base in each worker process, so a
-release that reaches the table late, or from an earlier worker process, never matches.
+reading holds nobody up). Batch numbers start at a random base in each epoch of each worker,
+so a release that reaches the table late, from an earlier epoch or worker process, never
+matches.
 """
 
 from __future__ import annotations
@@ -41,13 +43,13 @@ def release_table(num_workers: int) -> torch.Tensor:
 
 
 class WorkerBuffers:
-    """In one dataloader worker: the buffers its batches go out in, in turn."""
+    """In one dataloader worker, for one epoch: the buffers its batches go out in, in turn."""
 
     def __init__(self, worker: int, released: torch.Tensor) -> None:
         self.worker, self.released = worker, released
         self.buffers: list[torch.Tensor | None] = [None] * SLOTS
         self.numbers = [-1] * SLOTS  # the batch each buffer last held
-        self.next = random.getrandbits(62)  # this process's batch numbers (see the module doc)
+        self.next = random.getrandbits(62)  # this epoch's batch numbers (see the module doc)
         self.reused = 0
 
     def hand_over(self, batch: torch.Tensor) -> tuple[torch.Tensor, Tag]:

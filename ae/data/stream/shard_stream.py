@@ -96,7 +96,6 @@ class ShardStream(IterableDataset):
     # Set by the train loader before its workers fork (`ae.data.stream.batch_buffers`): which
     # batches the rank has let go of, so that each worker reuses its shared-memory buffers.
     released: torch.Tensor | None = field(default=None, init=False)
-    buffers: WorkerBuffers | None = field(default=None, init=False, repr=False)  # a worker's
 
     def __post_init__(self) -> None:
         self.errors = ErrorCounts.create(self.num_workers)
@@ -248,14 +247,13 @@ class ShardStream(IterableDataset):
     def _hand_over(self, info: Any) -> Callable[[torch.Tensor], Any]:
         """How a batch leaves this process: as it is in the rank's own process; in a worker, in
         shared memory, in one of the worker's reused buffers with its tag when the loader asked
-        for them (`released`)."""
+        for them (`released`). The buffers last the epoch: between epochs (validation) a worker
+        holds none, as before."""
         if info is None:
             return lambda batch: batch
         if self.released is None:
             return into_shared_memory
-        if self.buffers is None:  # the first epoch of this worker process
-            self.buffers = WorkerBuffers(info.id, self.released)
-        return self.buffers.hand_over
+        return WorkerBuffers(info.id, self.released).hand_over
 
     @log_worker_exceptions
     def __iter__(self) -> Iterator[torch.Tensor]:
