@@ -50,7 +50,6 @@ class WorkerBuffers:
         self.buffers: list[torch.Tensor | None] = [None] * SLOTS
         self.numbers = [-1] * SLOTS  # the batch each buffer last held
         self.next = random.getrandbits(62)  # this epoch's batch numbers (see the module doc)
-        self.reused = 0
 
     def hand_over(self, batch: torch.Tensor) -> tuple[torch.Tensor, Tag]:
         """`batch` in a buffer of this worker's (reused when the rank let go of it), with its tag
@@ -65,7 +64,6 @@ class WorkerBuffers:
             and buffer.dtype == batch.dtype
         ):
             buffer.copy_(batch)
-            self.reused += 1
         else:  # the rank may still hold it: a new segment, and the buffer from now on
             buffer = into_shared_memory(batch)
             self.buffers[slot] = buffer
