@@ -16,8 +16,8 @@ member's tar size field, type flag, ustar magic and name suffix, and its whole `
 vectorised comparison of a few 8-byte words per sample, over the slice a worker reads). A
 layout that changes mid-way moves or changes these bytes from the first sample that differs on:
 the check names that sample. Each sample is checked once per process; the mapped shard and what
-was checked are kept (`MAPPED_SHARDS`, keyed by the file's size and mtime), so a later epoch of a
-persistent worker, or of the rank itself with 0 workers, starts at once.
+was checked are kept (`MAPPED_SHARDS` and `CHECKED`, keyed by the file's size and mtime), so a
+later epoch of a persistent worker, or of the rank itself with 0 workers, starts at once.
 
 Anything else (compressed, `pipe:`, remote, images, another field type, a mismatch anywhere in
 the slice) is read by the general path, which also reports bad data; a slot whose slices cannot
@@ -222,6 +222,10 @@ class MappedShard:
 # least recently used are dropped past MAX_MAPPED_BYTES; a slice being read keeps its own map.
 MAPPED_SHARDS: dict[tuple[str, int, int], MappedShard] = {}
 MAX_MAPPED_BYTES = 2 << 30
+# Which samples of a shard were checked outlives its map (a byte a sample): a rank reading more
+# than MAX_MAPPED_BYTES of shards itself (0 workers) maps them again every epoch, and checking
+# them again was ~40% of its reading (the H200 lease, bench/README.md).
+CHECKED: dict[tuple[str, int, int], np.ndarray] = {}
 
 
 def _map(url: str) -> mmap.mmap:
@@ -260,7 +264,8 @@ def mapped_shard(url: str, count: int, decoder: SampleDecoder) -> MappedShard | 
     if isinstance(layout, str):
         return layout
     assert key is not None
-    MAPPED_SHARDS[key] = shard = MappedShard(_map(url), layout, np.zeros(count, bool))
+    checked = CHECKED.setdefault(key, np.zeros(count, bool))
+    MAPPED_SHARDS[key] = shard = MappedShard(_map(url), layout, checked)
     while len(MAPPED_SHARDS) > 1 and sum(len(m.mapped) for m in MAPPED_SHARDS.values()) > (
         MAX_MAPPED_BYTES
     ):

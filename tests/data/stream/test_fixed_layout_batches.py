@@ -199,3 +199,27 @@ def test_a_worker_names_the_shard_each_columnar_batch_comes_from(tmp_path: Path)
         named.append(int(stream.stats.table[0, SHARD]))
         assert named[-1] == shard_of[int(batch[0, 0])]
     assert len(named) == sum(sizes) // 4 and len(set(named)) > 1, named
+
+
+def test_a_shard_mapped_again_is_not_checked_again(tmp_path: Path, monkeypatch) -> None:
+    """A rank reading more shards than it keeps mapped (0 workers, a large set) maps them again
+    every epoch: the samples checked in the first are not checked again."""
+    from ae.data.stream import fixed_layout_batches as fixed
+
+    urls = _shards(tmp_path, [40, 40, 40])
+    monkeypatch.setattr(fixed, "MAX_MAPPED_BYTES", 1)  # one shard mapped at a time
+    monkeypatch.setattr(fixed, "MAPPED_SHARDS", {})
+    monkeypatch.setattr(fixed, "CHECKED", {})
+    checks: list[int] = []
+    check = fixed.check_samples
+    monkeypatch.setattr(
+        fixed, "check_samples", lambda *a: checks.append(a[2]) or check(*a)
+    )  # fmt: skip
+    stream = _stream(urls, "fast", 0, ranks=1)  # one rank: every epoch reads every sample
+    loader = ResumableLoader(stream, num_workers=0, batch_size=None)
+    first = _batches(loader)
+    assert checks and len(fixed.MAPPED_SHARDS) == 1  # every slice checked; the maps dropped
+    checks.clear()
+    loader.dataset.epoch = 1
+    assert len(_batches(loader)) == len(first)
+    assert checks == []
