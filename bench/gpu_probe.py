@@ -240,7 +240,7 @@ def make_probe(cfg: dict[str, Any]) -> Any:
                 import cProfile
 
                 self._pyprof, self._pyprof_step = cProfile.Profile(), step
-                self._pyprof.enable()  # this thread only: the training thread
+                self._pyprof.enable()  # the training thread (Python >= 3.12: every thread)
             elif (edge, phase) == ("end", "pyprof"):
                 self._pyprof.disable()
                 self.out["pyprof"] = host_profile(self._pyprof, step - self._pyprof_step)

@@ -149,10 +149,10 @@ def main() -> None:
         if p.specs is None:
             return
         configs = throughput_configs(p, z)
-        mlp = [c for c in configs if c["name"].startswith("mlp_b")]
+        plain = [c for c in configs if c["name"].startswith("mlp_b") and c["name"][5:].isdigit()]
         for spec in filter(None, (args.variants or "").split(";")):
             suffix, _, flags = spec.partition(":")
-            configs.append(variant(mlp[-1], suffix, flags.split(",")))
+            configs.append(variant(plain[-1], suffix, flags.split(",")))
         if args.configs:
             chosen = args.configs.split(",")
             if unknown := set(chosen) - {c["name"] for c in configs}:
