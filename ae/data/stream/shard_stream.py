@@ -246,12 +246,10 @@ class ShardStream(IterableDataset):
 
     def _hand_over(self, info: Any) -> Callable[[torch.Tensor], Any]:
         """How a batch leaves this process: as it is in the rank's own process; in a worker, in
-        shared memory, in one of the worker's reused buffers with its tag when the loader asked
-        for them (`released`). The buffers last the epoch: between epochs (validation) a worker
-        holds none, as before."""
-        if info is None:
-            return lambda batch: batch
-        if self.released is None:
+        shared memory (`into_shared_memory` tells the two apart), in one of the worker's reused
+        buffers with its tag when the loader asked for them (`released`). The buffers last the
+        epoch: between epochs (validation) a worker holds none, as before."""
+        if info is None or self.released is None:
             return into_shared_memory
         return WorkerBuffers(info.id, self.released).hand_over
 
