@@ -26,9 +26,15 @@ _PEER_TEXT = re.compile(
 )
 
 
+# The rank's own dataloader worker SIGKILLed (the OOM killer's signal): the rank's failure, even
+# when the chain began with the broken connection to that worker (the batch it was handing over:
+# `ConnectionResetError ... by peer` from multiprocessing's resource sharer, not a rank's peer).
+_OWN_WORKER_KILLED = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: Killed")
+
+
 def is_peer_failure(crash: Crash) -> bool:
     """An exception (any of a chain) that reports a dead, stuck or stopping peer."""
-    if crash.signal:
+    if crash.signal or _OWN_WORKER_KILLED.search(crash.message):
         return False
     return crash.kind in _PEER_TYPES or bool(
         _PEER_TEXT.search("\n".join([crash.message, *crash.chain]))

@@ -606,3 +606,25 @@ def test_gloos_pair_timeout_through_a_comm_hook_is_a_peer_failure() -> None:
     )
     assert is_peer_failure(Crash([], 0.0, "RuntimeError", "backward", message, "training step"))
     assert not is_peer_failure(Crash([], 0.0, "RuntimeError", "x", "shape mismatch", None))
+
+
+def test_a_worker_killed_while_handing_over_a_batch_is_the_ranks_own_failure() -> None:
+    """Seen in a fresh-clone run: the OOM killer took rank 1's dataloader worker while the rank
+    fetched the batch's descriptor from it; the chain starts with that connection's reset, but
+    the rank's failure is its worker's death, not a peer's."""
+    from ae.diagnose.rank_status import is_peer_failure
+    from ae.diagnose.tracebacks import Crash
+
+    killed = "DataLoader worker (pid 10819) is killed by signal: Killed."
+    chain = [
+        "ConnectionResetError: [Errno 104] Connection reset by peer",
+        f"RuntimeError: {killed}",
+    ]
+    assert not is_peer_failure(
+        Crash([], 0.0, "RuntimeError", "x", killed, "data loading", chain=chain)
+    )
+    stopped = "DataLoader worker (pid 9) is killed by signal: Terminated."  # torchrun's SIGTERM
+    chain = [chain[0], f"RuntimeError: {stopped}"]
+    assert is_peer_failure(
+        Crash([], 0.0, "RuntimeError", "x", stopped, "data loading", chain=chain)
+    )
