@@ -97,22 +97,38 @@ def test_fewer_than_two_vectors_is_nan() -> None:
     assert math.isnan(float(m.compute()))
 
 
+def test_a_decomposition_that_fails_is_nan_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    def diverges(*_: torch.Tensor) -> float:
+        raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+
+    monkeypatch.setattr("ae.training.frechet.frechet_distance", diverges)
+    m = FrechetDistance(4)
+    m.update(torch.rand(8, 4), torch.rand(8, 4))
+    assert math.isnan(float(m.compute()))
+
+
 # Each rank updates with its own share of the same two sets; compute() must sync the sums over
-# the gloo group (torchmetrics' own path, as Lightning's epoch-end compute takes it).
+# the gloo group (torchmetrics' own path, as Lightning's epoch-end compute takes it), and only
+# rank 0 computes the distance (seconds of eigen-decomposition), which the others receive.
 SCRIPT = """
 import json, sys
 import torch, torch.distributed as dist
 import torch.multiprocessing as mp
+from ae.training import frechet
 from ae.training.frechet import FrechetDistance
 from tests.training.test_frechet import _gaussian_sets
 
 def rank_main(rank, store_file, out):
     dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+    calls = []
+    distance = frechet.frechet_distance
+    frechet.frechet_distance = lambda *a: calls.append(1) or distance(*a)
     real, fake = _gaussian_sets()
     share = slice(0, 120) if rank == 0 else slice(120, None)
     m = FrechetDistance(8)
     m.update(real[share], fake[share])
-    json.dump({"fid": float(m.compute())}, open(f"{out}/rank{rank}.json", "w"))
+    fid = float(m.compute())
+    json.dump({"fid": fid, "computed": len(calls)}, open(f"{out}/rank{rank}.json", "w"))
     dist.destroy_process_group()
 
 if __name__ == "__main__":
@@ -134,3 +150,4 @@ def test_two_gloo_ranks_compute_the_distance_of_all_vectors(tmp_path: Path) -> N
     for rank in (0, 1):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert got["fid"] == pytest.approx(expected, rel=1e-9), rank
+        assert got["computed"] == (1 if rank == 0 else 0), rank
