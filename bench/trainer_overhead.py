@@ -20,10 +20,14 @@ Recorder included. `--variants` adds sides that are ae with one piece taken out 
 `old_stop_check` and `with_ema`, put in): each is timed in the same interleaved rounds, and its
 cost per step is 1 / rate(ae) - 1 / rate(ae without it) (bench/README.md has the table).
 
-The figures are medians over `--repeats` rounds; a round runs every side once, in turn, so a busy
-moment of a shared machine hits all of them alike. Then each side runs once more to count its
-Python function calls a step in the same window (`calls_per_step`): a figure no load moves
-(`--quick`, a smoke run, counts them in its one round instead).
+The figures are medians over `--repeats` rounds. In a round every side's processes run at once,
+in lockstep (`bench/lockstep.py`): each side runs SLICE optimizer steps of its window while the
+others wait, blocked, so that the drift of a shared machine's speed (this VM's rounds of one
+side swung up to 2x, run one after another) falls on every side alike. The ratios are the
+medians of the rounds' own ratios (each a pair measured in the same seconds); the rates, the
+medians of each side's. Then each side runs once more, alone, to count its Python function calls
+a step in the same window (`calls_per_step`): a figure no load moves (`--quick`, a smoke run,
+counts them in its one round instead).
 
 Usage: python -m bench.trainer_overhead [--steps 600] [--repeats 5] [--worlds 1,2]
            [--variants no_vote,old_stop_check,...|all] [--quick]
@@ -34,211 +38,20 @@ The non-finite check's cost (issue 36): `--variants no_nonfinite_guard`.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import os
-import pstats
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader
 
-from bench.common import synthetic_shards, write_record
-from bench.trainer_variants import VARIANTS, change_trainer
-
-DIM, BATCH, WARMUP = 64, 256, 20
-SIDES = ("manual", "lightning", "ae")
-DATA = Path("/tmp/ae-bench-data")
-COUNT_CALLS = "AE_BENCH_COUNT_CALLS"  # set: the worker counts Python calls, not time
-
-
-def _batches(steps: int, rank: int) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(rank)
-    return [torch.rand(BATCH, DIM, generator=g) for _ in range(steps)]
-
-
-def _model():
-    from ae.config import ModelConfig
-    from ae.data.decoding.decode import InputSpec
-    from ae.training.model import AutoEncoder
-
-    torch.manual_seed(0)
-    return AutoEncoder(InputSpec("vector", (DIM,)), ModelConfig(hidden_dim=256, latent_dim=16))
-
-
-class Clock:
-    """Optimizer steps WARMUP + 1 .. steps - 1 in wall time, in CPU time of this process (all
-    its threads) and of the training thread alone: the wall rate is what a user sees, the CPU
-    rate the per-step cost, which other processes on a shared machine disturb less, the
-    training thread's that cost without gloo's, the watchdog's and the loggers' threads. With
-    COUNT_CALLS set (a run of its own: the profiler slows every call), the Python function calls
-    of the window instead: a count that no load disturbs, and most of a tiny step's framework
-    cost."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-        self.wall = self.cpu = self.thread_cpu = 0.0
-        self.profile = cProfile.Profile() if os.environ.get(COUNT_CALLS) else None
-
-    def start(self) -> None:
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-        self.thread_cpu = time.thread_time()
-        if self.profile is not None:
-            self.profile.enable()
-
-    def stop(self) -> None:
-        if self.profile is not None:
-            self.profile.disable()
-        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
-        self.thread_cpu = time.thread_time() - self.thread_cpu
-
-    def rates(self) -> dict[str, float]:
-        n = timed_steps(self.steps)
-        rates = {"wall": n / self.wall, "cpu": n / self.cpu, "thread_cpu": n / self.thread_cpu}
-        if self.profile is not None:  # the rates are the profiled run's (--quick only keeps them)
-            stats = pstats.Stats(self.profile).stats  # type: ignore[attr-defined]
-            rates["calls"] = sum(stat[1] for stat in stats.values()) / n
-        return rates
-
-
-def timed_steps(steps: int) -> int:
-    return steps - 1 - WARMUP
-
-
-def run_manual(steps: int, world: int) -> dict[str, float]:
-    """The baseline: forward, backward, clip, step, schedule; DDP when world > 1."""
-    from ae.training.lr import lr_factor
-
-    model = _model()
-    net: torch.nn.Module = model
-    if world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_factor(s, warmup_steps=50, total_steps=steps, kind="cosine")
-    )
-    batches = _batches(steps, dist.get_rank() if world > 1 else 0)
-    clock = Clock(steps)
-    for i, x in enumerate(batches, start=1):  # i: the optimizer step this batch makes
-        if i == WARMUP + 1:
-            clock.start()
-        loss = torch.nn.functional.mse_loss(net(x), x)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if i == steps - 1:
-            clock.stop()
-    return clock.rates()
-
-
-def _timer(steps: int):
-    """A callback that clocks optimizer steps WARMUP + 1 .. steps - 1, appended after every other
-    callback (so the window holds their hooks too)."""
-    import lightning as L
-
-    class Timer(L.Callback):
-        def __init__(self) -> None:
-            self.clock = Clock(steps)
-
-        def on_train_batch_start(self, trainer, *args) -> None:
-            if trainer.global_step == WARMUP:
-                self.clock.start()
-
-        def on_train_batch_end(self, trainer, *args) -> None:
-            if trainer.global_step == steps - 1:
-                self.clock.stop()
-
-    return Timer()
-
-
-def run_lightning(steps: int, world: int, logs: Path) -> dict[str, float]:
-    """A bare Lightning Trainer: its defaults, no callback but the timer, the same clipping and
-    schedule (the model's own `configure_optimizers`), and the loggers ae writes by default
-    (`--logger=csv,tensorboard`) at ae's cadence: what a Lightning user gets with logging (its
-    own default, `logger=True`, is a TensorBoard logger), so that the ratio compares the
-    trainers' per-step work, not whether the metrics are written."""
-    import lightning as L
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-    from lightning.pytorch.strategies import DDPStrategy
-
-    timer = _timer(steps)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=world,
-        strategy=DDPStrategy(process_group_backend="gloo") if world > 1 else "auto",
-        max_steps=steps,
-        max_epochs=1,
-        gradient_clip_val=1.0,
-        use_distributed_sampler=False,
-        num_sanity_val_steps=0,
-        logger=[CSVLogger(logs, name="metrics"), TensorBoardLogger(logs, name="tensorboard")],
-        callbacks=[timer],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        log_every_n_steps=10,  # ae's cadence: the model logs its step loss as often on both
-    )
-    rank = int(os.environ.get("RANK", 0))
-    trainer.fit(_model(), train_dataloaders=DataLoader(_batches(steps, rank), batch_size=None))
-    return timer.clock.rates()
-
-
-def run_ae(steps: int, world: int, logs: Path, variant: str | None = None) -> dict[str, float]:
-    """Our trainer as a rank builds it (ae/rank/train.py): logging configured, the Flight
-    Recorder and the watchdog on, every callback, a shard data module whose train loader gives
-    the pre-made batches; `variant`: one piece out (or in), a key of VARIANTS."""
-    import logging_cfg
-    from ae.config import parse_config
-    from ae.data.datamodule import ShardDataModule
-    from ae.forensics import flight_recorder
-    from ae.forensics.step_times import step_times
-    from ae.forensics.watchdog import start_watchdog, stop_watchdog
-    from ae.stragglers import recent_window_s
-    from ae.training.trainer import build_trainer
-
-    # 2 x 1024 vectors: one validation pass of a few batches per rank, after the timed window.
-    urls = synthetic_shards(DATA, "npy", 2, 1024, dim=DIM)
-    cfg = parse_config(
-        [f"--output_dir={logs}", f"--max_steps={steps}", "--max_epochs=1", "--warmup_steps=50",
-         "--checkpointing_period=0", "--accelerator=cpu", f"--devices={world}",
-         f"--batch_size={BATCH}", "--num_workers=0", f"--count_cache={logs / 'counts'}",
-         *(["--ema_decay=0.999"] if variant == "with_ema" else [])]
-    )  # fmt: skip
-    ctx = logging_cfg.RankContext.from_env()
-    paths = logging_cfg.configure(cfg.run.dir.logs, "bench", ctx, debug=cfg.obs.debug)
-    obs = cfg.obs
-    if variant != "no_flight_recorder":
-        flight_recorder.enable(paths.logs_dir, ctx.rank, "bench")
-    if variant != "no_watchdog":
-        start_watchdog(
-            obs.stall_timeout, "cpu", ctx, paths, "bench", straggler_factor=obs.straggler_factor,
-            straggler_window=obs.straggler_window, hang_timeout=obs.hang_timeout,
-        )  # fmt: skip
-
-    class PremadeBatches(ShardDataModule):
-        def train_dataloader(self) -> DataLoader:
-            return DataLoader(_batches(steps, ctx.rank), batch_size=None)
-
-    datamodule = PremadeBatches(cfg.data, urls, urls, seed=cfg.run.seed)
-    step_times.configure(recent_window_s(obs.straggler_window), datamodule.train_worker_rates)
-    trainer = build_trainer(cfg, ctx, "bench", {})
-    if variant is not None:
-        change_trainer(variant, trainer)
-    timer = _timer(steps)
-    trainer.callbacks.append(timer)
-    try:
-        trainer.fit(_model(), datamodule=datamodule)
-    finally:
-        stop_watchdog()
-    return timer.clock.rates()
+from bench.common import write_record
+from bench.lockstep import run_in_turns
+from bench.trainer_sides import COUNT_CALLS, SIDES, run_ae, run_lightning, run_manual, timed_steps
+from bench.trainer_variants import VARIANTS
 
 
 def _worker(args: argparse.Namespace) -> None:
@@ -261,47 +74,78 @@ def _worker(args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
-def _measure(side: str, world: int, steps: int, count_calls: bool = False) -> dict[str, float]:
+def _command(side: str, world: int, steps: int, out: Path) -> list[str]:
+    worker = ["-m", "bench.trainer_overhead", "--worker", f"--side={side}", f"--steps={steps}",
+              f"--out={out}"]  # fmt: skip
+    # One process needs no torchrun (its agent alone is a second interpreter with torch).
+    launch = ["-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone"]
+    return [sys.executable, *(launch if world > 1 else []), *worker]
+
+
+def _env(count_calls: bool) -> dict[str, str]:
+    # One thread per process: the math of a 256 x 64 batch gains nothing from a second one on a
+    # shared machine, and the CPU time then counts the step's work, not idle spinning.
+    return {**os.environ, "OMP_NUM_THREADS": "1", **({COUNT_CALLS: "1"} if count_calls else {})}
+
+
+def _round(sides: list[str], world: int, steps: int, count_calls: bool) -> dict[str, dict]:
+    """One round: every side at once, taking turns (bench/lockstep.py); each side's rates."""
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = {side: Path(tmp) / f"{i}" / "result.json" for i, side in enumerate(sides)}
+        for out in outs.values():
+            out.parent.mkdir()
+        commands = {side: (_command(side, world, steps, outs[side]), world) for side in sides}
+        for attempt in (1, 2):  # one more try: a crash on a loaded machine costs the whole run
+            done = run_in_turns(commands, _env(count_calls))
+            if all(r.returncode == 0 for r in done.values()):
+                return {side: json.loads(outs[side].read_text()) for side in sides}
+            for side, r in done.items():
+                print(f"{side} side, {world} process(es), exit {r.returncode} (try {attempt} of "
+                      f"2):\n{r.stderr[-3000:]}", flush=True)  # fmt: skip
+        sys.exit(f"a round of {world} process(es) failed twice")
+
+
+def _count_calls(side: str, world: int, steps: int) -> float:
+    """Python calls a step of one side, run alone (the profiler slows every call)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        worker = ["-m", "bench.trainer_overhead", "--worker", f"--side={side}", f"--steps={steps}",
-                  f"--out={out}"]  # fmt: skip
-        # One process needs no torchrun (its agent alone is a second interpreter with torch).
-        launch = ["-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone"]
-        cmd = [sys.executable, *(launch if world > 1 else []), *worker]
-        # One thread per process: the math of a 256 x 64 batch gains nothing from a second one on
-        # a shared machine, and the CPU time then counts the step's work, not idle spinning.
-        env = {**os.environ, "OMP_NUM_THREADS": "1", **({COUNT_CALLS: "1"} if count_calls else {})}
-        for attempt in (1, 2):  # one more try: a crash on a loaded machine costs the whole run
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        for attempt in (1, 2):
+            done = subprocess.run(_command(side, world, steps, out), env=_env(True),
+                                  capture_output=True, text=True, timeout=300)  # fmt: skip
             if done.returncode == 0:
-                return json.loads(out.read_text())
+                return json.loads(out.read_text())["calls"]
             print(f"{side} side, {world} process(es) failed (try {attempt} of 2):\n"
                   f"{done.stderr[-4000:]}", flush=True)  # fmt: skip
         sys.exit(f"{side} side, {world} process(es) failed twice")
 
 
-def _medians(rates: dict[str, list[dict[str, float]]], clock: str) -> dict[str, float]:
-    return {side: statistics.median(r[clock] for r in runs) for side, runs in rates.items()}
+def _paired(rates: dict[str, list[dict[str, float]]], clock: str, f) -> float:
+    """The median over the rounds of f(this round's rates): a figure of sides timed side by side."""
+    rounds = range(len(rates["ae"]))
+    return statistics.median(
+        f({side: runs[i][clock] for side, runs in rates.items()}) for i in rounds
+    )
 
 
 def _row(world: int, rates: dict[str, list[dict[str, float]]]) -> dict:
-    """The median rate of each side, wall and CPU, the three ratios of each, and per variant
-    its rate against ae's and its cost per step (us; negative: the variant is the slower)."""
+    """The median rate of each side, wall and CPU; the three ratios of each and, per variant, its
+    rate against ae's and its cost per step (us; negative: the variant is the slower), each the
+    median of the rounds' own figures."""
     row: dict = {"processes": world, "all": rates}
     for clock in ("wall", "cpu", "thread_cpu"):
-        med = _medians(rates, clock)
         row[clock] = {
-            **med,
-            "ae_vs_manual": med["ae"] / med["manual"],
-            "lightning_vs_manual": med["lightning"] / med["manual"],
-            "ae_vs_lightning": med["ae"] / med["lightning"],
+            **{side: statistics.median(r[clock] for r in runs) for side, runs in rates.items()},
+            "ae_vs_manual": _paired(rates, clock, lambda r: r["ae"] / r["manual"]),
+            "lightning_vs_manual": _paired(rates, clock, lambda r: r["lightning"] / r["manual"]),
+            "ae_vs_lightning": _paired(rates, clock, lambda r: r["ae"] / r["lightning"]),
             "variants": {
                 side.removeprefix("ae:"): {
-                    "vs_ae": rate / med["ae"],
-                    "cost_us_per_step": 1e6 * (1 / med["ae"] - 1 / rate),
+                    "vs_ae": _paired(rates, clock, lambda r, s=side: r[s] / r["ae"]),
+                    "cost_us_per_step": _paired(
+                        rates, clock, lambda r, s=side: 1e6 * (1 / r["ae"] - 1 / r[s])
+                    ),
                 }
-                for side, rate in med.items()
+                for side in rates
                 if side.startswith("ae:")
             },
         }
@@ -316,10 +160,10 @@ def _report(world: int, row: dict) -> None:
     ):
         r = row[clock]
         print(
-            f"{world} process(es), {unit} (median): hand loop {r['manual']:.1f}, bare Lightning"
-            f" {r['lightning']:.1f}, ae {r['ae']:.1f} -> ae / hand loop {r['ae_vs_manual']:.3f}x,"
-            f" bare Lightning / hand loop {r['lightning_vs_manual']:.3f}x, ae / bare Lightning"
-            f" {r['ae_vs_lightning']:.3f}x",
+            f"{world} process(es), {unit} (medians): hand loop {r['manual']:.1f}, bare"
+            f" Lightning {r['lightning']:.1f}, ae {r['ae']:.1f}; the rounds' ratios: ae / hand"
+            f" loop {r['ae_vs_manual']:.3f}x, bare Lightning / hand loop"
+            f" {r['lightning_vs_manual']:.3f}x, ae / bare Lightning {r['ae_vs_lightning']:.3f}x",
             flush=True,
         )
         for name, v in r["variants"].items():
@@ -362,14 +206,14 @@ def main() -> None:
     for world in map(int, args.worlds.split(",")):
         rates: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
         for _ in range(repeats):
-            for side in sides:
-                rates[side].append(_measure(side, world, steps, count_calls=args.quick))
+            for side, rate in _round(sides, world, steps, count_calls=args.quick).items():
+                rates[side].append(rate)
         row = _row(world, rates)
         # Python calls a step, rank 0's, counted in a run of their own per side (the profiler
         # slows every call). --quick, a smoke run of every path whose figures mean nothing,
         # counts them in its one timed round: half the processes (each costs ~5 s of imports).
         row["calls_per_step"] = {
-            side: (rates[side][0] if args.quick else _measure(side, world, steps, True))["calls"]
+            side: rates[side][0]["calls"] if args.quick else _count_calls(side, world, steps)
             for side in sides
         }
         rows.append(row)
