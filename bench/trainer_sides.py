@@ -62,8 +62,8 @@ class Clock:
         self._resume()
 
     def tick(self, done: int) -> None:
-        """After optimizer step `done` of the window: every SLICE steps, the turn passes on."""
-        if (done - WARMUP) % SLICE == 0:
+        """After optimizer step `done`: within the window, every SLICE steps, the turn passes on."""
+        if WARMUP < done < self.steps - 1 and (done - WARMUP) % SLICE == 0:
             self._pause()
             self.turns.wait()
             self._resume()
@@ -125,8 +125,7 @@ def run_manual(steps: int, world: int) -> dict[str, float]:
         sched.step()
         if i == steps - 1:
             clock.stop()
-        elif i > WARMUP:
-            clock.tick(i)
+        clock.tick(i)
     return clock.rates()
 
 
@@ -146,8 +145,7 @@ def _timer(steps: int, side: str):
         def on_train_batch_end(self, trainer, *args) -> None:
             if trainer.global_step == steps - 1:
                 self.clock.stop()
-            elif trainer.global_step > WARMUP:
-                self.clock.tick(trainer.global_step)
+            self.clock.tick(trainer.global_step)
 
     return Timer()
 
