@@ -25,6 +25,7 @@ from ae.errors import UserError
 from ae.job.outcome import stop_exit_code
 from ae.job.processes import processes_per_node, rank_command, run_torchrun
 from ae.job.topology import topology
+from ae.log_lines import LAUNCHER_LOG_FILE
 
 RANK_MODULE = "ae.cli.encode_rank"  # what runs in every rank
 CHECK_MODULE = "ae.cli.check_checkpoint"  # the safe loader's verdict on a checkpoint
@@ -191,14 +192,16 @@ def launch(argv: list[str]) -> int:
         return e.exit_code
     env = dict(os.environ)
     ts = env.setdefault("AE_RUN_TS", time.strftime("%Y%m%d_%H%M%S"))
+    launcher_log = Path(args.logs) / LAUNCHER_LOG_FILE.format(ts=ts)
     logger.info(
         f"Encoding {len(urls)} shards on {nproc} process(es) per node into {args.out_dir}"
         f"\n  summary   : {args.logs}/train_{ts}.log"
         f"\n  rank logs : {args.logs}/debug_rank*_{ts}.log"
+        f"\n  launcher  : {launcher_log} (torchrun's own output)"
     )
     rc, stopped = run_torchrun(
         rank_command(args.debug, RANK_MODULE), [*argv, f"--devices={nproc}"], nproc=nproc,
-        topo=topo, env=env,
+        topo=topo, env=env, launcher_log=launcher_log,
     )  # fmt: skip
     if stopped is not None:
         logger.warning(f"Stopped by {stopped.name}: finished shards are in place; run again")

@@ -51,7 +51,13 @@ from ae.job.outcome import (
 )
 from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import check, launcher_needs, weights_problems
-from ae.job.processes import DEBUG_ENV, free_port, processes_per_node, rank_command
+from ae.job.processes import (
+    DEBUG_ENV,
+    TORCHRUN_MODULE,
+    free_port,
+    processes_per_node,
+    rank_command,
+)
 from ae.job.rank_lines import rank_lines
 from ae.job.restarts import RESTART_ENV, Restart, Restarts, requeue_job
 from ae.job.supervise import Stops, start_child, wait
@@ -59,7 +65,6 @@ from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE, RESOURCE_TIGHT, TRAIN_LOG_FILE
 
 RANK_MODULE = "ae.cli.rank_process"  # what runs in every rank (train_ae.py runs the same)
-TORCHRUN_MODULE = "ae.job.torchrun"  # torchrun, its own output into launcher_<TS>.log
 # Set for the processes the launcher starts: it reports their failures itself, once they end.
 LAUNCHER_ENV = "AE_LAUNCHER"
 

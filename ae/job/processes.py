@@ -3,9 +3,9 @@
 `ae-train` (`ae.job.launch`) and `ae-encode` (`ae.job.encode`) decide the processes per node the
 same way (`processes_per_node`: `--devices`, else every visible GPU, else 2 CPU processes; under
 SLURM's one-task-per-process layout, SLURM's count) and name what each rank runs the same way
-(`rank_command`). `run_torchrun` is ae-encode's torchrun; training's goes through
-`ae.job.torchrun`, which keeps torchrun's own words in the run's launcher log. No torch here:
-the GPU count comes from CUDA_VISIBLE_DEVICES or `nvidia-smi -L`.
+(`rank_command`). Both start torchrun through `ae.job.torchrun` (TORCHRUN_MODULE), which keeps
+torchrun's own words in the run's launcher log and ends it with the launcher; `run_torchrun` is
+ae-encode's. No torch here: the GPU count comes from CUDA_VISIBLE_DEVICES or `nvidia-smi -L`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from ae.config import RunConfig
 from ae.config.checks import CPU_16_MIXED
@@ -23,6 +24,8 @@ from ae.job.supervise import wait
 from ae.job.topology import Topology
 
 CPU_PROCESSES = 2
+# torchrun, its own output into the run's launcher_<TS>.log, and it dies with the launcher
+TORCHRUN_MODULE = "ae.job.torchrun"
 # With --debug, the distributed libraries' own debug output, into each rank's native log; unless
 # the user set them. Not TORCH_DISTRIBUTED_DEBUG=DETAIL: it checks every collective (slow).
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "TORCH_CPP_LOG_LEVEL": "INFO", "TORCH_DISTRIBUTED_DEBUG": "INFO"}
@@ -81,13 +84,21 @@ def free_port() -> int:
 
 
 def run_torchrun(
-    command: list[str], args: list[str], *, nproc: int, topo: Topology, env: dict[str, str]
+    command: list[str],
+    args: list[str],
+    *,
+    nproc: int,
+    topo: Topology,
+    env: dict[str, str],
+    launcher_log: Path,
 ) -> tuple[int, signal.Signals | None]:
     """torchrun for this node over `command` (`rank_command(...)`) with `args`, passing stop
-    signals on (ae-encode's launcher); returns its exit code and the stop signal, if any."""
+    signals on (ae-encode's launcher), its own output in `launcher_log`; it and its ranks stop
+    when this process dies, however it dies. Returns its exit code and the stop signal, if any."""
     port = topo.master_port or str(free_port())
+    launcher_log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", TORCHRUN_MODULE, str(launcher_log), str(os.getpid()),
         f"--nnodes={topo.nnodes}", f"--node_rank={topo.node_rank}",
         f"--nproc_per_node={nproc}", f"--master_addr={topo.master_addr}", f"--master_port={port}",
         *command, *args,

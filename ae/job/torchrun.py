@@ -20,7 +20,6 @@ and its ranks are gone.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -28,20 +27,12 @@ import traceback
 
 import logging_cfg
 from ae.job.elastic import ELASTIC_ENV, JobEnds, install
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+from ae.parent_death import die_with_parent
 
 
 def follow_launcher(launcher_pid: int) -> None:
-    """SIGTERM to this process when its parent, the launcher, dies. The kernel sends it when the
-    thread that started this process ends: the launcher's main thread, which lives as long as the
-    launcher does. A launcher gone before the request (its death sent nothing): stop now."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
-    if os.getppid() != launcher_pid:
-        os.kill(os.getpid(), signal.SIGTERM)
+    """SIGTERM to this process when its parent, the launcher, dies (or now, if it is gone)."""
+    die_with_parent(signal.SIGTERM, launcher_pid)
 
 
 def main(argv: list[str]) -> int:

@@ -20,7 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ae.data.decoding.decode import InputSpec
 from ae.job.restarts import newest_checkpoint
+from tests.support.encode_checkpoint import encode_checkpoint
 from tests.support.live import wait_for
 from tests.support.runs import ROOT, TWO_HOSTS, run_processes
 from tests.support.two_hosts import TwoHosts, available, cleanup_stale
@@ -117,6 +119,37 @@ def test_one_node_job_follows_its_killed_launcher(tmp_path: Path, make_shards, s
     # All gone, the folder is free: the next launch takes the lock file over.
     third = second_launch(out, env)
     assert "Took over" in third.stdout + third.stderr, third.stdout + third.stderr
+
+
+def test_ae_encode_follows_its_killed_launcher(tmp_path: Path, make_shards) -> None:
+    """ae-encode's torchrun follows its launcher too: SIGKILLed while every rank sleeps (10
+    minutes) on its first batch, the launcher takes its ranks with it, and torchrun's own words
+    are in the launcher log, not on the console."""
+    spec = InputSpec("vector", (16,))
+    ckpt = encode_checkpoint(tmp_path, spec)
+    shards, out = make_shards([20, 20]), tmp_path / "latents"
+    env = {**base_env(tmp_path), "AE_FAULT": "sleep@data:step=0:secs=600"}
+    console = (tmp_path / "console.txt").open("w")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "ae.cli.encode", str(ckpt), shards, str(out), "--devices=2"],
+        cwd=ROOT, env=env, stdout=console, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    logs = out / "logs"
+    try:
+        wait_for("every rank in its sleeping batch", lambda: fault_fired(logs, 2), timeout=180)
+        family = job_family(launcher.pid)
+        assert len(family) >= 3, family  # torchrun and two ranks
+        os.killpg(launcher.pid, signal.SIGKILL)
+        assert launcher.wait(timeout=10) == -signal.SIGKILL
+        _, alive = psutil.wait_procs(family, timeout=60)  # not the ranks' 600 s sleep
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        for p in run_processes(out):
+            p.kill()
+    (launcher_log,) = logs.glob("launcher_*.log")
+    assert "torch.distributed" in launcher_log.read_text()  # torchrun's own, in its file
+    said = (tmp_path / "console.txt").read_text()
+    assert f"launcher  : {launcher_log}" in said, said
 
 
 @pytest.fixture(scope="module")

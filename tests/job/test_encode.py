@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ae.config import Config, ModelConfig, OptimConfig
+from ae.config import ModelConfig
 from ae.data.decoding.decode import InputSpec
 from ae.job.encode import EncodeArgsError, check_outputs, help_text, output_paths, parse_args
 from ae.training.encoding import EncodeError, load_checkpoint, model_from_checkpoint
 from ae.training.model import AutoEncoder
 from ae.training.position.checkpoint_read import DamagedCheckpoint
+from tests.support.encode_checkpoint import encode_checkpoint
 from tests.support.runs import ROOT
 
 
@@ -55,21 +56,9 @@ def test_bad_arguments_fail_in_the_launcher_without_ranks(tmp_path: Path) -> Non
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
 
 
-def _checkpoint(tmp_path: Path, spec: InputSpec) -> Path:
-    cfg = Config.from_flat({"hidden_dim": 16, "latent_dim": 3})
-    model = AutoEncoder(spec, cfg.model, OptimConfig())
-    path = tmp_path / "m.ckpt"
-    torch.save(
-        {"state_dict": model.state_dict(), "ae_config": cfg.to_dict(),
-         "hyper_parameters": dict(model.hparams), "global_step": 7},
-        path,
-    )  # fmt: skip
-    return path
-
-
 def test_the_model_is_rebuilt_from_the_checkpoint(tmp_path: Path) -> None:
     spec = InputSpec("vector", (10,))
-    ckpt = load_checkpoint(_checkpoint(tmp_path, spec))
+    ckpt = load_checkpoint(encode_checkpoint(tmp_path, spec))
     model, latent = model_from_checkpoint(ckpt, spec, "m.ckpt")
     assert latent == (3,) and not model.training
     x = torch.rand(2, 10)

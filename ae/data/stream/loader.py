@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from ae.parent_death import die_with_parent
 from logging_cfg import streams_to_native_in_child
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
@@ -39,7 +40,11 @@ def sigterm_blocked() -> Iterator[None]:
 def init_worker(worker_id: int) -> None:
     """DataLoader `worker_init_fn`: replaces torch's worker SIGTERM handler (which dies), and
     Python's SIGINT one (KeyboardInterrupt ends torch's worker loop); a worker of the console
-    rank writes its Python-level output to the rank's native log, not to the console."""
+    rank writes its Python-level output to the rank's native log, not to the console. It dies
+    with its rank: torch's worker notices a dead rank only between two batches, so one blocked
+    in a read (a hung mount, a stalled stream) outlived a SIGKILLed rank."""
+    if (parent := multiprocessing.parent_process()) is not None and parent.pid is not None:
+        die_with_parent(signal.SIGKILL, parent.pid)
     streams_to_native_in_child()
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
