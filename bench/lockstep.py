@@ -8,7 +8,7 @@ holds still. A waiting process uses no CPU, and its clock counts only its own sl
 
 The coordinator (`run_in_turns`, in the bench's main process) listens on a Unix socket named in
 each side's environment (`ENV`). A process of a side (`Turns`, in the measured process) says
-hello with its side and rank, then, at the end of each slice, `ready` (or `done` after its last
+hello with its side's name, then, at the end of each slice, `ready` (or `done` after its last
 one) and waits for `go`. Every side first runs its warm-up to its first `ready`, so that no
 side's start-up (imports, setup) overlaps another's slice; after every side is `done`, all are
 let go together, so that no side's teardown overlaps another's slice either.
@@ -36,7 +36,7 @@ class Turns:
         if path := os.environ.get(ENV):
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.connect(path)
-            self.sock.sendall(f"{side} {os.environ.get('RANK', '0')}\n".encode())
+            self.sock.sendall(f"{side}\n".encode())
             self.reader = self.sock.makefile("r")
 
     def wait(self, last: bool = False) -> None:
@@ -118,7 +118,7 @@ def _take_turns(
         conn = _accept(server, procs, timeout)
         conn.settimeout(timeout)
         peer = _Peer(conn)
-        peers[peer.read().split()[0]].append(peer)
+        peers[peer.read()].append(peer)
     for side_peers in peers.values():  # every side's warm-up over before any slice
         for peer in side_peers:
             if peer.read() != "ready":
