@@ -9,8 +9,10 @@ heartbeat's `resources` figures (`ae.forensics.resources`), which become evidenc
   segments); or a SIGBUS (a worker's `Bus error`) or a stall in data loading (even one that
   ended in a collective) while the heartbeat had /dev/shm near full.
 - `out of memory (OOM killer)`: a process killed by SIGKILL (a rank gone without trace, a
-  dataloader worker `killed by signal: Killed`) while the cgroup's OOM-kill count had risen
-  since the rank started, or host memory (or the cgroup's limit) was near exhausted.
+  dataloader worker `killed by signal: Killed`, or one killed while it handed a batch over: the
+  rank's `EOFError` / `ConnectionResetError` in data loading, before torch could say why) while
+  the cgroup's OOM-kill count had risen since the rank started, or host memory (or the cgroup's
+  limit) was near exhausted.
 - `too many open files`: EMFILE (`Too many open files`, `Errno 24`).
 """
 
@@ -40,6 +42,9 @@ _SHM_TEXT = re.compile(r"/dev/shm|/torch_\w+|shared memory|\bshm\b", re.I)
 _EMFILE = re.compile(r"Too many open files|EMFILE|Errno 24\b")
 _SIGBUS = re.compile(r"Bus error|SIGBUS")
 _SIGKILL = re.compile(r"killed by signal: Killed|SIGKILL|DataLoader worker .* exited unexpectedly")
+# The rank's end of a worker that died while handing a batch over (its descriptor, through
+# multiprocessing's connection): torch never gets to report the worker's signal.
+_HANDOVER_LOST = ("EOFError", "ConnectionResetError")
 
 
 def _figures(hb: Heartbeat | None) -> dict[str, Any]:
@@ -125,7 +130,8 @@ def _cause(f: Finding, r: RankLog) -> tuple[str, str, list[Evidence]] | None:
     if stuck and f.phase == "data loading" and shm_near_full(res):
         rule = "stuck in data loading while /dev/shm was near full"
         return SHM_EXHAUSTED, rule, [_heartbeat_line(hb, shm)]
-    killed = f.cause == "killed without trace" or _SIGKILL.search(text)
+    lost_worker = crash is not None and crash.kind in _HANDOVER_LOST and f.phase == "data loading"
+    killed = f.cause == "killed without trace" or _SIGKILL.search(text) or lost_worker
     if killed and (why := oom_killer_struck(res, hb)):
         mem = f"{why}; host memory {_mb(res.get('mem_available_mb'))} available"
         return (

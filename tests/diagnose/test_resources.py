@@ -142,6 +142,19 @@ def test_killed_rank_is_oom_by_cgroup_count_or_host_memory(tmp_path: Path) -> No
     assert "host memory near zero: 90 MB" in texts(run_diagnose(tmp_path / "host"))[-1]
 
 
+def test_a_worker_killed_while_handing_a_batch_over_is_oom_by_cgroup_count(
+    tmp_path: Path,
+) -> None:
+    """The OOM killer took rank 0's worker while the rank fetched a batch's descriptor from it:
+    the rank's EOFError, no `killed by signal` line. OOM with the cgroup's count risen; without
+    it, the exception it is."""
+    for name, kills, cause in (("oom", 3, "out of memory (OOM killer)"),
+                               ("none", 2, "exception: EOFError")):  # fmt: skip
+        resources = {"oom_kills": kills, "oom_kills_at_start": 2}
+        doc = worker_failure(tmp_path / name, "EOFError", "", resources)
+        assert culprits(doc) == [(0, "data loading", cause)]
+
+
 def test_too_many_open_files(tmp_path: Path) -> None:
     message = "[Errno 24] Too many open files: '/d/train-000007.tar'"
     doc = worker_failure(tmp_path, "OSError", message, {"open_fds": 1021, "fd_limit": 1024})
