@@ -17,6 +17,7 @@ from ae.cli.shards import main
 from ae.data.shards.index import read_index
 from ae.data.shards.tar_header_count import scan_shard
 from ae.data.shards.tar_samples import iter_samples
+from ae.data.shards.writer import write_shards
 from tests.support.runs import ROOT
 
 
@@ -45,21 +46,46 @@ def test_write_npz_needs_key_when_ambiguous(tmp_path: Path) -> None:
     assert read_index(str(tmp_path / "o2" / "b-000000.tar")).samples == 4
 
 
-def test_image_folder_then_inspect_finds_the_bad_image(tmp_path: Path, capsys) -> None:
+def test_image_folder_leaves_out_and_names_what_cannot_train(tmp_path: Path, capsys) -> None:
     src = tmp_path / "imgs"
     (src / "sub").mkdir(parents=True)
     for i in range(4):
         Image.fromarray(np.full((8, 8), i * 40, np.uint8)).save(src / "sub" / f"{i}.png")
+    good = (src / "sub" / "0.png").read_bytes()
     (src / "broken.png").write_bytes(b"not a png")
+    (src / "cut.png").write_bytes(good[: len(good) // 2])  # a truncated copy
+    (src / "notes.txt").write_text("hello")
+    (src / ".DS_Store").write_bytes(b"\0")
     out = tmp_path / "out"
     assert main(["write", str(src), str(out), "--per_shard", "3"]) == 0
-    capsys.readouterr()
+    text = capsys.readouterr().out
+    assert f"skipped {src / 'broken.png'}: cannot decode" in text
+    assert f"skipped {src / 'cut.png'}: cannot decode" in text
+    assert "left out 2 files that are not images ((no extension), .txt)" in text
+    assert "Wrote 4 samples into 2 shards" in text
+    paths = [s["path"] for p in sorted(out.glob("*.tar")) for s in iter_samples(str(p))]
+    assert paths == [f"sub/{i}.png".encode() for i in range(4)]
+    # Nothing to train on: one message, nothing written
+    (nothing := tmp_path / "nothing").mkdir()
+    (nothing / "a.jpg").write_bytes(b"\xff\xd8\xff garbage")
+    assert main(["write", str(nothing), str(tmp_path / "o2")]) == 2
+    assert not (tmp_path / "o2").exists()
+
+
+def test_inspect_finds_a_bad_image_in_shards(tmp_path: Path, capsys) -> None:
+    png = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(png, format="png")
+    out = tmp_path / "out"
+    out.mkdir()
+    samples = [{"__key__": f"{i:08d}".encode(), "png": b"not a png" if i == 0 else png.getvalue()}
+               for i in range(5)]  # fmt: skip
+    write_shards(out, "train", samples, per_shard=3)
     assert main(["inspect", str(out), "--json"]) == 1  # damage found
     reports = json.loads(capsys.readouterr().out)
     assert [r["samples"] for r in reports] == [3, 2] and reports[0]["index"] == "ok"
-    assert reports[0]["bad"][0][0] == "00000000"  # broken.png sorts first
+    assert reports[0]["bad"][0][0] == "00000000"
     assert "cannot decode .png" in reports[0]["bad"][0][1]
-    assert set(reports[0]["fields"]) == {"png", "path"}
+    assert set(reports[0]["fields"]) == {"png"}
 
 
 def test_index_rebuilds_missing_and_reports_truncated(tmp_path: Path, capsys) -> None:
