@@ -29,6 +29,7 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from loguru import logger
 
 from ae.forensics.process_stats import memory_summary
@@ -58,6 +59,10 @@ class DebugCallback(L.Callback):
         self._train_open = False
         self._global_step = 0  # at the previous batch end: tells an optimizer step
         self._validated = False  # this training epoch ran a validation
+        # The epoch-end all-gather's tensors, allocated once and kept until the run ends (as
+        # `ae.data.rank_agreement.same_on_all_ranks` keeps its: freed while gloo's thread held
+        # one, a dataloader worker forked meanwhile could hang at birth; validation forks next).
+        self._gathered: list[torch.Tensor] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if (mode := os.environ.get(SYNC_DEBUG_ENV)) and torch.cuda.is_available():
@@ -176,13 +181,22 @@ class DebugCallback(L.Callback):
             keep |= {k for k in metrics if k.startswith("val/")}
         return ", ".join(f"{k}={v:.5f}" for k, v in sorted(metrics.items()) if k in keep)
 
-    @staticmethod
-    def _step_times_line(trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _step_times_line(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Rank 0 logs the spread of the ranks' own time per step over the epoch. Every rank
         takes part in the all-gather (this hook runs on all of them)."""
+        if not self._gathered:
+            self._gathered = [torch.zeros(3, dtype=torch.float64, device=pl_module.device)
+                              for _ in range(trainer.world_size + 1)]  # fmt: skip
+        mine, parts = self._gathered[0], self._gathered[1:]
         steps, data, compute, _ = step_times.epoch
-        mine = torch.tensor([steps, data, compute], dtype=torch.float64, device=pl_module.device)
-        rows = trainer.strategy.all_gather(mine).reshape(-1, 3).tolist()
+        mine.copy_(torch.tensor([steps, data, compute], dtype=torch.float64))
+        # torch.distributed's own all-gather: Lightning's goes through the autograd-aware
+        # `torch.distributed.nn.functional.all_gather`, deprecated in torch (a WARNING a rank).
+        if trainer.world_size > 1:
+            dist.all_gather(parts, mine)
+        else:
+            parts[0].copy_(mine)
+        rows = torch.stack(parts).tolist()
         if trainer.global_rank != 0:
             return
         ranked = [(r, 1000 * (d + c) / n, 100 * d / (d + c)) for r, (n, d, c) in enumerate(rows)
