@@ -8,6 +8,15 @@ import warnings
 from loguru import logger
 
 FORK_WITH_THREADS_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\)"
+# Third-party warnings that say nothing true about an ae rank, kept out of every log (a user
+# greps WARNING for what needs them):
+IDLE_WARNINGS = (
+    # Lightning, on a machine with SLURM installed, outside a SLURM step: its advice (start each
+    # rank under srun) is not how ae runs there (one launcher a node, torchrun starts the ranks).
+    r"The `srun` command is available on your system but is not used",
+    # Lightning 2.6 on torch >= 2.10: its own pytree helper calls a torch API now deprecated.
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+)
 
 
 class _InterceptHandler(logging.Handler):
@@ -47,3 +56,5 @@ def route_stdlib() -> None:
     warnings.filterwarnings(
         "ignore", message=FORK_WITH_THREADS_WARNING, category=DeprecationWarning
     )
+    for message in IDLE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)

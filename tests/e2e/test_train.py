@@ -75,6 +75,8 @@ def test_two_rank_debug_run_writes_every_spec_line(launch, make_shards) -> None:
     assert "Training step" not in main  # details stay in the rank logs
     assert "has `__len__` defined" not in main  # Lightning's warning is silenced, as intended
     assert "all_gather is deprecated" not in main  # the spread's gather is torch.distributed's
+    assert "LeafSpec" not in main  # Lightning's own deprecation warnings, idle for a user
+    assert "prepend your python command with `srun`" not in main
     assert "tail -f" in res.output
 
 
