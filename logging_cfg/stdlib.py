@@ -16,6 +16,10 @@ IDLE_WARNINGS = (
     r"The `srun` command is available on your system but is not used",
     # Lightning 2.6 on torch >= 2.10: its own pytree helper calls a torch API now deprecated.
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # Lightning, for epochs shorter than its logging interval: ae sets the interval for the
+    # run's length when training starts (`ae.training.metrics.log_cadence`), after this warning,
+    # and the count runs on across epochs; its advice names a Trainer argument a user cannot set.
+    r"The number of training batches \(\d+\) is smaller than the logging interval",
 )
 
 
