@@ -74,10 +74,10 @@ def test_two_rank_debug_run_writes_every_spec_line(launch, make_shards) -> None:
     assert "Setup: distributed, world size 2" in main and "Resolved config:" in main
     assert "Training step" not in main  # details stay in the rank logs
     assert "has `__len__` defined" not in main  # Lightning's warning is silenced, as intended
-    assert "all_gather is deprecated" not in main  # the spread's gather is torch.distributed's
-    assert "LeafSpec" not in main  # Lightning's own deprecation warnings, idle for a user
-    assert "prepend your python command with `srun`" not in main
-    assert "smaller than the logging interval" not in main  # 8 batches an epoch; ae's cadence
+    # No WARNING line in a healthy run: a user greps WARNING for what needs them. (Lightning's
+    # deprecated all_gather is not called; third-party warnings that say nothing true about an
+    # ae rank are kept out: logging_cfg.stdlib.IDLE_WARNINGS, e.g. srun's, 8 batches an epoch.)
+    assert [line for line in main.splitlines() if "| WARNING" in line] == []
     assert "tail -f" in res.output
 
 
