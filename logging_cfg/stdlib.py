@@ -11,6 +11,9 @@ FORK_WITH_THREADS_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of
 # Third-party warnings that say nothing true about an ae rank, kept out of every log (a user
 # greps WARNING for what needs them):
 IDLE_WARNINGS = (
+    # Lightning: an IterableDataset with __len__ may be inaccurate with several workers unless
+    # each is configured on its own; ae's are (the shard plan gives each worker its slot).
+    r".*`IterableDataset` has `__len__` defined",
     # Lightning, on a machine with SLURM installed, outside a SLURM step: its advice (start each
     # rank under srun) is not how ae runs there (one launcher a node, torchrun starts the ranks).
     r"The `srun` command is available on your system but is not used",

@@ -18,7 +18,6 @@ it to the train loader before Lightning first asks for it (`ae.data.stream.resum
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +36,6 @@ from ae.data.stream.resume import ResumableLoader, Resume
 from ae.data.stream.shard_stream import ShardStream
 from ae.forensics.progress import in_phase
 from ae.log_lines import VALIDATION_OFF, main_log
-
-
-def silence_known_warnings() -> None:
-    """Lightning warns that an IterableDataset with __len__ may be inaccurate with several
-    workers unless each is configured independently; ours are (the shard plan gives each worker
-    its slot). Call after logging is configured: a filter added later takes precedence."""
-    warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined")
 
 
 class ShardDataModule(L.LightningDataModule):

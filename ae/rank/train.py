@@ -17,7 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
 from ae.config import PREFETCH_FACTOR, Config, help_text, parse_config
-from ae.data.datamodule import ShardDataModule, silence_known_warnings
+from ae.data.datamodule import ShardDataModule
 from ae.data.shards.demo import with_demo_defaults
 from ae.data.shards.spec import resolve_shards
 from ae.data.stream.loader import install_worker_reaper
@@ -51,7 +51,6 @@ def fit(cfg: Config, ctx: RankContext) -> str:
         rotate_keep=obs.log_rotate_keep, native_output=True,
         fatal_on_console=LAUNCHER_ENV not in os.environ,  # the launcher prints the diagnosis
     )  # fmt: skip
-    silence_known_warnings()  # after configure(): its catch-all filter would shadow these
     install_worker_reaper()
     flight_recorder.enable(paths.logs_dir, ctx.rank, run_ts)  # before the process group exists
     start_watchdog(

@@ -334,25 +334,25 @@ def test_stacks_dumped_when_the_watchdog_itself_is_starved(tmp_path: Path) -> No
     assert "Timeout (0:00:01.500000)!" in text and "in holding_the_gil" in text
 
 
-def test_lightning_len_warning_is_silenced_after_configure(tmp_path: Path) -> None:
-    """configure() routes warnings into the logs with a catch-all filter; the data module's
-    filter for Lightning's IterableDataset `__len__` warning is installed after it by the rank
-    entry point, so it wins (it once sat under the catch-all and reached every train log)."""
+def test_idle_third_party_warnings_are_kept_out_after_configure(tmp_path: Path) -> None:
+    """configure() routes warnings into the logs with a catch-all filter, and after it the
+    filters of IDLE_WARNINGS, so they win (Lightning's `__len__` warning once sat under the
+    catch-all and reached every train log)."""
     proc = run_rank(
         tmp_path,
         """
         import warnings
-        from ae.data.datamodule import silence_known_warnings
-        silence_known_warnings()
         warnings.warn("Your `IterableDataset` has `__len__` defined. In combination with "
                       "multi-process data loading ...", UserWarning)
+        warnings.warn("The `srun` command is available on your system but is not used. HINT",
+                      UserWarning)
         warnings.warn("some other library warning", UserWarning)
         """,
     )
     assert proc.returncode == 0, proc.stderr
     train_log = (tmp_path / "train_TS.log").read_text()
     assert "some other library warning" in train_log  # warnings still reach the logs
-    assert "has `__len__` defined" not in train_log
+    assert "has `__len__` defined" not in train_log and "srun" not in train_log
 
 
 def _python312() -> str | None:
