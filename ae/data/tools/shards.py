@@ -84,12 +84,15 @@ def _image_files(src: Path, console: Console) -> list[Path]:
                                  if p.suffix.lower() not in IMAGE_EXTS)  # fmt: skip
     if not images:
         raise CliError(f"{src}: no {'/'.join(IMAGE_EXTS)} files below this folder")
-    with ProcessPoolExecutor(min(os.cpu_count() or 1, 8)) as pool, _progress(console) as bar:
-        task = bar.add_task(f"checking {plural(len(images), 'image')}", total=len(images))
-        why = []
-        for reason in pool.map(_unreadable, images, chunksize=64):
-            why.append(reason)
-            bar.advance(task)
+    with ProcessPoolExecutor(min(os.cpu_count() or 1, 8)) as pool:
+        # The workers are forked here, before the progress bar's thread exists.
+        reasons = pool.map(_unreadable, images, chunksize=64)
+        with _progress(console) as bar:
+            task = bar.add_task(f"checking {plural(len(images), 'image')}", total=len(images))
+            why = []
+            for reason in reasons:
+                why.append(reason)
+                bar.advance(task)
     bad = [(p, reason) for p, reason in zip(images, why, strict=True) if reason is not None]
     for p, reason in bad[:_NAMED]:
         console.print(f"skipped {p}: cannot decode: {reason}")
