@@ -89,6 +89,9 @@ class DebugCallback(L.Callback):
             self._batches = idx
             self._train_open = True
             self._global_step = trainer.global_step
+            progress.beat(
+                epoch=trainer.current_epoch
+            )  # the heartbeat's epoch, as at an epoch start
             marker = epoch_marker(trainer.current_epoch, "TRAINING", "START")
             logger.info(f"{marker} (resumed at batch {idx})")
 

@@ -4,6 +4,7 @@ sampling with an injected OOM, SIGTERM preemption and resume."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import signal
@@ -185,6 +186,10 @@ def test_sigterm_saves_on_every_rank_and_resume_continues(make_shards, tmp_path:
     else:  # the signal came at an epoch's last step: the next epoch starts whole
         assert re.search(rf"EPOCH {epoch} TRAINING START ==========\s*$", rank0, re.M), rank0
         assert "resumed at batch" not in rank0
+    # The heartbeat (ae-diagnose's epoch column) names the epoch the run ended in, a resumed
+    # epoch's too (step s is batch (s - 1) % 8 of epoch (s - 1) // 8)
+    beat = json.loads(sorted(res.logs.glob("heartbeat_rank0_*.json"))[-1].read_text())
+    assert beat["epoch"] == (n + 5) // 8, beat
     assert re.search(
         rf"Processing \d/4 files from train_shards \(\d+ samples planned, epoch {epoch}\)", rank0
     )
