@@ -125,6 +125,7 @@ class RankLog:
     native_dump: Evidence | None = None
     native_dump_main: Evidence | None = None  # the innermost frame of the main thread in it
     sigterm: Record | None = None
+    preempted: Record | None = None  # its PREEMPTED line: stopped by a signal, checkpoint saved
     heartbeat: Heartbeat | None = None
     header_host: str | None = None  # from the rank header, for a rank without a heartbeat
     # Non-finite values (ae.training.nonfinite): the rank's first NONFINITE line, the steps it
@@ -200,6 +201,8 @@ class _Scanner:
             rec = self._last(log, fmt.prefix)
             if rec and (m := fmt.parse(rec.message)) and _newer(s.step_time, rec.time):
                 s.step, s.step_time = int(m["step"]), rec.time
+        if rec := self._last(log, PREEMPTED.prefix):
+            s.preempted = rec
         for fmt in (TRAIN_STEP, PROCESSED_TRAIN, VAL_STEP):
             if rec := self._last(log, fmt.prefix):
                 s.progress_time = max(s.progress_time or 0.0, rec.time)

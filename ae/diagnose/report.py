@@ -22,7 +22,7 @@ from ae.diagnose.rank_log import RankLog, shard_of
 from ae.diagnose.rank_status import current_phase
 from ae.diagnose.stragglers import StragglerFinding, find_stragglers, rank_scores
 from ae.diagnose.verdict import Verdict, judge
-from ae.log_lines import RECORD_PATTERN
+from ae.log_lines import PREEMPTED, RECORD_PATTERN
 
 TEXT_LIMIT = 400  # characters of a log line kept in the JSON (FATAL messages can be huge)
 SHARDS_LISTED = 10
@@ -182,11 +182,21 @@ def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
         "data_errors": _data_errors(run),
         "stragglers": [_straggler(f) for f in find_stragglers(run)],
         "nonfinite": nonfinite_json(run),
+        "stopped_by": _stopped_by(run),
         "collectives": {
             "dumps": [_dump(d) for _, d in sorted(run.dumps.items())],
             "mismatches": [m.to_json() for m in verdict.mismatches],
         },
     }
+
+
+def _stopped_by(run: RunState) -> dict[str, Any] | None:
+    """The stop signal the run ended on after saving (a rank's PREEMPTED line: Ctrl-C, scancel,
+    a preemption), or None."""
+    for r in run.ranks.values():
+        if r.preempted is not None and (m := PREEMPTED.parse(r.preempted.message)):
+            return {"signal": m["signal"], "step": int(m["step"]), "checkpoint": m["path"]}
+    return None
 
 
 # --- rendering ------------------------------------------------------------------------------
@@ -276,7 +286,7 @@ def _cut(line: str, width: int) -> str:
 
 def render(doc: dict[str, Any], console: Console) -> None:
     status = doc["status"]
-    style = {"finished": "green", "running": "green"}.get(status, "bold red")
+    style = {"finished": "green", "running": "green", "stopped": "yellow"}.get(status, "bold red")
     head = Text(f"Run {doc['run']} in {doc['logs_dir']}: {doc['world_size'] or '?'} ranks, ")
     head.append(status.upper(), style=style)
     head.append(f"; newest line {doc['newest_line'] or '-'}")
@@ -295,6 +305,12 @@ def render(doc: dict[str, Any], console: Console) -> None:
     elif not culprits and stragglers:
         slowed = ", ".join(f"rank {s['rank']}: {s['cause']}" for s in stragglers)
         console.print(Text(f"Verdict: {status}, slowed by {slowed}", style="bold yellow"))
+    elif not culprits and (stop := doc.get("stopped_by")):
+        console.print(Text(
+            f"Verdict: no rank holds the job back (stopped by {stop['signal']} at step "
+            f"{stop['step']}; checkpoint {stop['checkpoint']} saved; resume with "
+            "--resume_from_checkpoint=last).", style="yellow",
+        ))  # fmt: skip
     elif not culprits:
         console.print(Text(f"Verdict: no rank holds the job back ({status}).", style=style))
     else:

@@ -98,7 +98,9 @@ def _network_verdict(run: RunState, net: Network) -> Verdict:
 def _status(run: RunState, found: Findings) -> str:
     all_done = not run.missing and all(finished(r) for r in run.ranks.values())
     if all_done and not found.culprits:
-        return "finished"
+        # Ended on a stop signal after its save (Ctrl-C, scancel, preemption): not the end of
+        # training, though every rank exited 0.
+        return "stopped" if any(r.preempted for r in run.ranks.values()) else "finished"
     if any(found.states.get(f.rank) in ("crashed", "error exit", "killed") for f in found.culprits):
         return "failed"
     if found.culprits:

@@ -11,10 +11,11 @@ from typing import Any
 
 import psutil
 import pytest
+from rich.console import Console
 
 from ae.diagnose.log_files import find_run
-from ae.diagnose.report import diagnose
-from ae.log_lines import MARKER, STOP_SIGNAL, STOP_SIGNAL_STUCK
+from ae.diagnose.report import diagnose, render
+from ae.log_lines import MARKER, PREEMPTED, STOP_SIGNAL, STOP_SIGNAL_STUCK
 from bench.synthetic_logs import TS, RankWriter, write_heartbeat, write_train_log
 
 GLOO = (
@@ -61,12 +62,31 @@ def test_clean_run_has_no_culprit(tmp_path: Path) -> None:
         w.flush()
     doc = run_diagnose(tmp_path)
     assert doc["culprits"] == [] and doc["victims"] == [] and doc["status"] == "finished"
+    assert doc["stopped_by"] is None
     assert [(r["rank"], r["state"], r["step"]) for r in doc["ranks"]] == [
         (0, "exited", 30),
         (1, "exited", 30),
     ]
     assert doc["ranks"][0]["last_marker"] == "EPOCH 1 VALIDATION END"
     assert doc["ranks"][0]["memory"] == "rss=400MB workers=1x300MB"
+
+
+def test_a_run_stopped_by_a_signal_after_its_save_is_stopped_not_finished(tmp_path, capsys):
+    """Ctrl-C, scancel, a preemption: every rank saves and exits 0, but training did not end."""
+    ckpt = "/runs/ae/checkpoints/step-00000020.ckpt"
+    for w in writers(tmp_path):
+        w.epoch(0, 1, 15)
+        w.steps(16, 20, epoch=1)
+        w.log(PREEMPTED.format(signal="SIGINT", step=20, path=ckpt, lr=0.001), "WARNING")
+        w.exit(why="preempted at step 20; resume with --resume_from_checkpoint=last")
+        w.flush()
+    doc = run_diagnose(tmp_path)
+    assert doc["status"] == "stopped" and doc["culprits"] == []
+    assert doc["stopped_by"] == {"signal": "SIGINT", "step": 20, "checkpoint": ckpt}
+    render(doc, Console(width=300))
+    said = capsys.readouterr().out
+    assert ": 2 ranks, STOPPED;" in said
+    assert f"(stopped by SIGINT at step 20; checkpoint {ckpt} saved; resume with" in said
 
 
 def test_exception_is_the_culprit_and_the_peer_failure_a_victim(tmp_path: Path) -> None:
