@@ -19,6 +19,8 @@ import yaml
 from PIL import Image
 
 from ae.config import parse_config
+from ae.diagnose.log_files import find_run
+from ae.diagnose.report import diagnose
 from ae.training.lr import lr_factor
 from tests.support.runs import ROOT, run_launcher
 
@@ -165,6 +167,8 @@ def test_sigterm_saves_on_every_rank_and_resume_continues(make_shards, tmp_path:
     (lr_before,) = lrs_before  # both ranks hold the same LR
     last = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == n
+    stopped = diagnose(find_run(out / "logs"))  # saved and exited 0, but not done training
+    assert stopped["status"] == "stopped" and stopped["stopped_by"]["step"] == n, stopped
 
     res = run_launcher(
         [*args[1:], f"--max_steps={n + 6}", "--resume_from_checkpoint=last"], out, env=None
