@@ -11,8 +11,9 @@ processes through torchrun like training (`--devices`, NNODES/NODE_RANK for seve
 the same per-rank logs in OUT_DIR/logs/, the stall watchdog, and `ae-diagnose OUT_DIR/logs`.
 Ranks get whole shards, balanced by sample count, so every sample is encoded exactly once.
 
-Everything checkable without the model is checked before any process starts (`ae.job.encode`);
-bad input exits 2 with one message. Each rank runs `ae.rank.encode`.
+Everything checkable without the model (the arguments, the output names, the checkpoint file)
+is checked before any process starts (`ae.job.encode`); bad input exits 2 with one message.
+Each rank runs `ae.rank.encode`; a failure there is reported as training's (`ae.job.outcome`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from loguru import logger
 from ae.config import RunConfig
 from ae.data.shards.spec import expand_shards, is_remote
 from ae.errors import UserError
-from ae.job.outcome import stop_exit_code
+from ae.job.outcome import report_failure, stop_exit_code
 from ae.job.processes import processes_per_node, rank_command, run_torchrun
 from ae.job.topology import topology
 from ae.log_lines import LAUNCHER_LOG_FILE
@@ -208,6 +208,6 @@ def launch(argv: list[str]) -> int:
         return stop_exit_code(stopped)
     if rc == 0:
         logger.info(f"Done. Shards in {args.out_dir}/, logs in {args.logs}/ (run {ts})")
-    else:
-        logger.error(f"Encoding failed (exit {rc}). Errors: grep ERROR {args.logs}/train_{ts}.log")
-    return rc
+        return rc
+    # The ranks' own words, not torchrun's: the verdict, or a user error's one message (exit 2)
+    return report_failure(Path(args.logs), ts, rc, job="Encoding")

@@ -92,8 +92,9 @@ def user_errors(doc: dict[str, Any]) -> dict[int, str] | None:
     return {c["rank"]: "\n".join(_message(e["text"]) for e in c["evidence"][:-1]) for c in culprits}
 
 
-def report_failure(logs: Path, ts: str, rc: int) -> int:
-    """The diagnosis of a failed run on the console; returns the launcher's exit code."""
+def report_failure(logs: Path, ts: str, rc: int, job: str = "Training") -> int:
+    """The diagnosis of a failed run on the console; returns the launcher's exit code. `job`:
+    what failed, as the console names it (`Training`, `Encoding`)."""
     launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
     more = f"More: ae-diagnose {logs} --run {ts}"
     if launcher_log.is_file():
@@ -106,7 +107,7 @@ def report_failure(logs: Path, ts: str, rc: int) -> int:
         report = launcher_log.read_text(errors="replace") if launcher_log.is_file() else ""
         tail = report.splitlines()
         shown = "".join(f"\n    {line}" for line in tail[-LAUNCHER_TAIL:])
-        logger.error(f"Training failed (exit {rc}) before any rank wrote a log.{shown}")
+        logger.error(f"{job} failed (exit {rc}) before any rank wrote a log.{shown}")
         logger.info(more)
         return rc
     if (messages := user_errors(doc)) is not None:
@@ -117,7 +118,7 @@ def report_failure(logs: Path, ts: str, rc: int) -> int:
                 logger.error(msg)
         return UserError.exit_code
     head, *evidence = verdict_lines(doc)
-    logger.error("\n".join([f"Training failed: {head}", *evidence]))
+    logger.error("\n".join([f"{job} failed: {head}", *evidence]))
     logger.info(more)
     return rc
 

@@ -28,7 +28,6 @@ from ae.forensics.progress import progress
 from ae.log_lines import ENCODED_SHARD
 from ae.training.model_build import build_model
 from ae.training.position import checkpoint_read
-from ae.training.position.checkpoint_read import DamagedCheckpoint, UntrustedCheckpoint
 
 
 class EncodeError(UserError):
@@ -36,17 +35,9 @@ class EncodeError(UserError):
 
 
 def load_checkpoint(path: Path, trust: bool = False) -> dict[str, Any]:
-    """The checkpoint, read by the safe reader (`ae.training.position.checkpoint_read`; `trust`:
-    the old way, `--trust_checkpoint`)."""
-    try:
-        ckpt = checkpoint_read.read(path, trust=trust)
-    except (UntrustedCheckpoint, DamagedCheckpoint):
-        raise
-    except Exception as e:  # a user file can be broken in many ways
-        raise EncodeError(f"{path}: not a readable checkpoint: {type(e).__name__}: {e}") from e
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "ae_config" not in ckpt:
-        raise EncodeError(f"{path}: not a checkpoint written by ae (no state_dict or ae_config)")
-    return ckpt
+    """The checkpoint of an ae run, read by the safe reader (`ae.training.position.
+    checkpoint_read`; `trust`: the old way, `--trust_checkpoint`)."""
+    return checkpoint_read.read_ae_checkpoint(path, trust=trust)
 
 
 def model_from_checkpoint(

@@ -12,10 +12,17 @@ import torch
 
 from ae.config import ModelConfig
 from ae.data.decoding.decode import InputSpec
-from ae.job.encode import EncodeArgsError, check_outputs, help_text, output_paths, parse_args
+from ae.job.encode import (
+    EncodeArgsError,
+    check_checkpoint,
+    check_outputs,
+    help_text,
+    output_paths,
+    parse_args,
+)
 from ae.training.encoding import EncodeError, load_checkpoint, model_from_checkpoint
 from ae.training.model import AutoEncoder
-from ae.training.position.checkpoint_read import DamagedCheckpoint
+from ae.training.position.checkpoint_read import DamagedCheckpoint, NotAnAeCheckpoint
 from tests.support.encode_checkpoint import encode_checkpoint
 from tests.support.runs import ROOT
 
@@ -76,8 +83,22 @@ def test_a_file_that_is_no_ae_checkpoint_is_named(tmp_path: Path) -> None:
     with pytest.raises(DamagedCheckpoint, match=r"junk\.ckpt: .*damaged \(truncated or not a chec"):
         load_checkpoint(junk)
     torch.save({"state_dict": {}}, junk)
-    with pytest.raises(EncodeError, match="not a checkpoint written by ae"):
+    with pytest.raises(NotAnAeCheckpoint, match="not a checkpoint written by ae"):
         load_checkpoint(junk)
+
+
+def test_the_launcher_refuses_what_the_ranks_could_not_read(tmp_path: Path) -> None:
+    """Checked before any rank starts, with the ranks' own message (one exit 2 for the job,
+    not a rank's failure reported late)."""
+    junk, spec = tmp_path / "junk.ckpt", str(tmp_path / "in.tar")
+    junk.write_bytes(b"garbage")
+    with pytest.raises(EncodeArgsError, match=r"junk\.ckpt: the checkpoint file is damaged"):
+        check_checkpoint(parse_args([str(junk), spec, str(tmp_path / "out")]))
+    torch.save({"state_dict": {}}, junk)
+    with pytest.raises(EncodeArgsError, match=r"junk\.ckpt: not a checkpoint written by ae"):
+        check_checkpoint(parse_args([str(junk), spec, str(tmp_path / "out")]))
+    good = encode_checkpoint(tmp_path, InputSpec("vector", (12,)))
+    check_checkpoint(parse_args([str(good), spec, str(tmp_path / "o")]))  # passes
 
 
 @pytest.mark.parametrize("module", ["ae.cli.encode", "ae.cli.launch", "ae.cli.rank_process"])
@@ -98,3 +119,33 @@ def test_every_ae_encode_flag_is_described() -> None:
             assert lines[i + 1].startswith(" " * 10), f"{m[1]} has no description"
         elif m := re.match(r"  (--\w+)", line):
             assert re.match(r"  --\w+( \S+)?  +\S", line), f"{m[1]} has no description"
+
+
+def test_ranks_that_failed_are_reported_by_their_own_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: list[str]
+) -> None:
+    """ae-encode ends as training does: the ranks' diagnosis (a user error: its one message and
+    exit 2), not torchrun's exit 1. The ranks are synthetic logs, written where torchrun would
+    have run them."""
+    from ae.job import encode as job_encode
+    from bench.synthetic_logs import TS, RankWriter, write_train_log
+
+    ckpt = encode_checkpoint(tmp_path, InputSpec("vector", (12,)))
+    (shard := tmp_path / "in.tar").write_bytes(b"")
+    out = tmp_path / "out"
+    monkeypatch.setenv("AE_RUN_TS", TS)
+
+    def ranks_fail(*args, **kwargs) -> tuple[int, None]:
+        logs = out / "logs"
+        write_train_log(logs, 2)
+        for rank in (0, 1):
+            w = RankWriter(logs, rank, 2)
+            w.start()
+            w.log(f"SPEC: samples have shape (16,), but {ckpt} was trained on (12,)", "ERROR")
+            w.exit(2, "EncodeError")
+            w.flush()
+        return 1, None
+
+    monkeypatch.setattr(job_encode, "run_torchrun", ranks_fail)
+    assert job_encode.launch([str(ckpt), str(shard), str(out), "--devices=2"]) == 2
+    assert not any("Encoding failed" in line for line in said), said  # one message, said by rank 0

@@ -113,16 +113,19 @@ def unsafe_globals(path: Path | str) -> list[str]:
         return []
 
 
-def load(path: Path | str, *, trust: bool = False, map_location: Any = "cpu") -> Any:
-    """The checkpoint at `path`, unpickled safely (`trust=False`) or the old way (`trust`).
-    Raises UntrustedCheckpoint for a file that needs more than the safe loader accepts; any
-    other problem (a missing or broken file) as torch raises it."""
+def load(
+    path: Path | str, *, trust: bool = False, map_location: Any = "cpu", mmap: bool = False
+) -> Any:
+    """The checkpoint at `path`, unpickled safely (`trust=False`) or the old way (`trust`);
+    `mmap`: tensors mapped from the file, not read (a check of what the file holds). Raises
+    UntrustedCheckpoint for a file that needs more than the safe loader accepts; any other
+    problem (a missing or broken file) as torch raises it."""
     if trust:
         with moved_modules_importable():
-            return torch.load(path, map_location=map_location, weights_only=False)
+            return torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
     try:
         with torch.serialization.safe_globals(_safe_names()):
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         names = unsafe_globals(path) or _TORCH_REFUSAL.findall(str(e))
         if not names:  # not a refusal: a file that is no pickle at all
@@ -175,7 +178,9 @@ def newest_complete(folder: Path, damaged: Path) -> Path | None:
     return None
 
 
-def read(path: Path | str, *, trust: bool = False, map_location: Any = "cpu") -> Any:
+def read(
+    path: Path | str, *, trust: bool = False, map_location: Any = "cpu", mmap: bool = False
+) -> Any:
     """`load`, with a damaged file named as such (`DamagedCheckpoint`) and a missing one as
     `FileNotFoundError`: what every reader of a checkpoint calls."""
     path = Path(path)
@@ -183,4 +188,24 @@ def read(path: Path | str, *, trust: bool = False, map_location: Any = "cpu") ->
         raise FileNotFoundError(f"{path}: no such checkpoint file")
     if (problem := _damage(path)) is not None:
         raise DamagedCheckpoint(path, problem, newest_complete(path.parent, path))
-    return load(path, trust=trust, map_location=map_location)
+    return load(path, trust=trust, map_location=map_location, mmap=mmap)
+
+
+class NotAnAeCheckpoint(UserError):
+    """A file that is no checkpoint ae wrote (unreadable, or without its model and config)."""
+
+
+def read_ae_checkpoint(path: Path | str, *, trust: bool = False, mmap: bool = False) -> dict:
+    """`read`, and the file must be a checkpoint of an ae run (its `state_dict` and
+    `ae_config`): one UserError (damaged, untrusted, not ae's) for every way it is not."""
+    try:
+        ckpt = read(path, trust=trust, mmap=mmap)
+    except UserError:
+        raise
+    except Exception as e:  # a user file can be broken in many ways
+        problem = f"not a readable checkpoint: {type(e).__name__}: {e}"
+        raise NotAnAeCheckpoint(f"{path}: {problem}") from e
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "ae_config" not in ckpt:
+        problem = "not a checkpoint written by ae (no state_dict or ae_config)"
+        raise NotAnAeCheckpoint(f"{path}: {problem}")
+    return ckpt
