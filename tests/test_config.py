@@ -130,6 +130,12 @@ def test_cross_field_checks(tmp_path: Path) -> None:
     assert resume == "last"
     with pytest.raises(ConfigError, match="overwrite/resume_from_checkpoint: overwrite deletes"):
         parse_config(["--overwrite=true", "--resume_from_checkpoint=last"])
+    with pytest.raises(ConfigError) as err:  # a run of 0 epochs or 0 steps did nothing, said done
+        parse_config(["--max_epochs=0", "--max_steps=0"])
+    assert err.value.problems == [
+        "max_epochs: 0 would train nothing; at least 1, or -1: no limit",
+        "max_steps: 0 would train nothing; at least 1, or -1: no limit",
+    ]
 
 
 def test_resolved_config_round_trips_through_yaml(tmp_path: Path) -> None:

@@ -61,6 +61,8 @@ def cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
         ("max_epochs", "max_steps"),
         "at least one stop condition must be set",
     )
+    for key in ("max_epochs", "max_steps"):
+        need(getattr(cfg, key) != 0, (key,), "0 would train nothing; at least 1, or -1: no limit")
     need(
         cfg.devices == "auto" or (cfg.devices.isdigit() and int(cfg.devices) >= 1),
         ("devices",),
