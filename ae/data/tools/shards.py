@@ -61,6 +61,14 @@ def _load_array(src: Path, key: str | None) -> np.ndarray:
             data = data[key or names[0]]
     if data.ndim < 1 or len(data) == 0:
         raise CliError(f"{src}: needs an array with at least one row; got shape {data.shape}")
+    if data.dtype.kind not in "biuf":  # what a run can take as an input: no complex, no text
+        raise CliError(f"{src}: holds {data.dtype} values; a sample must be real numbers "
+                       "(bool, integer or float)")  # fmt: skip
+    if data.ndim == 1:
+        raise CliError(
+            f"{src}: a 1-D array of {len(data)} values would be {len(data)} samples of one number"
+            " each; reshape it to (N, 1) if that is meant, or to (1, N) for one sample"
+        )
     return data
 
 

@@ -38,6 +38,18 @@ def test_write_npy_gives_indexed_shards_that_round_trip(tmp_path: Path, capsys) 
     assert "train-{000000..000002}.tar" in capsys.readouterr().out
 
 
+def test_write_refuses_arrays_no_run_can_train_on(tmp_path: Path, capsys) -> None:
+    for name, array, said in (
+        ("c.npy", np.zeros((4, 3), np.complex64), "holds complex64 values; a sample must be real"),
+        ("s.npy", np.array([["ab", "c"]] * 4), "holds <U2 values; a sample must be real"),
+        ("one.npy", np.zeros(32, np.float32), "a 1-D array of 32 values would be 32 samples"),
+    ):
+        np.save(tmp_path / name, array)
+        assert main(["write", str(tmp_path / name), str(tmp_path / f"o-{name}")]) == 2
+        assert said in capsys.readouterr().err
+        assert not (tmp_path / f"o-{name}").exists()  # nothing written
+
+
 def test_write_npz_needs_key_when_ambiguous(tmp_path: Path) -> None:
     src = tmp_path / "x.npz"
     np.savez(src, a=np.zeros((3, 2)), b=np.ones((4, 2)))
