@@ -13,7 +13,9 @@ makes training pointless raises `DataError` with a message naming the split's fl
 alike.
 
 Every checkpoint holds where the train stream is (`state_dict`: plain data); a resumed run hands
-it to the train loader before Lightning first asks for it (`ae.data.stream.resume`).
+it to the train loader before Lightning first asks for it (`ae.data.stream.resume`). It also
+holds how validation was held out of the train shards, which a resumed run hands to `resume_plan`
+before `setup` plans the split, so that it holds out what the run it resumes held out.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from ae.data.stream.resume import ResumableLoader, Resume
 from ae.data.stream.shard_stream import ShardStream
 from ae.forensics.progress import in_phase
 from ae.log_lines import VALIDATION_OFF, main_log
+
+HOLDOUT = "holdout"  # the state_dict's record of the held-out validation split
 
 
 class ShardDataModule(L.LightningDataModule):
@@ -64,6 +68,9 @@ class ShardDataModule(L.LightningDataModule):
         self._train_loader: ResumableLoader | None = None  # one for the run: persistent workers
         self.trained_batches = 0  # of the current epoch, as Lightning counts them (`EpochSync`)
         self.resumed: Resume | None = None  # how the train stream resumed, if it did
+        # How validation is held out of the train shards (`HeldOut.record`), kept from run to run
+        # (`resume_plan`); None until planned or resumed.
+        self.holdout: dict[str, Any] | None = None
         self._reload_until_resumed = False  # Lightning re-reads the loader's length meanwhile
         # The inputs of this rank's data collectives, kept until the run ends
         # (`ae.data.rank_agreement.same_on_all_ranks` says why).
@@ -127,7 +134,9 @@ class ShardDataModule(L.LightningDataModule):
             build = self._builder()
             held_out = self.validates and self.val_urls is None
             if held_out and self.train_set is None:
-                self.train_urls, self.train_set, self.val_set = build.held_out(self.train_urls)
+                split = build.held_out(self.train_urls, resumed=self.holdout)
+                self.train_urls, self.holdout = split.train_urls, split.record
+                self.train_set, self.val_set = split.train, split.val
             if stage == "fit" and self.train_set is None:
                 self.train_set = build.stream("train", self.train_urls, shuffle=True)
             if stage in ("fit", "validate") and self.val_set is None and self.val_urls:
@@ -202,9 +211,20 @@ class ShardDataModule(L.LightningDataModule):
 
     # --- where the train stream is, in every checkpoint (plain data: `ae.data.stream.resume`) --
     def state_dict(self) -> dict[str, Any]:
-        if self._train_loader is None:
-            return {}
-        return {"train": self._train_loader.position(self.trained_batches)}
+        state: dict[str, Any] = {}
+        if self._train_loader is not None:
+            state["train"] = self._train_loader.position(self.trained_batches)
+        if self.holdout is not None:
+            state[HOLDOUT] = dict(self.holdout)
+        return state
+
+    def resume_plan(self, state: dict[str, Any]) -> None:
+        """Before `setup`: what the split's planning takes from the `state_dict` of the checkpoint
+        resumed: how it held validation out (`ae.data.split_streams.HeldOut.record`). A
+        checkpoint from before the record holds out as a fresh run does."""
+        record = state.get(HOLDOUT)
+        if isinstance(record, dict):
+            self.holdout = dict(record)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Called on resume after `setup`, before Lightning first asks for the train loader."""

@@ -82,13 +82,15 @@ SHARD_PLAN = LineFormat(
      "workers": "int", "dropped": "int", "repeated": "int", "rank_samples": "int"},
 )  # fmt: skip
 # Without --val_shards (ae.data.planning.holdout), once, rank 0, on the console: what
-# validates the run.
+# validates the run. On a resume `resumed` says the hold-out is the resumed run's (`least`: its
+# count, not this run's batch per rank), and `repeats` whether validation repeats some of its
+# samples to fill a larger batch per rank; both are empty otherwise.
 VALIDATION_HELD_OUT = LineFormat(
-    "Validation: {val} of the {total} {unit} of train_shards held out by {by} "
-    "(--val_fraction={fraction}, at least one batch per rank), the same every epoch; training on "
+    "Validation: {val} of the {total} {unit} of train_shards held out by {by} ({resumed}"
+    "--val_fraction={fraction}, at least {least}), the same every epoch{repeats}; training on "
     "the other {train}. --val_shards=SPEC validates on other shards, --val_shards=none on none",
-    {"val": "int", "total": "int", "unit": "word", "by": "word", "fraction": "text",
-     "train": "int"},
+    {"val": "int", "total": "int", "unit": "word", "by": "word", "resumed": "text",
+     "fraction": "text", "least": "text", "repeats": "text", "train": "int"},
 )  # fmt: skip
 VALIDATION_OFF = "Validation off (--val_shards=none): no val loss, no best.ckpt"
 # The model input (ae.data.datamodule), once per rank: which field, chosen how, and its shape.

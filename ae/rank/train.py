@@ -98,6 +98,9 @@ def fit(cfg: Config, ctx: RankContext) -> str:
         cfg.checkpoints.resume_from_checkpoint, run_dir.checkpoints, cfg.to_dict(), model,
         trust=trust,
     )  # fmt: skip
+    if source is not None:
+        # Before the data is planned (in `trainer.fit`): the resumed run's hold-out, kept.
+        datamodule.resume_plan(source.data_state(datamodule))
     # Rank 0 alone writes metrics: it continues the logger runs of the checkpoint it resumes.
     runs = source.logger_runs() if source is not None and ctx.rank == 0 else {}
     trainer = build_trainer(cfg, ctx, run_ts, runs)

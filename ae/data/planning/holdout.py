@@ -1,8 +1,8 @@
 """Validation held out of the train shards, for a run given `--train_shards` and no `--val_shards`.
 
-The held-out samples are fixed by the shard list and the counts alone (no seed, no epoch), so
-every rank, every epoch and every resumed run hold out the same ones, and train and validation
-never share a sample (they are disjoint stretches of the same shards):
+The held-out samples are fixed by the shard list, the counts, the fraction and `min_samples` alone
+(no seed, no epoch), so every rank, every epoch and every resumed run hold out the same ones, and
+train and validation never share a sample (they are disjoint stretches of the same shards):
 
 - **by shard** when there are at least 1/`fraction` shards (100 at the default 1%): about every
   (1/`fraction`)-th shard, spread over the list, is validation whole (a few more where the
@@ -12,8 +12,10 @@ never share a sample (they are disjoint stretches of the same shards):
   held-out samples, as up to `STRETCHES` short stretches spread over the shard (a folder of photos
   sorted by name is not validated on its last folder only).
 
-Either way validation holds at least `min_samples` (one batch per rank) and the train split
-keeps the rest; `ae.data.datamodule` plans each split over its stretches.
+Either way validation holds at least `min_samples` and the train split keeps the rest: one batch
+per rank of the run that first held out, which a resumed run takes from its checkpoint rather than
+from its own batch size and ranks (`ae.data.split_streams`, which plans each split over its
+stretches).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """`--resume_from_checkpoint`: which file a run resumes from, read once before training by the
 one checkpoint reader (`checkpoint_read`), and what the run takes from it before Lightning loads
-it: whether its model fits these flags (`model_fit`) and the logger runs to continue."""
+it: whether its model fits these flags (`model_fit`), the logger runs to continue and the data
+module's state, whose hold-out record the data is planned with (`ShardDataModule.resume_plan`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 from loguru import logger
 from torch import nn
 
@@ -42,6 +44,12 @@ class ResumeSource:
         """{logger name: run id} recorded in the checkpoint, to continue."""
         runs = self.checkpoint.get(LOGGER_RUNS)
         return dict(runs) if isinstance(runs, dict) else {}
+
+    def data_state(self, datamodule: L.LightningDataModule) -> dict[str, Any]:
+        """The state `datamodule`'s class saved in the checkpoint (Lightning keeps it under the
+        class's name), {} where there is none."""
+        state = self.checkpoint.get(type(datamodule).__qualname__)
+        return dict(state) if isinstance(state, dict) else {}
 
 
 def open_resume(

@@ -86,6 +86,56 @@ def test_a_run_without_val_shards_validates_on_held_out_train_samples(
     assert int(fields["train"]) == len(train) and "--val_shards=none" in line
 
 
+def _splits(dm: ShardDataModule, monkeypatch) -> tuple[list[int], list[int]]:
+    dm.setup("fit")
+    return (
+        _ids(dm, dm.train_dataloader(), monkeypatch),
+        _ids(dm, dm.val_dataloader(), monkeypatch),
+    )
+
+
+@pytest.mark.parametrize("batch", [2, 8])  # a smaller batch per rank (or fewer ranks), a larger
+def test_a_resumed_run_holds_out_what_the_run_it_resumes_held_out(
+    tmp_path: Path, monkeypatch, main_lines: list[str], batch: int
+) -> None:
+    urls = write_id_shards(tmp_path, [20, 20])
+
+    def module(batch_size: int) -> ShardDataModule:
+        cfg = DataConfig(num_workers=0, batch_size=batch_size, shuffle_buffer=0)
+        return ShardDataModule(cfg, urls, None, seed=0)
+
+    first = module(4)
+    train, held = _splits(first, monkeypatch)
+    assert len(held) == 4  # one batch per rank (1% of 40 is less)
+    state = first.state_dict()
+    main_lines.clear()
+    resumed = module(batch)
+    resumed.resume_plan(state)
+    train_now, held_now = _splits(resumed, monkeypatch)
+    assert set(held_now) == set(held) and set(train_now) <= set(train)
+    assert resumed.state_dict()["holdout"] == state["holdout"]  # the first run's, kept
+    (line,) = [m for m in main_lines if m.startswith("Validation:")]
+    fields = VALIDATION_HELD_OUT.parse(line)
+    assert fields is not None and int(fields["val"]) == 4 and int(fields["train"]) == 36
+    assert "(as in the run resumed: --val_fraction=0.01, at least 4 samples)" in line
+    if batch > len(held):  # its batch filled by repeating held-out samples, never train ones
+        assert sorted(set(held_now)) == sorted(held) and len(held_now) == batch
+        assert ", 4 of them repeated to fill one batch per rank;" in line
+    else:
+        assert sorted(held_now) == sorted(held) and "repeated" not in line
+
+
+def test_a_checkpoint_without_the_record_holds_out_as_a_fresh_run(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Checkpoints from before the record: the resumed run's own batch per rank, as before."""
+    urls = write_id_shards(tmp_path, [40])
+    dm = ShardDataModule(DataConfig(num_workers=0, batch_size=2), urls, None, seed=0)
+    dm.resume_plan({"train": {"epoch": 1, "batches": 0}})
+    _, held = _splits(dm, monkeypatch)
+    assert len(held) == 2 and dm.state_dict()["holdout"] == {"least": 2, "unit": "samples"}
+
+
 def test_too_few_samples_to_hold_out_a_batch_per_rank_names_the_flags(tmp_path: Path) -> None:
     urls = write_id_shards(tmp_path, [7])
     dm = ShardDataModule(DataConfig(num_workers=0, batch_size=4), urls, None, seed=0)
@@ -115,7 +165,9 @@ def test_resampled_training_holds_out_whole_shards(tmp_path: Path, main_lines: l
     urls = write_id_shards(tmp_path, [8, 8, 8, 8])
     cfg = DataConfig(num_workers=0, batch_size=4, shard_split="resampled", epoch_samples=16)
     dm = ShardDataModule(cfg, urls, None, seed=0)
+    dm.resume_plan({"holdout": {"least": 8, "unit": "samples"}})  # a counted run's: not shards
     dm.setup("fit")
     assert dm.val_set.urls == urls[3:] and dm.train_set.urls == urls[:3]
     (line,) = [m for m in main_lines if m.startswith("Validation:")]
     assert line.startswith("Validation: 1 of the 4 shards of train_shards held out by shard")
+    assert "at least one shard)" in line and "resumed" not in line
