@@ -60,10 +60,19 @@ class LockInfo:
 
     def gone(self) -> bool:
         """Its process is gone (decidable on this host only)."""
-        return self.host == socket.gethostname() and not psutil.pid_exists(self.pid)
+        return self.host == socket.gethostname() and not _running(self.pid)
 
     def alive_here(self) -> bool:
-        return self.host == socket.gethostname() and psutil.pid_exists(self.pid)
+        return self.host == socket.gethostname() and _running(self.pid)
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie: a launcher killed a moment ago stays one until
+    its parent (the user's shell) reaps it, and is gone all the same."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def read_lock(path: Path) -> LockInfo | None:
@@ -81,6 +90,8 @@ class RunFolderBusy(UserError):
         who = holder.describe() if holder else "a job whose lock file is not written yet"
         if live:
             who = f"a job whose ranks still run: {', '.join(_rank_process(h) for h in live)}"
+            if holder is not None and holder.gone():
+                who += "; its launcher is gone: they save a checkpoint and stop on their own"
         elif holder is not None and holder.gone():
             who += (
                 "; its launcher is gone, but the processes it started still hold the folder "

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ae.job import folder_lock
@@ -180,6 +181,12 @@ def test_a_killed_launchers_child_keeps_the_folder_locked(tmp_path: Path) -> Non
     child = int(launcher.stdout.readline())
     try:
         launcher.kill()
+        # Not reaped yet (a zombie, as under a shell that has not waited): gone all the same
+        while psutil.Process(launcher.pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.01)
+        with pytest.raises(RunFolderBusy) as err:
+            acquire(run_dir, "local job", "20261123_101600")
+        assert "its launcher is gone, but the processes it started still hold" in err.value.render()
         launcher.wait(timeout=30)
         with pytest.raises(RunFolderBusy) as err:
             acquire(run_dir, "local job", "20261123_101600")
