@@ -56,6 +56,7 @@ class DebugCallback(L.Callback):
         self._epoch_t0 = 0.0
         self._last_t = 0.0
         self._batches = 0
+        self._resumed_at = 0  # the batch a resumed epoch started at in this run (0: from the top)
         self._train_open = False
         self._global_step = 0  # at the previous batch end: tells an optimizer step
         self._validated = False  # this training epoch ran a validation
@@ -71,7 +72,7 @@ class DebugCallback(L.Callback):
     # --- training ---------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_t0 = self._last_t = time.perf_counter()
-        self._batches = 0
+        self._batches = self._resumed_at = 0
         self._train_open = True
         self._validated = False
         self._global_step = trainer.global_step
@@ -86,7 +87,7 @@ class DebugCallback(L.Callback):
         # A resumed epoch gets no epoch-start hook from Lightning: open it at its first batch.
         if not self._train_open:
             self._epoch_t0 = self._last_t = time.perf_counter()
-            self._batches = idx
+            self._batches = self._resumed_at = idx
             self._train_open = True
             self._global_step = trainer.global_step
             progress.beat(
@@ -168,10 +169,13 @@ class DebugCallback(L.Callback):
             f"{'interrupted' if progress.stop_signal else 'stopped'} at batch {self._batches} "
             f"of {planned}"
         )  # fmt: skip
+        # A resumed epoch's time is this run's part of it only: say which part
+        ran = f" ({self._batches - self._resumed_at} since the resume)" if self._resumed_at else ""
+        metrics = self._epoch_metrics(trainer, whole)
         main_log.info(
-            f"Epoch {trainer.current_epoch} {how}: {self._batches} batches in "
-            f"{time.perf_counter() - self._epoch_t0:.1f}s, step {trainer.global_step}; "
-            f"{self._epoch_metrics(trainer, whole)}"
+            f"Epoch {trainer.current_epoch} {how}: {self._batches} batches{ran} in "
+            f"{time.perf_counter() - self._epoch_t0:.1f}s, step {trainer.global_step}"
+            + (f"; {metrics}" if metrics else "")
         )
 
     def _epoch_metrics(self, trainer: L.Trainer, whole: bool) -> str:

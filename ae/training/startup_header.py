@@ -125,11 +125,11 @@ def describe(module: L.LightningModule, spec: InputSpec, latent: tuple[int, ...]
     params = sum(p.numel() for p in module.parameters()) - d_params
     text = f"Model: {name}, {params:,} parameters"
     if latent:
-        n = math.prod(latent)
-        text += (
-            f", latent {'x'.join(map(str, latent))} ({n} numbers, "
-            f"{math.prod(spec.shape) / n:.3g}x fewer than the input)"
-        )
+        n, inputs = math.prod(latent), math.prod(spec.shape)
+        ratio = (f"{inputs / n:.3g}x fewer than the input" if n < inputs else
+                 "as many as the input: no compression" if n == inputs else
+                 f"{n / inputs:.3g}x more than the input: no compression")  # fmt: skip
+        text += f", latent {'x'.join(map(str, latent))} ({n} numbers, {ratio})"
     if isinstance(module, AutoEncoder) and module.kl_weight > 0:
         text += f", VAE (kl_weight {module.kl_weight:g})"
     if isinstance(module, AutoEncoder):

@@ -82,7 +82,7 @@ def test_resume_with_other_ranks_and_batch_size_trains_the_rest_once(tmp_path: P
     assert "Settings changed since the checkpoint:" in second.output
     assert "re-split the rest of epoch 0 (56 samples not yet trained on)" in second.output
     assert "re-planned the LR schedule from 3 to 34 steps" in second.output
-    assert "Epoch 0 done: 14 batches" in second.output  # 3 before the resume, 11 after
+    assert "Epoch 0 done: 14 batches (11 since the resume) in" in second.output  # 3 before
     assert "Epoch 1 done: 20 batches" in second.output
     # an end-of-epoch checkpoint, resumed on 2 ranks x batch 13 with one more epoch: epoch 2
     # from its first batch, whole (104 = 4 x 13 x 2); the LR schedule ends at the run's last

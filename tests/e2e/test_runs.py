@@ -117,8 +117,9 @@ def test_ctrl_c_saves_and_a_folder_holds_one_run(make_shards, tmp_path: Path) ->
         assert f"CHECKPOINT SAVE END ========== step {n} (preemption)" in text
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == n
     # The cut epoch says so, with this epoch's values only (no val/ of the epoch before) ...
-    cut = re.search(rf"Epoch (\d+) interrupted at batch (\d+) of 8: .*step {n};(.*)", output)
+    cut = re.search(rf"Epoch (\d+) interrupted at batch (\d+) of 8: .*step {n}(.*)", output)
     assert cut and int(cut[2]) == n % 8 and "val/" not in cut[3], output
+    assert not cut[3].startswith(";"), cut[0]  # nothing after the step: no stray "; "
     # ... and the stop line came with the phase the signal found, before the save.
     rank0 = "".join(p.read_text() for p in logs.glob("debug_rank0_*.log"))
     stop = re.search(r"Stop signal SIGINT received in phase (.+) at step (\d+)", rank0)

@@ -159,6 +159,11 @@ def test_describe_names_the_model_its_size_and_latent() -> None:
         f"Model: resnet, {n:,} parameters, latent 4x4x4 (64 numbers, 48x fewer than the input),"
         " VAE (kl_weight 0.1)"
     )
+    # A latent as large as the input, or larger, compresses nothing: said so, not "0.5x fewer"
+    for dim, said in ((24, "(24 numbers, as many as the input: no compression)"),
+                      (48, "(48 numbers, 2x more than the input: no compression)")):  # fmt: skip
+        model, latent = build(VECTOR, model="mlp", latent_dim=dim)
+        assert said in describe(model, VECTOR, latent)
 
 
 # --- your own class ------------------------------------------------------------------------
