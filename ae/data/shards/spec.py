@@ -21,6 +21,11 @@ REMOTE_PREFIXES = ("pipe:", "http://", "https://", "gs://", "s3://")
 # Shard file names a directory spec picks up: plain tar, and the compressions the standard
 # library reads (WebDataset reads the same through `tarfile`).
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+# What `ae-shards write` makes shards of (an image's sample field is its extension: `jpg`, `png`;
+# a run takes any image extension as its input by default). Named in a shard spec (a common
+# first mistake), they get that hint rather than a tar error from the ranks.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff")
+ARRAY_SUFFIXES = (".npy", ".npz")
 
 
 class ShardSpecError(UserError):
@@ -57,7 +62,13 @@ def expand_shards(spec: str, key: str = "train_shards") -> list[str]:
         if part.strip():
             urls.extend(_expand_one(part.strip()))
     if not urls:
-        raise ShardSpecError(f"{key}: {spec!r} matches no shard files")
+        raise ShardSpecError(f"{key}: {spec!r} matches no shard files{_sources_hint(spec)}")
+    sources = [u for u in urls if u.lower().endswith(IMAGE_SUFFIXES + ARRAY_SUFFIXES)]
+    if sources and not is_remote(sources[0]):
+        raise ShardSpecError(
+            f"{key}: {sources[0]} is {Path(sources[0]).suffix} data, not a shard; make shards of "
+            f"it first: ae-shards write {sources[0]} DIR, then --{key}=DIR"
+        )
     missing = [u for u in urls if not is_remote(u) and not Path(u).is_file()]
     if missing:
         shown = ", ".join(missing[:3]) + (
@@ -65,6 +76,17 @@ def expand_shards(spec: str, key: str = "train_shards") -> list[str]:
         )
         raise ShardSpecError(f"{key}: {len(missing)} of {len(urls)} shard files missing: {shown}")
     return urls
+
+
+def _sources_hint(spec: str) -> str:
+    """For a folder with no shards but images or arrays below it: how to make shards of them."""
+    path = Path(spec).expanduser()
+    if is_remote(spec) or "::" in spec or not path.is_dir():
+        return ""
+    found = next((p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES), None)
+    if found is None:
+        return ""
+    return f"; it holds images ({found.name}, ...): ae-shards write {spec} DIR makes shards of them"
 
 
 def resolve_shards(train_spec: str, val_spec: str | None) -> tuple[list[str], list[str] | None]:

@@ -24,15 +24,12 @@ from rich.progress import Progress
 from ae.config import DataConfig
 from ae.data.decoding.images import decode_image
 from ae.data.shards.index import read_index, write_index
-from ae.data.shards.spec import expand_shards, is_remote
+from ae.data.shards.spec import IMAGE_SUFFIXES, expand_shards, is_remote
 from ae.data.shards.tar_header_count import scan_shard
 from ae.data.shards.writer import SUFFIXES, Sample, npy_bytes, write_shards
 from ae.data.tools.inspect_shards import Inspector, print_reports
 from ae.errors import UserError
 
-# Photo formats taken from a folder; each sample's field is its file's extension (`jpg`, `png`),
-# and a run takes any image extension as the input field by default.
-IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 _NAMED = 20  # files that cannot be decoded, named one by one on the console; then a count
 
 
@@ -87,11 +84,11 @@ def _image_files(src: Path, console: Console) -> list[Path]:
     """The images below `src` that decode; every other file is named (or counted) on the
     console. Checked in parallel on every core: a decode is ~0.1-1 ms an image."""
     files = sorted(p for p in src.rglob("*") if p.is_file())
-    images = [p for p in files if p.suffix.lower() in IMAGE_EXTS]
+    images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
     others = collections.Counter(p.suffix.lower() or "(no extension)" for p in files
-                                 if p.suffix.lower() not in IMAGE_EXTS)  # fmt: skip
+                                 if p.suffix.lower() not in IMAGE_SUFFIXES)  # fmt: skip
     if not images:
-        raise CliError(f"{src}: no {'/'.join(IMAGE_EXTS)} files below this folder")
+        raise CliError(f"{src}: no {'/'.join(IMAGE_SUFFIXES)} files below this folder")
     with ProcessPoolExecutor(min(os.cpu_count() or 1, 8)) as pool:
         # The workers are forked here, before the progress bar's thread exists.
         reasons = pool.map(_unreadable, images, chunksize=64)

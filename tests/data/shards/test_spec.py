@@ -1,0 +1,45 @@
+"""Shard specs: what matches, and the one message for what does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ae.data.shards.spec import ShardSpecError, expand_shards
+
+
+def test_directories_globs_and_braces_find_the_shards(tmp_path: Path) -> None:
+    for name in ("a-000000.tar", "a-000001.tar", "sub/b-000000.tar.gz", "notes.txt"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    found = [str(tmp_path / n) for n in ("a-000000.tar", "a-000001.tar", "sub/b-000000.tar.gz")]
+    assert expand_shards(str(tmp_path)) == found
+    assert expand_shards(f"{tmp_path}/a-*.tar") == found[:2]
+    assert expand_shards(f"{tmp_path}/a-{{000000..000001}}.tar::{found[2]}") == found
+    with pytest.raises(ShardSpecError, match=r"val_shards: 1 of 2 shard files missing: .*a-000002"):
+        expand_shards(f"{tmp_path}/a-00000{{1..2}}.tar", "val_shards")
+
+
+def test_what_ae_shards_write_takes_gets_its_hint(tmp_path: Path) -> None:
+    """A new user's first try: the raw photos folder or the .npy itself, named as shards."""
+    photos = tmp_path / "photos"
+    (photos / "sub").mkdir(parents=True)
+    (photos / "sub" / "cat.jpg").write_bytes(b"")
+    with pytest.raises(ShardSpecError) as err:
+        expand_shards(str(photos))
+    assert str(err.value) == (
+        f"train_shards: '{photos}' matches no shard files; it holds images (cat.jpg, ...): "
+        f"ae-shards write {photos} DIR makes shards of them"
+    )
+    np.save(tmp_path / "emb.npy", np.zeros((4, 2)))
+    with pytest.raises(ShardSpecError) as err:
+        expand_shards(str(tmp_path / "emb.npy"))
+    assert str(err.value) == (
+        f"train_shards: {tmp_path / 'emb.npy'} is .npy data, not a shard; make shards of it "
+        f"first: ae-shards write {tmp_path / 'emb.npy'} DIR, then --train_shards=DIR"
+    )
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ShardSpecError, match=r"'\S+empty' matches no shard files$"):
+        expand_shards(str(tmp_path / "empty"))  # nothing to suggest
