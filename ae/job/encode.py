@@ -26,6 +26,7 @@ from ae.job.outcome import report_failure, stop_exit_code
 from ae.job.processes import processes_per_node, rank_command, run_torchrun
 from ae.job.topology import topology
 from ae.log_lines import LAUNCHER_LOG_FILE
+from ae.run_paths import RunDir
 
 RANK_MODULE = "ae.cli.encode_rank"  # what runs in every rank
 CHECK_MODULE = "ae.cli.check_checkpoint"  # the safe loader's verdict on a checkpoint
@@ -131,6 +132,11 @@ def parse_args(argv: list[str]) -> EncodeArgs:
         problems.append(f"keep_fields: names the output field {args.field}")
     if args.devices != "auto" and not (args.devices.isdigit() and int(args.devices) >= 1):
         problems.append(f"devices: must be a positive integer or auto; got {args.devices!r}")
+    run = RunDir(Path(args.out_dir))
+    if run.checkpoints.is_dir() or run.lock.exists():
+        # Its logs would sit among the run's (ae-diagnose would read the encoding as its newest
+        # run), its shards beside the checkpoints, and no lock would keep the two apart.
+        problems.append(f"OUT_DIR: {args.out_dir} holds a training run; encode into another folder")
     if problems:
         raise EncodeArgsError("\n".join(problems))
     return args

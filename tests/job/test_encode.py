@@ -87,6 +87,13 @@ def test_a_file_that_is_no_ae_checkpoint_is_named(tmp_path: Path) -> None:
         load_checkpoint(junk)
 
 
+def test_a_training_runs_folder_is_no_out_dir(tmp_path: Path) -> None:
+    ckpt = encode_checkpoint(tmp_path, InputSpec("vector", (12,)))
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(EncodeArgsError, match=r"OUT_DIR: \S+run holds a training run; encode"):
+        parse_args([str(ckpt), "in.tar", str(tmp_path / "run")])
+
+
 def test_the_launcher_refuses_what_the_ranks_could_not_read(tmp_path: Path) -> None:
     """Checked before any rank starts, with the ranks' own message (one exit 2 for the job,
     not a rank's failure reported late)."""
