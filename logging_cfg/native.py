@@ -24,7 +24,9 @@ _target: Path | None = None  # the file descriptors 1 and 2 point at, once captu
 
 
 def _keep_terminal(stream: TextIO) -> TextIO:
-    """A new Python stream on a duplicate of `stream`'s descriptor, before that one is replaced."""
+    """A new Python stream on a duplicate of `stream`'s descriptor, before that one is replaced.
+    It lives as long as the process and is never closed: `closefd=False`, or its deallocation
+    at interpreter exit would warn (`ResourceWarning: unclosed file`) into the native log."""
     stream.flush()
     return os.fdopen(
         os.dup(stream.fileno()),
@@ -32,6 +34,7 @@ def _keep_terminal(stream: TextIO) -> TextIO:
         buffering=1,
         encoding=stream.encoding,
         errors="backslashreplace",
+        closefd=False,
     )
 
 

@@ -161,6 +161,8 @@ def test_mlp_then_encode_on_two_ranks_then_a_user_class_on_the_latents(tmp_path:
             want = model.encode(x)[0].detach().numpy()
             np.testing.assert_allclose(z, want, rtol=2e-3, atol=2e-3)
     logs = out / "logs"
+    native = "".join(p.read_text() for p in logs.glob("native_rank*.log"))
+    assert "ResourceWarning" not in native  # rank 0's console stream, left open at exit
     summary = "".join(p.read_text() for p in logs.glob("train_*.log"))
     assert "Encoding done: 52 of 52 samples written (0 bad samples skipped) to 3 shards" in summary
     assert "(step 12, weights)" in summary  # no EMA in this run: the live weights
