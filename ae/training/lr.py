@@ -87,12 +87,19 @@ def rescale(optimizer: Any, scheduler: Any, targets: list[float]) -> tuple[float
     ):
         return None
     scheduler.base_lrs = list(targets)
-    for group, base, factor in zip(
-        optimizer.param_groups, targets, scheduler.lr_lambdas, strict=True
-    ):
+    for group, base in zip(optimizer.param_groups, targets, strict=True):
         group["initial_lr"] = base
-        group["lr"] = base * factor(scheduler.last_epoch)
+    at_schedule_step(optimizer, scheduler)
     return old[0], targets[0]
+
+
+def at_schedule_step(optimizer: Any, scheduler: Any) -> None:
+    """Each group's LR where the schedule stands at its step, after its base LRs or its plan
+    changed (a resume): the next optimizer step uses it, not the LR the checkpoint carried."""
+    for group, base, factor in zip(
+        optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+    ):
+        group["lr"] = base * factor(scheduler.last_epoch)
 
 
 def lr_rescaled_line(world_size: int, step: int, old: float, new: float, mode: ScaleMode) -> str:

@@ -30,6 +30,7 @@ from ae.training.inception import FEATURES
 from ae.training.lr import (
     DiscSchedule,
     Schedule,
+    at_schedule_step,
     lr_rescaled_line,
     rescale,
     scale_lr,
@@ -276,6 +277,8 @@ class AutoEncoder(L.LightningModule):
         for each in lambdas:  # the discriminator's too
             if isinstance(each, Schedule):
                 each.total_steps = int(end)
+        # The LR the checkpoint carried is the old plan's: the next step takes the new plan's
+        at_schedule_step(trainer.optimizers[0], self.lr_schedulers())
         if trainer.is_global_zero:
             main_log.info(
                 f"LR schedule re-planned at step {step}: {old} -> {int(end)} optimizer steps in "

@@ -16,6 +16,7 @@ Lightning's "dataloader is not resumable" warning appears in no log of any of th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from ae.data.shards.writer import write_shard
+from ae.training.lr import lr_factor, scale_lr
 from tests.support.runs import ROOT, RunResult, run_launcher
 from tests.support.shards import id_samples
 
@@ -109,6 +111,13 @@ def test_batch_size_halved_trains_epochs_whole_and_ends_at_the_announced_step(ru
     assert "Training finished at step 74" in first.output
     assert "Training finished at step 224" in second.output, second.output[-3000:]
     assert "re-planned the LR schedule from 74 to 224 steps" in second.output
+    # ... and the LR said and used from the resume is the new plan's at step 74 (the first run's
+    # plan had ended: LR 0), on 2 ranks (sqrt: x 1.414), warmup 1, cosine
+    lr = re.search(r"Resumed from \S+ at step 74 \(epoch 2, LR (\S+)\)", second.output)
+    assert lr and float(lr[1]) == pytest.approx(
+        scale_lr(1e-3, 2, "sqrt") * lr_factor(74, warmup_steps=1, total_steps=224, kind="cosine"),
+        rel=1e-6,
+    ), second.output[-3000:]
     assert (
         "(epoch 2, LR " in second.output and "batch 0 of 75 of the epoch, 0 of its" in second.output
     )

@@ -13,6 +13,7 @@ from ae.data.decoding.decode import InputSpec
 from ae.log_lines import LR_RESCALED
 from ae.training.lr import (
     Schedule,
+    at_schedule_step,
     effective_lr_line,
     lr_factor,
     lr_rescaled_line,
@@ -114,6 +115,10 @@ def test_schedule_is_saved_with_the_scheduler_and_replanned_to_its_end() -> None
     schedule = sched2.lr_lambdas[0]
     assert schedule.total_steps == 10 and sched2.last_epoch == 6
     schedule.total_steps = 20  # re-planned: 14 more steps
+    before = Schedule(2, 10, "cosine")(6)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(before)  # the checkpoint's plan's
+    at_schedule_step(opt2, sched2)  # the next step takes the new plan's LR
+    assert opt2.param_groups[0]["lr"] == pytest.approx(schedule(6)) and schedule(6) > before
     for _ in range(14):
         opt2.step()
         sched2.step()
