@@ -20,7 +20,8 @@ scaler's overflow (it skips that step and lowers its scale): only a loss counts 
 - `stop`: every rank raises `NonFiniteError` (exit 2, after naming the newest checkpoint; the
   save guard keeps any checkpoint due meanwhile from being written).
 - `skip`: the step's gradients are dropped (`grad = None`: the optimizer leaves every parameter
-  and its state as they were), on every rank; up to `--max_skipped_steps`.
+  and its state as they were), on every rank; up to `--max_skipped_steps`. Its loss stays out
+  of the epoch's mean (`ae.training.epoch_loss`), the rolled-back step's too.
 - `rollback`: the step is dropped too, then weights, optimizer state and the EMA go back to the
   newest step checkpoint; the data stream goes on, so the batches since that checkpoint are not
   trained again (the step counter and the LR schedule go on as well).
@@ -61,6 +62,7 @@ from ae.log_lines import (
 )
 from ae.training.checkpoint_files import CheckpointStore
 from ae.training.ema import EMA
+from ae.training.epoch_loss import EpochLoss
 from ae.training.optimizer import MeasuredNorm
 from ae.training.position import checkpoint_read
 
@@ -151,6 +153,7 @@ class NonFiniteGuard(L.Callback):
         self.on_cpu = True
         self.reduce_here = False  # the comm hook all-reduces itself (gloo), or allreduce_hook
         self.measured: MeasuredNorm | None = None
+        self.epoch_loss: EpochLoss | None = None
         self.params: list[torch.nn.Parameter] = []
         self.zero: torch.Tensor | None = None  # on the module's device
         self.window: list[StepRecord] = []
@@ -174,6 +177,8 @@ class NonFiniteGuard(L.Callback):
         per_step = self.on_cpu or self.mode != "stop"
         box = getattr(pl_module, "step_grad_norm", None)  # the built-in model's clipping takes it
         self.measured = box if isinstance(box, MeasuredNorm) else None
+        mean = getattr(pl_module, "epoch_loss", None)  # the built-in model's train/loss_epoch
+        self.epoch_loss = mean if isinstance(mean, EpochLoss) else None
         self.every = 1 if per_step else max(1, trainer.log_every_n_steps)
         self.params = list(pl_module.parameters())
         self.zero = torch.zeros((), device=device)
@@ -327,6 +332,8 @@ class NonFiniteGuard(L.Callback):
                 f"{used} of at most {self.limit} survived): the NONFINITE line names the rank "
                 "and samples; `ae-diagnose` shows it"
             )
+        if self.epoch_loss is not None:  # a step not applied is no part of the epoch's mean
+            self.epoch_loss.drop_step()
         if self.mode == "skip":
             self.skipped += 1
             log.warning(NONFINITE_SKIPPED.format(step=rec.step, skipped=self.skipped,

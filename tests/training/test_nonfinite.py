@@ -5,6 +5,7 @@ finds the first non-finite tensor; the sample description names non-finite input
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -93,6 +94,58 @@ def test_skip_leaves_the_weights_of_the_nan_step_and_goes_on(tmp_path: Path, cap
 def test_stop_raises_at_the_nan_step(tmp_path: Path) -> None:
     with pytest.raises(NonFiniteError, match=f"step {NAN_BATCH + 1}"):
         fit(tmp_path, "stop")
+
+
+class Losses(L.Callback):
+    """Each batch's loss as training_step returned it."""
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx) -> None:
+        self.seen.append(float(outputs["loss"]))
+
+
+def test_the_epoch_mean_leaves_out_the_skipped_step(tmp_path: Path) -> None:
+    """A run that skipped its NaN step reported `train/loss_epoch=nan` (the NaN was in the
+    mean): the mean is over the steps applied."""
+    from ae.config import ModelConfig
+    from ae.data.decoding.decode import InputSpec
+    from ae.training.model import AutoEncoder
+
+    torch.manual_seed(0)
+    model = AutoEncoder(InputSpec("vector", (4,)), ModelConfig(hidden_dim=8, latent_dim=2))
+    guard = NonFiniteGuard(OptimConfig(on_nonfinite="skip"), CheckpointConfig(),
+                           CheckpointStore(tmp_path, 3), "32")  # fmt: skip
+    losses = Losses()
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=1, callbacks=[guard, losses], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(model, train_dataloaders=DataLoader(batches(), batch_size=None))
+    assert guard.skipped == 1 and math.isnan(losses.seen[NAN_BATCH])
+    kept = [x for i, x in enumerate(losses.seen) if i != NAN_BATCH]
+    mean = trainer.callback_metrics["train/loss_epoch"]
+    assert float(mean) == pytest.approx(sum(kept) / len(kept))
+
+
+def test_a_dropped_step_takes_all_its_batches_out_of_the_mean() -> None:
+    """Under gradient accumulation a step is several batches: a dropped step takes them all,
+    the finite ones too; an epoch of dropped steps alone has no mean."""
+    from ae.training.epoch_loss import EpochLoss
+
+    mean = EpochLoss()
+    for step, losses in enumerate([(1.0, 3.0), (5.0, float("nan")), (2.0, 6.0)]):
+        for loss in losses:
+            mean.add(torch.tensor(loss), step)
+        if step == 1:  # what the guard does before that step's optimizer step
+            mean.drop_step()
+    assert float(mean.mean()) == 3.0
+    mean.start()
+    mean.add(torch.tensor(float("nan")), 7)
+    mean.drop_step()
+    assert mean.mean() is None
 
 
 def test_the_state_check_names_the_first_non_finite_tensor() -> None:
