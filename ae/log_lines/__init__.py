@@ -22,6 +22,7 @@ from ae.log_lines.health import GAN_STATS_FILE as GAN_STATS_FILE
 from ae.log_lines.health import GAN_WARNING as GAN_WARNING
 from ae.log_lines.health import LOSS_SPIKE as LOSS_SPIKE
 from ae.log_lines.health import NONFINITE as NONFINITE
+from ae.log_lines.health import NONFINITE_INPUT as NONFINITE_INPUT
 from ae.log_lines.health import NONFINITE_RECEIVED as NONFINITE_RECEIVED
 from ae.log_lines.health import NONFINITE_SKIPPED as NONFINITE_SKIPPED
 from ae.log_lines.health import NONFINITE_STOP as NONFINITE_STOP

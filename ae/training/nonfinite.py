@@ -53,6 +53,7 @@ from ae.forensics.step_times import gradients_ready
 from ae.log_lines import (
     LOSS_SPIKE,
     NONFINITE,
+    NONFINITE_INPUT,
     NONFINITE_RECEIVED,
     NONFINITE_SKIPPED,
     NONFINITE_STOP,
@@ -95,7 +96,7 @@ def describe_members(members: list[Member]) -> str:
     """`shard a.tar, keys [k1, k2]; shard b.tar, keys [...]`: the samples with non-finite input
     alone when there are any (marked), else all the batch's."""
     bad = [m for m in members if m.finite is False]
-    shown, note = (bad, " (non-finite input)") if bad else (members, "")
+    shown, note = (bad, f" {NONFINITE_INPUT}") if bad else (members, "")
     if not shown:
         return "samples unknown (resampled split)"
     by_url: dict[str, list[str]] = {}
