@@ -52,7 +52,9 @@ class RankLines:
     partial: bytes = b""
     sources: dict[str, _Source] = field(default_factory=dict)
     stalls: dict[int, tuple[str, str, str]] = field(default_factory=dict)  # rank -> episode
-    said: set[str] = field(default_factory=set)  # ERROR texts on the console already
+    # ERROR texts on the console already (a record's first line): rank 0's own, and those said
+    # here (not those counted over a burst); the launcher's last words leave them out
+    said: set[str] = field(default_factory=set)
     held: list[tuple[float, str, str]] = field(default_factory=list)  # (due, who, message)
 
     def poll(self, now: float | None = None) -> None:
@@ -74,9 +76,8 @@ class RankLines:
             self._say(who, message, now)
 
     def _say(self, who: str, message: str, now: float) -> None:
-        if message not in self.said:
+        if message not in self.said and self._error(who, message, now):
             self.said.add(message)
-            self._error(who, message, now)
 
     def _new_lines(self) -> list[str]:
         try:
@@ -111,13 +112,15 @@ class RankLines:
                 self.stalls[rank] = episode
                 logger.warning(f"{who}: {message}")
 
-    def _error(self, who: str, message: str, now: float) -> None:
+    def _error(self, who: str, message: str, now: float) -> bool:
+        """Whether the line was said (else counted, over the source's burst)."""
         src = self.sources.setdefault(who, _Source(window_start=now))
         if src.shown < BURST:
             src.shown += 1
             logger.error(f"{who}: {message}")
-        else:
-            src.held += 1
+            return True
+        src.held += 1
+        return False
 
     def _close_windows(self, now: float, final: bool) -> None:
         for who, src in self.sources.items():

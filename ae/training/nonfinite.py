@@ -328,10 +328,13 @@ class NonFiniteGuard(L.Callback):
                     step=rec.step, mode=self.mode, checkpoint=self.newest_checkpoint() or "none"
                 )
             )
+            done = "skipped" if self.mode == "skip" else "rolled back"
+            why = "" if self.mode == "stop" else (
+                f"; {used} of at most {self.limit} steps {done} already (--max_skipped_steps)"
+            )  # fmt: skip
             raise NonFiniteError(
-                f"non-finite value at step {rec.step} (--on_nonfinite={self.mode}, "
-                f"{used} of at most {self.limit} survived): the NONFINITE line names the rank "
-                "and samples; `ae-diagnose` shows it"
+                f"non-finite value at step {rec.step} (--on_nonfinite={self.mode}{why}): the "
+                "NONFINITE line names the rank and samples; `ae-diagnose` shows it"
             )
         if self.epoch_loss is not None:  # a step not applied is no part of the epoch's mean
             self.epoch_loss.drop_step()

@@ -48,6 +48,8 @@ def test_other_ranks_errors_summaries_and_stalls(tmp_path: Path, said: list[str]
     said.clear()
     follower.poll(now=HOLD_S)
     assert said == [f"ERROR rank 1 worker 0: {b}" for b in bad[:BURST]]
+    # What the console holds, for the launcher's last words: not the lines only counted
+    assert follower.said == {"rank 0's own error", *bad[:BURST]}
     said.clear()
     summary = DATA_ERRORS.format(split="train", bad_samples=5, bad_shards=0, replaced=5)
     with log.open("a") as f:  # the rest of the half line, then more

@@ -65,7 +65,9 @@ def batches() -> list[torch.Tensor]:
     return out
 
 
-def fit(tmp_path: Path, mode: str) -> tuple[Tiny, NonFiniteGuard]:
+def fit(
+    tmp_path: Path, mode: str, data: list[torch.Tensor] | None = None
+) -> tuple[Tiny, NonFiniteGuard]:
     guard = NonFiniteGuard(
         OptimConfig(on_nonfinite=mode, max_skipped_steps=1), CheckpointConfig(),
         CheckpointStore(tmp_path, 3), "32",
@@ -76,7 +78,8 @@ def fit(tmp_path: Path, mode: str) -> tuple[Tiny, NonFiniteGuard]:
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         default_root_dir=tmp_path,
     )  # fmt: skip
-    trainer.fit(model, train_dataloaders=DataLoader(batches(), batch_size=None))
+    data = batches() if data is None else data
+    trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=None))
     return model, guard
 
 
@@ -92,8 +95,20 @@ def test_skip_leaves_the_weights_of_the_nan_step_and_goes_on(tmp_path: Path, cap
 
 
 def test_stop_raises_at_the_nan_step(tmp_path: Path) -> None:
-    with pytest.raises(NonFiniteError, match=f"step {NAN_BATCH + 1}"):
+    with pytest.raises(NonFiniteError, match=f"step {NAN_BATCH + 1}") as stopped:
         fit(tmp_path, "stop")
+    # Nothing survived under stop, and nothing is said to have (`0 of at most 10 survived`)
+    assert f"step {NAN_BATCH + 1} (--on_nonfinite=stop): " in str(stopped.value)
+
+
+def test_skip_past_its_limit_says_so(tmp_path: Path) -> None:
+    data = batches()
+    data[NAN_BATCH + 2][0, 0] = float("nan")  # the second NaN step, past --max_skipped_steps=1
+    with pytest.raises(NonFiniteError) as stopped:
+        fit(tmp_path, "skip", data)
+    assert f"step {NAN_BATCH + 3} (--on_nonfinite=skip; 1 of at most 1 steps skipped already " in (
+        str(stopped.value)
+    )
 
 
 class Losses(L.Callback):
