@@ -333,10 +333,13 @@ STALL_ENDED = LineFormat(
     "the rank tears down ({why})",
     {"idle": "float", "phase": "text", "epoch": "int", "step": "int", "why": "text"},
 )
-# Written by ae.forensics.faults (tests, broken runs on purpose) right before acting.
+# Written by ae.forensics.faults (tests, broken runs on purpose) right before acting. `step`: the
+# fault's own (`train`: the global step, the optimizer steps done, as `step=N` of AE_FAULT);
+# `effect`: empty, or for a loss fault `: the loss of optimizer step N+1 turns NaN`, the step its
+# NONFINITE line names.
 FAULT_INJECTED = LineFormat(
-    "FAULT injected: {action}@{point} at step {step} (rank {rank})",
-    {"step": "int", "rank": "int"},
+    "FAULT injected: {action}@{point} at step {step} (rank {rank}){effect}",
+    {"step": "int", "rank": "int", "effect": "text"},
 )
 
 # --- stragglers (ae.forensics.stragglers; scores from ae.stragglers) --------------------------

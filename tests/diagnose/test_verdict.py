@@ -376,7 +376,9 @@ def test_a_non_finite_loss_is_a_data_error_only_when_its_input_was(tmp_path: Pat
     """An injected NaN (finite inputs) names the batch's healthy shard: no data error there; a
     sample whose decoded array held a NaN is one."""
     w0, w1 = writers(tmp_path)
-    w1.log(FAULT_INJECTED.format(action="nan", point="train", step=5, rank=1), "WARNING")
+    fault = FAULT_INJECTED.format(action="nan", point="train", step=5, rank=1,
+                                  effect=": the loss of optimizer step 6 turns NaN")  # fmt: skip
+    w1.log(fault, "WARNING")
     w1.log(NONFINITE.format(value="loss=nan", rank=1, step=6, epoch=0, batch="5",
                             samples="shard /d/train-000000.tar, keys [a, b]"), "ERROR")  # fmt: skip
     w0.log(NONFINITE.format(value="loss=nan", rank=0, step=9, epoch=0, batch="8",

@@ -145,6 +145,37 @@ def test_the_epoch_mean_leaves_out_the_skipped_step(tmp_path: Path) -> None:
     assert float(mean) == pytest.approx(sum(kept) / len(kept))
 
 
+def test_an_injected_nan_names_the_step_its_nonfinite_line_names(
+    tmp_path: Path, caplog_lines, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nan@train:step=2` fires at global step 2 (2 optimizer steps done, as the key says): the
+    batch of optimizer step 3, which the NONFINITE line names. The FAULT line said only `at step
+    2`, beside `NONFINITE ... at step 3`; it names the step it poisons now."""
+    from ae.config import ModelConfig
+    from ae.data.decoding.decode import InputSpec
+    from ae.forensics import faults
+    from ae.log_lines import FAULT_INJECTED, NONFINITE
+    from ae.training.model import AutoEncoder
+
+    monkeypatch.setattr(faults, "_faults", faults.parse_faults("nan@train:step=2"))
+    monkeypatch.setattr(faults, "_fired", set())
+    monkeypatch.setenv("RANK", "0")
+    model = AutoEncoder(InputSpec("vector", (4,)), ModelConfig(hidden_dim=8, latent_dim=2))
+    guard = NonFiniteGuard(OptimConfig(on_nonfinite="skip"), CheckpointConfig(),
+                           CheckpointStore(tmp_path, 3), "32")  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=4, callbacks=[guard], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    data = [torch.rand(2, 4) for _ in range(4)]
+    trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=None))
+    [fault] = [m for line in caplog_lines if (m := FAULT_INJECTED.parse(line))]
+    [named] = [m for line in caplog_lines if (m := NONFINITE.parse(line))]
+    assert (fault["step"], named["step"], guard.events) == ("2", "3", [(3, "non-finite")])
+    assert fault["effect"] == ": the loss of optimizer step 3 turns NaN"
+
+
 def test_a_dropped_step_takes_all_its_batches_out_of_the_mean() -> None:
     """Under gradient accumulation a step is several batches: a dropped step takes them all,
     the finite ones too; an epoch of dropped steps alone has no mean."""
