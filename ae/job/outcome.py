@@ -4,9 +4,9 @@ checkpoint is), or failed -- then the diagnosis (`ae.diagnose`), not torchrun's 
 On a failure the console gets the verdict: per culprit its rank, phase and cause, its evidence
 lines, and the `ae-diagnose` command for more; torchrun's own report stays in
 `launcher_<TS>.log`. A user error inside the ranks (bad data, a non-finite value under
-`--on_nonfinite=stop`) is that message instead, each line of it once and whole: what rank 0
-or the relay of the other ranks' lines (`ae.job.rank_lines`) already put on the console is not
-said again. Then, after any failure, the `ae-diagnose` command.
+`--on_nonfinite=stop`) is its messages instead, each once and whole: what rank 0 or the relay
+of the other ranks' lines (`ae.job.rank_lines`) already put on the console is not said again.
+Then, after any failure, the `ae-diagnose` command.
 """
 
 from __future__ import annotations
