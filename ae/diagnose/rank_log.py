@@ -30,6 +30,7 @@ from ae.log_lines import (
     LOSS_SPIKE,
     MARKER,
     NONFINITE,
+    NONFINITE_INPUT,
     NONFINITE_SKIPPED,
     PREEMPTED,
     PROCESSED_TRAIN,
@@ -52,6 +53,7 @@ from ae.log_lines import (
 _TEARDOWN = "phase teardown"
 _MEMORY = re.compile(r"\brss=\S+(?: workers=\S+)?(?: cuda=\S+ peak=\S+)?")
 _SHARD = re.compile(r"(\S+\.tar)\b")
+_NONFINITE_INPUT = NONFINITE_INPUT.encode()
 ERROR_LINES = 20  # continuation lines of an ERROR record kept (a user error's whole message)
 SPIKES_KEPT = 20
 
@@ -281,11 +283,17 @@ class _Scanner:
                 s.shard_plans[m["split"]] = m
         for start in log.level_records("ERROR"):
             line = log.data[start : log.line_end(start)]
-            if b"shard" not in line.lower():
+            if b"shard" not in line.lower() or _blames_no_shard(line):
                 continue
             s.shard_error_lines += 1
             if len(s.shard_errors) < self.max_shard_errors and (rec := log.record(start)):
                 s.shard_errors.append(rec)
+
+
+def _blames_no_shard(line: bytes) -> bool:
+    """A NONFINITE line of finite inputs (an injected fault, an LR too high, an overflow): it
+    names the batch's shards, but a data error is a non-finite input (NONFINITE_INPUT)."""
+    return _needle(NONFINITE.prefix) in line and _NONFINITE_INPUT not in line
 
 
 def read_rank(

@@ -27,7 +27,9 @@ points (who calls `fault_point`):
   data        in the dataset iteration (the dataloader worker, or the rank with 0 workers),
               before the rank's batch `step` of the run (epoch * batches per epoch + batch);
               fires in the one process that produces that batch
-  train       in `training_step`, at optimizer step `step` (trainer.global_step)
+  train       in `training_step`, at global step `step` (trainer.global_step: the optimizer
+              steps done), so in optimizer step `step` + 1, the step its batch makes; a loss
+              fault's FAULT line names that step too (`the loss of optimizer step N+1`)
   checkpoint  in a checkpoint write, after its bytes and before the rename (rank 0 writes)
   sampling    in reconstruction sampling, before each sampling batch
 keys:
@@ -45,16 +47,17 @@ keys:
 Examples::
 
     AE_FAULT="sleep@data:rank=1:step=3:secs=60"      rank 1 hangs while loading batch 3
-    AE_FAULT="raise@train:rank=1:step=2"             rank 1 raises in training step 2
+    AE_FAULT="raise@train:rank=1:step=2"             rank 1 raises at step 2 (in optimizer step 3)
     AE_FAULT="sleep@checkpoint:rank=0:secs=600"      rank 0 hangs in its first checkpoint save
     AE_FAULT="segv@train:rank=1:step=2,kill@train:rank=0:step=2"
     AE_FAULT="slow@data:rank=1:ms=50"                 rank 1's batches each take 50 ms longer
-    AE_FAULT="slow@train:rank=1:ms=40:until=500"      rank 1's steps 0-499 take 40 ms longer
+    AE_FAULT="slow@train:rank=1:ms=40:until=500"      rank 1 takes 40 ms longer at steps 0-499
     AE_FAULT="grow@data:rank=1:step=2:mb=4000"       rank 1's worker grows by 4 GB at batch 2
     AE_FAULT="desync@train:rank=1:step=3"            rank 1 alone all-reduces 3 numbers
     AE_FAULT="gpusleep@train:rank=0:step=5:secs=60"  rank 0's GPU runs one kernel for 60 s
     AE_FAULT="kill@train:rank=1:step=5:attempt=0"    rank 1 is killed once; the restart runs on
-    AE_FAULT="nan@train:rank=1:step=20"              rank 1's loss is NaN at step 20
+    AE_FAULT="nan@train:rank=1:step=20"              rank 1's loss of optimizer step 21 is
+                                                     NaN (its NONFINITE line: step 21)
 
 A NaN that comes from the data itself, not from a fault: `tests/support/shards.py`
 (`nan_sample`) writes a shard sample whose array holds one.
@@ -81,6 +84,7 @@ ACTIONS = (
 )  # fmt: skip
 # Actions on the loss of a training step (`loss_poison`), not at `fault_point`.
 LOSS_ACTIONS = ("nan", "inf")
+_VALUE = {"nan": "NaN", "inf": "+Inf"}  # what a loss action makes of the loss, in its FAULT line
 KEYS = {
     "rank": int, "step": int, "secs": float, "ms": float, "until": int, "mb": float, "size": int,
     "attempt": int,
@@ -180,18 +184,18 @@ def fault_point(point: str, step: int) -> None:
             if step >= fault.step and (fault.until is None or step < fault.until):
                 if i not in _fired:  # logged once, acts every time
                     _fired.add(i)
-                    logger.warning(
-                        FAULT_INJECTED.format(action="slow", point=point, step=step, rank=rank)
-                    )
+                    logger.warning(FAULT_INJECTED.format(
+                        action="slow", point=point, step=step, rank=rank, effect=""
+                    ))  # fmt: skip
                 _injected_slow(fault.ms / 1000)
             continue
         if i in _fired:
             continue
         if step == fault.step or (point != "data" and step > fault.step):
             _fired.add(i)
-            logger.warning(
-                FAULT_INJECTED.format(action=fault.action, point=point, step=step, rank=rank)
-            )
+            logger.warning(FAULT_INJECTED.format(
+                action=fault.action, point=point, step=step, rank=rank, effect=""
+            ))  # fmt: skip
             _ACT[fault.action](getattr(fault, _ARG.get(fault.action, "secs")))
 
 
@@ -210,9 +214,12 @@ def loss_poison(step: int) -> float | None:
             continue
         if step >= fault.step:
             _fired.add(i)
-            logger.warning(
-                FAULT_INJECTED.format(action=fault.action, point="train", step=step, rank=rank)
-            )
+            # At global step `step` the batch makes optimizer step `step + 1`: the step that the
+            # NONFINITE line, the SKIPPED line and train/loss name.
+            effect = f": the loss of optimizer step {step + 1} turns {_VALUE[fault.action]}"
+            logger.warning(FAULT_INJECTED.format(
+                action=fault.action, point="train", step=step, rank=rank, effect=effect
+            ))  # fmt: skip
             return float(fault.action)  # x nan is NaN; x inf is +Inf for a loss > 0
     return None
 

@@ -223,7 +223,7 @@ def attempts(
         restarts.max = 0
     restart: Restart | None = None
     while True:
-        rc, stops = attempt(
+        rc, stops, said = attempt(
             cfg, topo, nproc, ts, argv, specs, restart, len(restarts.failed), n_train, lock
         )
         if elastic(cfg, topo):
@@ -240,11 +240,11 @@ def attempts(
                 requeue_job(os.environ)
             return -code, ts
         if restarts.max == 0:
-            return report_failure(logs, ts, code), ts
+            return report_failure(logs, ts, code, said), ts
         try:
             nxt = restarts.after_failure(ts, code)
             if not isinstance(nxt, Restart):
-                code = report_failure(logs, ts, code)
+                code = report_failure(logs, ts, code, said)
                 return (code if nxt is None else nxt), ts
             logger.warning(nxt.line)
             restart = nxt
@@ -257,11 +257,12 @@ def attempts(
 def attempt(
     cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], specs: list[str],
     restart: Restart | None, number: int, n_train: int, lock: RunLock | None = None,
-) -> tuple[int, Stops]:  # fmt: skip
+) -> tuple[int, Stops, set[str]]:  # fmt: skip
     """One attempt of the job, as run TS `ts`: this node's child (torchrun, or a SLURM task's
-    rank), to its end; its exit code and the stops that came. The child holds `lock` too (an
-    inherited descriptor of the same flock): a killed launcher leaves the folder locked until
-    its child, which follows it (`ae.job.torchrun`), is gone."""
+    rank), to its end; its exit code, the stops that came, and the ERROR messages the console
+    said meanwhile (`ae.job.rank_lines`: the report of a failure says none again). The child
+    holds `lock` too (an inherited descriptor of the same flock): a killed launcher leaves the
+    folder locked until its child, which follows it (`ae.job.torchrun`), is gone."""
     logs = cfg.run.dir.logs
     launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
     extra = [f"--devices={nproc}", f"--num_nodes={topo.nnodes}"]
@@ -291,7 +292,7 @@ def attempt(
     # Another node that dies closes no connection: its heartbeats tell (`ae.job.peer_nodes`).
     # The leader's console also says the other ranks' errors and stalls (`ae.job.rank_lines`).
     peers_said = rank_lines(logs / TRAIN_LOG_FILE.format(ts=ts)) if topo.leader else nullcontext()
-    with peers_said:
+    with peers_said as relay:
         # Under torchrun's elastic agent a rank that dies mid-attempt is a restart, not a lost
         # node (the agents watch each other); a stop that reached another node (its launcher
         # killed: its torchrun follows it) is still a stop, which the other nodes' torchruns
@@ -303,7 +304,7 @@ def attempt(
             rc, stops = wait(proc, None, peers.stopped_elsewhere)
         else:
             rc, stops = wait(proc, peers.check, peers.stopped_elsewhere)
-    return rc, stops
+    return rc, stops, relay.said if relay is not None else set()
 
 
 def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int | None:

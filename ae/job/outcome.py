@@ -3,20 +3,27 @@ checkpoint is), or failed -- then the diagnosis (`ae.diagnose`), not torchrun's 
 
 On a failure the console gets the verdict: per culprit its rank, phase and cause, its evidence
 lines, and the `ae-diagnose` command for more; torchrun's own report stays in
-`launcher_<TS>.log`. A user error inside the ranks (bad data) is that one message instead.
+`launcher_<TS>.log`. A user error inside the ranks (bad data, a non-finite value under
+`--on_nonfinite=stop`) is its messages instead, each once and whole: what rank 0 or the relay
+of the other ranks' lines (`ae.job.rank_lines`) already put on the console is not said again.
+Then, after any failure, the `ae-diagnose` command.
 """
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
+from ae.diagnose.evidence import read_run
+from ae.diagnose.findings import Finding
 from ae.diagnose.goodput import goodput_line, job_goodput
 from ae.diagnose.log_files import find_run
-from ae.diagnose.report import diagnose, verdict_lines
+from ae.diagnose.report import to_json, verdict_lines
+from ae.diagnose.verdict import judge
 from ae.errors import UserError
 from ae.log_lines import (
     LAUNCHER_LOG_FILE,
@@ -77,45 +84,61 @@ def report_stop(logs: Path, ts: str, sig: signal.Signals, killed: bool) -> int:
     return stop_exit_code(sig)
 
 
-def _message(text: str) -> str:
-    m = RECORD_PATTERN.match(text)
-    return m["message"] if m else text
+def _messages(texts: list[str]) -> list[str]:
+    """Log lines as the messages of their records: a record's continuation lines join it."""
+    out: list[str] = []
+    for text in texts:
+        if (m := RECORD_PATTERN.match(text)) is not None or not out:
+            out.append(m["message"] if m else text)
+        else:
+            out[-1] += "\n" + text
+    return out
 
 
-def user_errors(doc: dict[str, Any]) -> dict[int, str] | None:
-    """{rank: message} when every culprit left on a user error (its exit code), else None."""
+def user_errors(doc: dict[str, Any], culprits: tuple[Finding, ...]) -> dict[int, list[str]] | None:
+    """{rank: its messages, whole} when every culprit left on a user error (its exit code), else
+    None. From the findings, not `doc`: its evidence texts are cut for the JSON."""
     exit_codes = {r["rank"]: r["exit_code"] for r in doc["ranks"]}
-    culprits = doc["culprits"]
-    if not culprits or any(exit_codes.get(c["rank"]) != UserError.exit_code for c in culprits):
+    if not culprits or any(exit_codes.get(c.rank) != UserError.exit_code for c in culprits):
         return None
-    # evidence: the ERROR record, its continuation lines, then the exit line
-    return {c["rank"]: "\n".join(_message(e["text"]) for e in c["evidence"][:-1]) for c in culprits}
+    # evidence: the ERROR record(s) (a non-finite value: the NONFINITE line first), their
+    # continuation lines, then the exit line
+    return {c.rank: _messages([e.text for e in c.evidence[:-1]]) for c in culprits}
 
 
-def report_failure(logs: Path, ts: str, rc: int, job: str = "Training") -> int:
-    """The diagnosis of a failed run on the console; returns the launcher's exit code. `job`:
-    what failed, as the console names it (`Training`, `Encoding`)."""
+def report_failure(
+    logs: Path, ts: str, rc: int, said: Collection[str] = (), job: str = "Training"
+) -> int:
+    """The diagnosis of a failed run on the console; returns the launcher's exit code. `said`:
+    the messages on the console already (`ae.job.rank_lines`); `job`: what failed, as the
+    console names it (`Training`, `Encoding`)."""
     launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
     more = f"More: ae-diagnose {logs} --run {ts}"
     if launcher_log.is_file():
         more += f"  (torchrun's own report: {launcher_log})"
     try:
-        doc = diagnose(find_run(logs, ts))
+        run = read_run(find_run(logs, ts))
     except UserError:
-        doc = None
-    if doc is None or not doc["ranks"]:
+        run = None
+    if run is None or not run.ranks:
         report = launcher_log.read_text(errors="replace") if launcher_log.is_file() else ""
         tail = report.splitlines()
         shown = "".join(f"\n    {line}" for line in tail[-LAUNCHER_TAIL:])
         logger.error(f"{job} failed (exit {rc}) before any rank wrote a log.{shown}")
         logger.info(more)
         return rc
-    if (messages := user_errors(doc)) is not None:
-        # Rank 0 said its own on the console already; say each other message once.
-        said = {messages.get(0)}
-        for msg in dict.fromkeys(m for rank, m in sorted(messages.items()) if rank != 0):
-            if msg not in said:
-                logger.error(msg)
+    verdict = judge(run)
+    doc = to_json(run, verdict)
+    if (messages := user_errors(doc, verdict.culprits)) is not None:
+        # Rank 0 said its own on the console already, and the relay the first line of each
+        # other rank's ERROR record: say each message once, whole (the relay's copy of a message
+        # of several lines was not).
+        shown = {*said, *messages.get(0, [])}
+        for _, found in sorted(messages.items()):
+            if left := [m for m in found if m not in shown]:
+                logger.error("\n".join(left))
+                shown.update(left)
+        logger.info(more)
         return UserError.exit_code
     head, *evidence = verdict_lines(doc)
     logger.error("\n".join([f"{job} failed: {head}", *evidence]))

@@ -10,7 +10,9 @@ the diagnosis of the whole job at the end. To keep the console calm, each source
 `BURST` ERROR lines per `WINDOW_S`; the rest are counted, and the count is said when the window
 closes (and at the end). An ERROR line whose text rank 0 also logged (a user error every rank
 finds alike), or that another rank already said, is said once: the other ranks' ERROR lines wait
-`HOLD_S` for rank 0's own before they are shown.
+`HOLD_S` for rank 0's own before they are shown. Not a NONFINITE line: it names the rank that
+wrote it, so rank 0 never writes the same text, and it is said at once (a run that skips the
+step goes on, and may end before the hold would: the line came after `Training finished`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from pathlib import Path
 
 from loguru import logger
 
-from ae.log_lines import DATA_ERRORS, RECORD_PATTERN, STALL
+from ae.log_lines import DATA_ERRORS, NONFINITE, RECORD_PATTERN, STALL
 
-POLL_S = 0.5
+# A line reaches the console at most this long after it is written: a run that goes on after
+# an ERROR of another rank (a NONFINITE line under --on_nonfinite=skip) can end within a second.
+POLL_S = 0.2
 BURST = 3  # ERROR lines shown per source and window
 WINDOW_S = 60.0
 HOLD_S = 2.0  # an ERROR of another rank waits this long for the same text from rank 0
@@ -48,7 +52,9 @@ class RankLines:
     partial: bytes = b""
     sources: dict[str, _Source] = field(default_factory=dict)
     stalls: dict[int, tuple[str, str, str]] = field(default_factory=dict)  # rank -> episode
-    said: set[str] = field(default_factory=set)  # ERROR texts on the console already
+    # ERROR texts on the console already (a record's first line): rank 0's own, and those said
+    # here (not those counted over a burst); the launcher's last words leave them out
+    said: set[str] = field(default_factory=set)
     held: list[tuple[float, str, str]] = field(default_factory=list)  # (due, who, message)
 
     def poll(self, now: float | None = None) -> None:
@@ -67,9 +73,11 @@ class RankLines:
         due = [h for h in self.held if h[0] <= now]
         self.held = [h for h in self.held if h[0] > now]
         for _, who, message in due:
-            if message not in self.said:
-                self.said.add(message)
-                self._error(who, message, now)
+            self._say(who, message, now)
+
+    def _say(self, who: str, message: str, now: float) -> None:
+        if message not in self.said and self._error(who, message, now):
+            self.said.add(message)
 
     def _new_lines(self) -> list[str]:
         try:
@@ -92,7 +100,9 @@ class RankLines:
             if level == "ERROR":
                 self.said.add(message)
             return  # rank 0's own lines: on the console already
-        if level == "ERROR":
+        if level == "ERROR" and message.startswith(NONFINITE.prefix):
+            self._say(who, message, now)
+        elif level == "ERROR":
             self.held.append((now + HOLD_S, who, message))
         elif worker is None and DATA_ERRORS.parse(message):
             logger.warning(f"{who}: {message}")
@@ -102,13 +112,15 @@ class RankLines:
                 self.stalls[rank] = episode
                 logger.warning(f"{who}: {message}")
 
-    def _error(self, who: str, message: str, now: float) -> None:
+    def _error(self, who: str, message: str, now: float) -> bool:
+        """Whether the line was said (else counted, over the source's burst)."""
         src = self.sources.setdefault(who, _Source(window_start=now))
         if src.shown < BURST:
             src.shown += 1
             logger.error(f"{who}: {message}")
-        else:
-            src.held += 1
+            return True
+        src.held += 1
+        return False
 
     def _close_windows(self, now: float, final: bool) -> None:
         for who, src in self.sources.items():

@@ -22,6 +22,7 @@ from ae.log_lines.health import GAN_STATS_FILE as GAN_STATS_FILE
 from ae.log_lines.health import GAN_WARNING as GAN_WARNING
 from ae.log_lines.health import LOSS_SPIKE as LOSS_SPIKE
 from ae.log_lines.health import NONFINITE as NONFINITE
+from ae.log_lines.health import NONFINITE_INPUT as NONFINITE_INPUT
 from ae.log_lines.health import NONFINITE_RECEIVED as NONFINITE_RECEIVED
 from ae.log_lines.health import NONFINITE_SKIPPED as NONFINITE_SKIPPED
 from ae.log_lines.health import NONFINITE_STOP as NONFINITE_STOP
@@ -334,10 +335,13 @@ STALL_ENDED = LineFormat(
     "the rank tears down ({why})",
     {"idle": "float", "phase": "text", "epoch": "int", "step": "int", "why": "text"},
 )
-# Written by ae.forensics.faults (tests, broken runs on purpose) right before acting.
+# Written by ae.forensics.faults (tests, broken runs on purpose) right before acting. `step`: the
+# fault's own (`train`: the global step, the optimizer steps done, as `step=N` of AE_FAULT);
+# `effect`: empty, or for a loss fault `: the loss of optimizer step N+1 turns NaN`, the step its
+# NONFINITE line names.
 FAULT_INJECTED = LineFormat(
-    "FAULT injected: {action}@{point} at step {step} (rank {rank})",
-    {"step": "int", "rank": "int"},
+    "FAULT injected: {action}@{point} at step {step} (rank {rank}){effect}",
+    {"step": "int", "rank": "int", "effect": "text"},
 )
 
 # --- stragglers (ae.forensics.stragglers; scores from ae.stragglers) --------------------------

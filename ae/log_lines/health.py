@@ -12,8 +12,11 @@ from logging_cfg.formats import LineFormat
 # all-reduce) held it, ERROR, once per such step. `value`: `loss=nan`, `loss=inf`, or
 # `gradient=nan in <parameter>` (the first parameter, in the model's order, whose reduced gradient
 # is not finite; `gradient=nan` when the step is known only later); `samples`: `shard <url>, keys
-# [k, ...]` for each shard of the batch, `(non-finite input)` after the keys whose decoded sample
-# holds a NaN or Inf (those alone are named when there are any).
+# [k, ...]` for each shard of the batch, NONFINITE_INPUT after the keys whose decoded sample
+# holds a NaN or Inf (those alone are named when there are any). Only such a line is a data
+# error (ae-diagnose): a non-finite loss of finite inputs names the batch's shards without
+# blaming them.
+NONFINITE_INPUT = "(non-finite input)"
 NONFINITE = LineFormat(
     "NONFINITE {value} on rank {rank} at step {step} (epoch {epoch}, batch {batch}): {samples}",
     {"value": "text", "rank": "int", "step": "int", "epoch": "int", "batch": "text",

@@ -26,6 +26,7 @@ from ae.data.datamodule import ShardDataModule
 from ae.data.decoding.decode import InputSpec
 from ae.forensics.faults import fault_point, loss_poison
 from ae.log_lines import main_log
+from ae.training.epoch_loss import EpochLoss
 from ae.training.inception import FEATURES
 from ae.training.lr import (
     DiscSchedule,
@@ -98,8 +99,7 @@ class AutoEncoder(L.LightningModule):
         self.recon_loss = LOSSES[model.loss]
         self.quality = QualityMetrics(spec)
         self._compile = model.compile
-        self._loss_sum: torch.Tensor | None = None  # this epoch's training loss, summed
-        self._loss_n = 0
+        self.epoch_loss = EpochLoss()  # the guard drops the steps it does not apply
         self.step_grad_norm = MeasuredNorm()  # filled by the non-finite guard, for the clipping
 
     # --- the network ----------------------------------------------------------------------
@@ -170,7 +170,7 @@ class AutoEncoder(L.LightningModule):
         fault_point("train", self.global_step)
         # `self.log` costs ~0.3 ms a call (Lightning moves its metric state each time), as much
         # as a whole step of a small model: the step loss is logged at the loggers' cadence, and
-        # the epoch mean is summed here and logged once, on the epoch's last batch.
+        # the epoch mean is summed here and logged once, after the epoch's last step.
         trainer = self.trainer
         # Lightning hands step metrics to the loggers after the steps where
         # (optimizer steps so far + 1) % log_every_n_steps == 0: log at exactly those, or the
@@ -193,15 +193,20 @@ class AutoEncoder(L.LightningModule):
             self.log("train/loss", loss, prog_bar=trainer.progress_bar_callback is not None)
             for name, value in logs.items():
                 self.log(f"train/{name}", value)
-        if batch_idx == 0 or self._loss_sum is None:  # a new (or resumed) epoch
-            self._loss_sum, self._loss_n = loss.detach(), 1
-        else:
-            self._loss_sum, self._loss_n = self._loss_sum + loss.detach(), self._loss_n + 1
-        if trainer.is_last_batch or 0 < trainer.max_steps <= self.global_step + 1:
-            # Epoch mean over all ranks: one collective per epoch.
-            mean = self._loss_sum / self._loss_n
-            self.log("train/loss_epoch", mean, on_step=False, on_epoch=True, sync_dist=True)
+        if batch_idx == 0:
+            self.epoch_loss.start()
+        self.epoch_loss.add(loss, self.global_step)
         return backward
+
+    def on_train_batch_end(self, outputs: object, batch: torch.Tensor, batch_idx: int) -> None:
+        # After the optimizer step, not in training_step: the non-finite guard has decided by
+        # then whether the epoch's last step counts.
+        trainer = self.trainer
+        if not (trainer.is_last_batch or 0 < trainer.max_steps <= self.global_step):
+            return
+        if (mean := self.epoch_loss.mean()) is not None:
+            # Epoch mean over all ranks: one collective per epoch.
+            self.log("train/loss_epoch", mean, on_step=False, on_epoch=True, sync_dist=True)
 
     def evaluate(self, batch: torch.Tensor, quality: QualityMetrics) -> tuple[torch.Tensor, dict]:
         """What validation computes on a batch: (loss, {name: extra loss term}), the quality

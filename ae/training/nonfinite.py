@@ -20,7 +20,8 @@ scaler's overflow (it skips that step and lowers its scale): only a loss counts 
 - `stop`: every rank raises `NonFiniteError` (exit 2, after naming the newest checkpoint; the
   save guard keeps any checkpoint due meanwhile from being written).
 - `skip`: the step's gradients are dropped (`grad = None`: the optimizer leaves every parameter
-  and its state as they were), on every rank; up to `--max_skipped_steps`.
+  and its state as they were), on every rank; up to `--max_skipped_steps`. Its loss stays out
+  of the epoch's mean (`ae.training.epoch_loss`), the rolled-back step's too.
 - `rollback`: the step is dropped too, then weights, optimizer state and the EMA go back to the
   newest step checkpoint; the data stream goes on, so the batches since that checkpoint are not
   trained again (the step counter and the LR schedule go on as well).
@@ -52,6 +53,7 @@ from ae.forensics.step_times import gradients_ready
 from ae.log_lines import (
     LOSS_SPIKE,
     NONFINITE,
+    NONFINITE_INPUT,
     NONFINITE_RECEIVED,
     NONFINITE_SKIPPED,
     NONFINITE_STOP,
@@ -61,6 +63,7 @@ from ae.log_lines import (
 )
 from ae.training.checkpoint_files import CheckpointStore
 from ae.training.ema import EMA
+from ae.training.epoch_loss import EpochLoss
 from ae.training.optimizer import MeasuredNorm
 from ae.training.position import checkpoint_read
 
@@ -93,7 +96,7 @@ def describe_members(members: list[Member]) -> str:
     """`shard a.tar, keys [k1, k2]; shard b.tar, keys [...]`: the samples with non-finite input
     alone when there are any (marked), else all the batch's."""
     bad = [m for m in members if m.finite is False]
-    shown, note = (bad, " (non-finite input)") if bad else (members, "")
+    shown, note = (bad, f" {NONFINITE_INPUT}") if bad else (members, "")
     if not shown:
         return "samples unknown (resampled split)"
     by_url: dict[str, list[str]] = {}
@@ -151,6 +154,7 @@ class NonFiniteGuard(L.Callback):
         self.on_cpu = True
         self.reduce_here = False  # the comm hook all-reduces itself (gloo), or allreduce_hook
         self.measured: MeasuredNorm | None = None
+        self.epoch_loss: EpochLoss | None = None
         self.params: list[torch.nn.Parameter] = []
         self.zero: torch.Tensor | None = None  # on the module's device
         self.window: list[StepRecord] = []
@@ -174,6 +178,8 @@ class NonFiniteGuard(L.Callback):
         per_step = self.on_cpu or self.mode != "stop"
         box = getattr(pl_module, "step_grad_norm", None)  # the built-in model's clipping takes it
         self.measured = box if isinstance(box, MeasuredNorm) else None
+        mean = getattr(pl_module, "epoch_loss", None)  # the built-in model's train/loss_epoch
+        self.epoch_loss = mean if isinstance(mean, EpochLoss) else None
         self.every = 1 if per_step else max(1, trainer.log_every_n_steps)
         self.params = list(pl_module.parameters())
         self.zero = torch.zeros((), device=device)
@@ -322,11 +328,16 @@ class NonFiniteGuard(L.Callback):
                     step=rec.step, mode=self.mode, checkpoint=self.newest_checkpoint() or "none"
                 )
             )
+            done = "skipped" if self.mode == "skip" else "rolled back"
+            why = "" if self.mode == "stop" else (
+                f"; {used} of at most {self.limit} steps {done} already (--max_skipped_steps)"
+            )  # fmt: skip
             raise NonFiniteError(
-                f"non-finite value at step {rec.step} (--on_nonfinite={self.mode}, "
-                f"{used} of at most {self.limit} survived): the NONFINITE line names the rank "
-                "and samples; `ae-diagnose` shows it"
+                f"non-finite value at step {rec.step} (--on_nonfinite={self.mode}{why}): the "
+                "NONFINITE line names the rank and samples; `ae-diagnose` shows it"
             )
+        if self.epoch_loss is not None:  # a step not applied is no part of the epoch's mean
+            self.epoch_loss.drop_step()
         if self.mode == "skip":
             self.skipped += 1
             log.warning(NONFINITE_SKIPPED.format(step=rec.step, skipped=self.skipped,

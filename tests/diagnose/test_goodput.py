@@ -68,7 +68,8 @@ def two_attempts(logs: Path, failed: str = "rank 1 on node1, phase training step
                                       seconds="0.5"))  # fmt: skip
     for w in (w0, w1):
         steps(w, {5: 7.5, 6: 8.5})
-    at(w1, 8.5, FAULT_INJECTED.format(action="kill", point="train", step=6, rank=1), "WARNING")
+    fault = FAULT_INJECTED.format(action="kill", point="train", step=6, rank=1, effect="")
+    at(w1, 8.5, fault, "WARNING")
     at(w0, 10.0, "FATAL uncaught exception RuntimeError in main thread: gloo: peer", "CRITICAL")
     at(w0, 11.0, "Rank exiting with code 1: failed")
     for w in (w0, w1):

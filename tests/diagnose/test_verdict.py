@@ -15,7 +15,15 @@ from rich.console import Console
 
 from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose, render
-from ae.log_lines import MARKER, PREEMPTED, STOP_SIGNAL, STOP_SIGNAL_STUCK
+from ae.log_lines import (
+    FAULT_INJECTED,
+    MARKER,
+    NONFINITE,
+    NONFINITE_INPUT,
+    PREEMPTED,
+    STOP_SIGNAL,
+    STOP_SIGNAL_STUCK,
+)
 from bench.synthetic_logs import TS, RankWriter, write_heartbeat, write_train_log
 
 GLOO = (
@@ -383,6 +391,26 @@ def test_shard_plan_mismatch_and_data_errors(tmp_path: Path) -> None:
         ("/d/train-000007.tar", 1, [1]),
     ]
     assert [r["errors"] for r in doc["ranks"]] == [3, 1]
+
+
+def test_a_non_finite_loss_is_a_data_error_only_when_its_input_was(tmp_path: Path) -> None:
+    """An injected NaN (finite inputs) names the batch's healthy shard: no data error there; a
+    sample whose decoded array held a NaN is one."""
+    w0, w1 = writers(tmp_path)
+    fault = FAULT_INJECTED.format(action="nan", point="train", step=5, rank=1,
+                                  effect=": the loss of optimizer step 6 turns NaN")  # fmt: skip
+    w1.log(fault, "WARNING")
+    w1.log(NONFINITE.format(value="loss=nan", rank=1, step=6, epoch=0, batch="5",
+                            samples="shard /d/train-000000.tar, keys [a, b]"), "ERROR")  # fmt: skip
+    w0.log(NONFINITE.format(value="loss=nan", rank=0, step=9, epoch=0, batch="8",
+                            samples=f"shard /d/train-000003.tar, keys [c] {NONFINITE_INPUT}"),
+           "ERROR")  # fmt: skip
+    for w in (w0, w1):
+        w.exit()
+        w.flush()
+    errors = run_diagnose(tmp_path)["data_errors"]
+    assert errors["lines"] == 1
+    assert [(s["shard"], s["ranks"]) for s in errors["shards"]] == [("/d/train-000003.tar", [0])]
 
 
 def test_rotated_logs_are_read_in_order(tmp_path: Path) -> None:

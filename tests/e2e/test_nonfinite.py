@@ -6,6 +6,7 @@ no checkpoint of any of them holds a non-finite value."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import re
@@ -134,6 +135,14 @@ def assert_names_the_sample(res: RunResult, data: tuple[Path, str, str, str]) ->
     assert losses.get(STEP, "nan") == "nan"  # a run that stops there writes no step line
 
 
+def assert_finite_epoch_means(res: RunResult) -> None:
+    """`train/loss_epoch` leaves out the step that was skipped or rolled back: finite."""
+    [metrics] = (res.logs.parent / "metrics").glob("*/metrics.csv")
+    with metrics.open(newline="") as f:
+        means = [float(r["train/loss_epoch"]) for r in csv.DictReader(f) if r["train/loss_epoch"]]
+    assert means and all(math.isfinite(m) for m in means), means
+
+
 def test_stop_names_rank_1_step_shard_and_key_and_saves_nothing_after(stopped, data) -> None:
     assert stopped.returncode != 0, stopped.output
     assert_names_the_sample(stopped, data)
@@ -147,9 +156,13 @@ def test_stop_names_rank_1_step_shard_and_key_and_saves_nothing_after(stopped, d
     [first] = doc["nonfinite"]["first"]
     assert (first["rank"], first["step"]) == (1, STEP)
     # The console: rank 1's line (the launcher's report of the ranks' errors), rank 0's stop.
-    assert f"NONFINITE loss=nan on rank 1 at step {STEP} " in stopped.output
-    assert f"keys [{key}] (non-finite input)" in stopped.output
+    # Each once: the NONFINITE line whole, the error worded for stop; then the command for more.
+    assert stopped.output.count(f"NONFINITE loss=nan on rank 1 at step {STEP} ") == 1
+    assert stopped.output.count(f"keys [{key}] (non-finite input)\n") == 1
+    assert stopped.output.count(f"non-finite value at step {STEP} (--on_nonfinite=stop): ") == 1
+    assert "survived" not in stopped.output
     assert f"Stopping at step {STEP}: non-finite value" in stopped.output
+    assert f"More: ae-diagnose {stopped.logs} --run {doc['run']}" in stopped.output
     assert max(assert_no_nonfinite_checkpoint(stopped)) < STEP
 
 
@@ -164,6 +177,7 @@ def test_skip_finishes_and_says_how_many_steps_it_skipped(skipped, data) -> None
     assert doc["status"] == "finished" and doc["culprits"] == []
     assert doc["nonfinite"]["skipped_steps"] == 1
     assert assert_no_nonfinite_checkpoint(skipped)[-1] == 9  # the final one, finite
+    assert_finite_epoch_means(skipped)
     # The skipped step changed no weight: the losses after it are finite on both ranks.
     for rank in (0, 1):
         [log] = skipped.log(f"debug_rank{rank}_*.log")
@@ -183,6 +197,7 @@ def test_rollback_finishes_from_the_checkpoint_before(rolled_back, data) -> None
     assert doc["status"] == "finished" and doc["nonfinite"]["rollbacks"] == 1
     steps = assert_no_nonfinite_checkpoint(rolled_back)
     assert steps[-1] == 9
+    assert_finite_epoch_means(rolled_back)
     # After the rollback the weights are step 4's: step 7's loss on rank 0 is finite.
     [log] = rolled_back.log("debug_rank0_*.log")
     losses = {int(s): v for s, v in STEP_LOSS.findall(log.read_text())}

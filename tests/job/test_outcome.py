@@ -8,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from ae.diagnose.report import TEXT_LIMIT
 from ae.job.outcome import report_failure, report_stop
-from ae.log_lines import LAUNCHER_LOG_FILE, PREEMPTED, TRAIN_LOG_FILE
+from ae.log_lines import (
+    LAUNCHER_LOG_FILE,
+    NONFINITE,
+    NONFINITE_RECEIVED,
+    PREEMPTED,
+    TRAIN_LOG_FILE,
+)
 from bench.synthetic_logs import T0, TS, RankWriter, record, write_train_log
 
 
@@ -54,10 +61,40 @@ def test_a_user_error_in_a_rank_is_one_message(tmp_path: Path, said: list[str]) 
     w0.exit(2, "DataError")
     for w in (w0, w1):
         w.flush()
-    assert report_failure(tmp_path, TS, 1) == 2
+    # The relay said the first line of rank 1's message, and rank 0 its own: rank 1's is said
+    # again, whole.
+    relayed = {"1 problem in the configuration:", "train_shards: no readable sample in 2 shards"}
+    assert report_failure(tmp_path, TS, 1, said=relayed) == 2
     assert said == [
-        "1 problem in the configuration:\n  - precision: bf16-mixed needs a GPU with bfloat16"
+        "1 problem in the configuration:\n  - precision: bf16-mixed needs a GPU with bfloat16",
+        f"More: ae-diagnose {tmp_path} --run {TS}",
     ]
+
+
+def test_a_nonfinite_stop_is_said_once_whole_then_more(tmp_path: Path, said: list[str]) -> None:
+    """`--on_nonfinite=stop`: rank 1's NONFINITE line (longer than the JSON keeps of a line) and
+    the error every rank raised. The relay said the one, rank 0 the other: nothing of them twice,
+    and the `ae-diagnose` command as after any failure. A console that said neither (another
+    node's launcher) gets each once, whole."""
+    w0, w1 = two_ranks(tmp_path)
+    keys = ", ".join(f"{k:024d}" for k in range(16))
+    nonfinite = NONFINITE.format(value="loss=nan", rank=1, step=4, epoch=0, batch="3",
+                                 samples=f"shard /data/vec/train-000000.tar, keys [{keys}, ... 16 "
+                                 "more]")  # fmt: skip
+    assert len(nonfinite) > TEXT_LIMIT
+    error = "non-finite value at step 4 (--on_nonfinite=stop): the NONFINITE line names ..."
+    w1.log(nonfinite, "ERROR")
+    w0.log(NONFINITE_RECEIVED.format(step=4), "WARNING")
+    for w in (w0, w1):
+        w.log(error, "ERROR")
+        w.exit(2, "NonFiniteError")
+        w.flush()
+    more = f"More: ae-diagnose {tmp_path} --run {TS}"
+    assert report_failure(tmp_path, TS, 1, said={nonfinite, error}) == 2
+    assert said == [more]
+    said.clear()
+    assert report_failure(tmp_path, TS, 1, said={error}) == 2
+    assert said == [nonfinite, more]
 
 
 def test_no_rank_log_shows_the_end_of_torchruns_report(tmp_path: Path, said: list[str]) -> None:

@@ -10,7 +10,7 @@ import pytest
 from loguru import logger
 
 from ae.job.rank_lines import BURST, HOLD_S, WINDOW_S, RankLines
-from ae.log_lines import BAD_SAMPLE, DATA_ERRORS, FATAL, STALL
+from ae.log_lines import BAD_SAMPLE, DATA_ERRORS, FATAL, NONFINITE, STALL
 from bench.synthetic_logs import T0, record
 
 
@@ -48,6 +48,8 @@ def test_other_ranks_errors_summaries_and_stalls(tmp_path: Path, said: list[str]
     said.clear()
     follower.poll(now=HOLD_S)
     assert said == [f"ERROR rank 1 worker 0: {b}" for b in bad[:BURST]]
+    # What the console holds, for the launcher's last words: not the lines only counted
+    assert follower.said == {"rank 0's own error", *bad[:BURST]}
     said.clear()
     summary = DATA_ERRORS.format(split="train", bad_samples=5, bad_shards=0, replaced=5)
     with log.open("a") as f:  # the rest of the half line, then more
@@ -81,3 +83,18 @@ def test_an_error_every_rank_logs_is_said_once(tmp_path: Path, said: list[str]) 
     assert said == []
     follower.finish()
     assert said == ["ERROR rank 2: rank 2 alone"]
+
+
+def test_a_nonfinite_line_is_said_at_once(tmp_path: Path, said: list[str]) -> None:
+    """A NONFINITE line names its own rank (rank 0 never writes the same text): it does not wait
+    for rank 0's copy. Under --on_nonfinite=skip the run goes on, and ended before the hold did:
+    the line came after `Training finished`."""
+    line = NONFINITE.format(value="loss=nan", rank=1, step=6, epoch=0, batch="5",
+                            samples="shard /d/a-000000.tar, keys [k1, k2]")  # fmt: skip
+    log = tmp_path / "train_TS.log"
+    log.write_text(record(T0, "ERROR", 1, 2, line) + "\n")
+    follower = RankLines(log)
+    follower.poll(now=0.0)
+    assert said == [f"ERROR rank 1: {line}"]
+    follower.finish()
+    assert said == [f"ERROR rank 1: {line}"]

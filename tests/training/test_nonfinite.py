@@ -5,6 +5,7 @@ finds the first non-finite tensor; the sample description names non-finite input
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -64,7 +65,9 @@ def batches() -> list[torch.Tensor]:
     return out
 
 
-def fit(tmp_path: Path, mode: str) -> tuple[Tiny, NonFiniteGuard]:
+def fit(
+    tmp_path: Path, mode: str, data: list[torch.Tensor] | None = None
+) -> tuple[Tiny, NonFiniteGuard]:
     guard = NonFiniteGuard(
         OptimConfig(on_nonfinite=mode, max_skipped_steps=1), CheckpointConfig(),
         CheckpointStore(tmp_path, 3), "32",
@@ -75,7 +78,8 @@ def fit(tmp_path: Path, mode: str) -> tuple[Tiny, NonFiniteGuard]:
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         default_root_dir=tmp_path,
     )  # fmt: skip
-    trainer.fit(model, train_dataloaders=DataLoader(batches(), batch_size=None))
+    data = batches() if data is None else data
+    trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=None))
     return model, guard
 
 
@@ -91,8 +95,103 @@ def test_skip_leaves_the_weights_of_the_nan_step_and_goes_on(tmp_path: Path, cap
 
 
 def test_stop_raises_at_the_nan_step(tmp_path: Path) -> None:
-    with pytest.raises(NonFiniteError, match=f"step {NAN_BATCH + 1}"):
+    with pytest.raises(NonFiniteError, match=f"step {NAN_BATCH + 1}") as stopped:
         fit(tmp_path, "stop")
+    # Nothing survived under stop, and nothing is said to have (`0 of at most 10 survived`)
+    assert f"step {NAN_BATCH + 1} (--on_nonfinite=stop): " in str(stopped.value)
+
+
+def test_skip_past_its_limit_says_so(tmp_path: Path) -> None:
+    data = batches()
+    data[NAN_BATCH + 2][0, 0] = float("nan")  # the second NaN step, past --max_skipped_steps=1
+    with pytest.raises(NonFiniteError) as stopped:
+        fit(tmp_path, "skip", data)
+    assert f"step {NAN_BATCH + 3} (--on_nonfinite=skip; 1 of at most 1 steps skipped already " in (
+        str(stopped.value)
+    )
+
+
+class Losses(L.Callback):
+    """Each batch's loss as training_step returned it."""
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx) -> None:
+        self.seen.append(float(outputs["loss"]))
+
+
+def test_the_epoch_mean_leaves_out_the_skipped_step(tmp_path: Path) -> None:
+    """A run that skipped its NaN step reported `train/loss_epoch=nan` (the NaN was in the
+    mean): the mean is over the steps applied."""
+    from ae.config import ModelConfig
+    from ae.data.decoding.decode import InputSpec
+    from ae.training.model import AutoEncoder
+
+    torch.manual_seed(0)
+    model = AutoEncoder(InputSpec("vector", (4,)), ModelConfig(hidden_dim=8, latent_dim=2))
+    guard = NonFiniteGuard(OptimConfig(on_nonfinite="skip"), CheckpointConfig(),
+                           CheckpointStore(tmp_path, 3), "32")  # fmt: skip
+    losses = Losses()
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=1, callbacks=[guard, losses], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(model, train_dataloaders=DataLoader(batches(), batch_size=None))
+    assert guard.skipped == 1 and math.isnan(losses.seen[NAN_BATCH])
+    kept = [x for i, x in enumerate(losses.seen) if i != NAN_BATCH]
+    mean = trainer.callback_metrics["train/loss_epoch"]
+    assert float(mean) == pytest.approx(sum(kept) / len(kept))
+
+
+def test_an_injected_nan_names_the_step_its_nonfinite_line_names(
+    tmp_path: Path, caplog_lines, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nan@train:step=2` fires at global step 2 (2 optimizer steps done, as the key says): the
+    batch of optimizer step 3, which the NONFINITE line names. The FAULT line said only `at step
+    2`, beside `NONFINITE ... at step 3`; it names the step it poisons now."""
+    from ae.config import ModelConfig
+    from ae.data.decoding.decode import InputSpec
+    from ae.forensics import faults
+    from ae.log_lines import FAULT_INJECTED, NONFINITE
+    from ae.training.model import AutoEncoder
+
+    monkeypatch.setattr(faults, "_faults", faults.parse_faults("nan@train:step=2"))
+    monkeypatch.setattr(faults, "_fired", set())
+    monkeypatch.setenv("RANK", "0")
+    model = AutoEncoder(InputSpec("vector", (4,)), ModelConfig(hidden_dim=8, latent_dim=2))
+    guard = NonFiniteGuard(OptimConfig(on_nonfinite="skip"), CheckpointConfig(),
+                           CheckpointStore(tmp_path, 3), "32")  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=4, callbacks=[guard], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    data = [torch.rand(2, 4) for _ in range(4)]
+    trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=None))
+    [fault] = [m for line in caplog_lines if (m := FAULT_INJECTED.parse(line))]
+    [named] = [m for line in caplog_lines if (m := NONFINITE.parse(line))]
+    assert (fault["step"], named["step"], guard.events) == ("2", "3", [(3, "non-finite")])
+    assert fault["effect"] == ": the loss of optimizer step 3 turns NaN"
+
+
+def test_a_dropped_step_takes_all_its_batches_out_of_the_mean() -> None:
+    """Under gradient accumulation a step is several batches: a dropped step takes them all,
+    the finite ones too; an epoch of dropped steps alone has no mean."""
+    from ae.training.epoch_loss import EpochLoss
+
+    mean = EpochLoss()
+    for step, losses in enumerate([(1.0, 3.0), (5.0, float("nan")), (2.0, 6.0)]):
+        for loss in losses:
+            mean.add(torch.tensor(loss), step)
+        if step == 1:  # what the guard does before that step's optimizer step
+            mean.drop_step()
+    assert float(mean.mean()) == 3.0
+    mean.start()
+    mean.add(torch.tensor(float("nan")), 7)
+    mean.drop_step()
+    assert mean.mean() is None
 
 
 def test_the_state_check_names_the_first_non_finite_tensor() -> None:
