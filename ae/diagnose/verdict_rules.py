@@ -345,6 +345,24 @@ def unnamed_states(run: RunState, so_far: Findings) -> Findings:
     return so_far.plus(states=states)
 
 
+def _first_ends(run: RunState, so_far: Findings) -> set[int]:
+    """The ranks whose end was the first: torchrun's root cause, unless that rank ended on
+    torchrun's SIGTERM as a victim of a peer (its socket closed) while another rank ended of a
+    signal from outside. torchrun stops the others only after it saw an end; it then names the
+    end with the oldest time, and a rank's error file (the victim's exception) can be older than
+    a killed rank's end, which torchrun stamps in whole seconds when it notices it."""
+    firsts = {rank for rank, end in run.ends.items() if end.first}
+    victims = {v.rank for v in so_far.victims}
+    if not firsts or not firsts <= victims:
+        return firsts
+    if any(run.ends[rank].signal != "SIGTERM" for rank in firsts):
+        return firsts
+    killed = {
+        rank for rank, end in run.ends.items() if end.signal not in (None, "SIGTERM", "SIGINT")
+    }
+    return killed or firsts
+
+
 def deaths(run: RunState, so_far: Findings) -> Findings:
     """Dead is dead: the first rank torchrun saw end (`ae.diagnose.launcher_log`), of a signal or
     a non-zero exit code without an exit line or a failure of its own, is named for that,
@@ -354,11 +372,12 @@ def deaths(run: RunState, so_far: Findings) -> Findings:
     joins its rule): it is why the rank ended. Ranks that ended after it were stopped by
     torchrun: their findings stay as the rules made them."""
     culprits, victims, states = list(so_far.culprits), list(so_far.victims), dict(so_far.states)
+    firsts = _first_ends(run, so_far)
     for r in run.ranks.values():
         end = run.ends.get(r.rank)
         # Only the first end torchrun saw: after it, torchrun stops the other ranks itself. A
         # rank that got a stop signal left because of it (128 + the signal), whoever sent it.
-        if end is None or not end.first or primary_crash(r) is not None or r.sigterm:
+        if end is None or r.rank not in firsts or primary_crash(r) is not None or r.sigterm:
             continue
         at = next((i for i, f in enumerate(culprits) if f.rank == r.rank), None)
         # Only a kill from outside makes a culprit of a rank no rule named: a stop signal or an

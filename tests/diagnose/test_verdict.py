@@ -596,6 +596,26 @@ def test_a_rank_killed_while_stalled_is_killed(tmp_path: Path, killed_first: boo
         assert culprits(doc) == [(1, "training step", "training step")]
 
 
+def test_a_killed_rank_is_first_though_torchrun_names_its_stopped_victim(tmp_path: Path) -> None:
+    """Rank 1 stalls and is SIGKILLed; rank 0's all-reduce fails on the closed socket, its
+    exception stamped a moment before torchrun noticed rank 1's end (whole seconds): torchrun's
+    root cause is rank 0, ended by its own SIGTERM. The killed rank is still the one named."""
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.log("========== EPOCH 0 TRAINING START ==========")
+        w.steps(1, 3)
+    w1.stall("training step", 3, 3.1)
+    w0.stall("training step", 3, 3.0, collective="yes (DDP gradient all-reduce in backward)",
+             frame="_engine_run_backward (torch/autograd/graph.py:979)")  # fmt: skip
+    w0.fatal("RuntimeError", GLOO, BACKWARD_FRAMES)
+    w0.flush()
+    w1.flush()
+    _torchrun_report(tmp_path, (0, -15, 4_194_000), (1, -9, 4_194_001))
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(1, "training step", "killed (SIGKILL)")]
+    assert [v["rank"] for v in doc["victims"]] == [0]
+
+
 def test_a_stalled_rank_that_left_on_a_stop_signal_keeps_its_stall(tmp_path: Path) -> None:
     """Torchrun's first end can be a stalled rank leaving on its SIGTERM (128 + 15, no exit
     line): it was stopped, so its stall stays the cause."""
