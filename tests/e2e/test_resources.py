@@ -175,7 +175,9 @@ def test_worker_killed_for_memory_is_out_of_memory(make_shards, tmp_path: Path) 
     (culprit,) = doc["culprits"]
     assert culprit["rank"] == 1 and culprit["cause"] == "out of memory (OOM killer)", culprit
     texts = "\n".join(e["text"] for e in culprit["evidence"])
-    assert re.search(r"killed by signal: Killed", texts), texts
+    # The worker's death as the rank saw it: torch's "killed by signal", or, when the kill came
+    # while the rank took a batch's descriptor from it, the pipe's EOFError (a race of the two)
+    assert re.search(r"killed by signal: Killed|exception EOFError", texts), texts
     assert re.search(r"heartbeat: cgroup OOM kills 0 -> [1-9]", texts), texts
 
 
