@@ -109,7 +109,7 @@ class ConsoleSink:
     def __init__(self, stream: TextIO | None = None) -> None:
         # `stream`: a fixed one (torchrun's agent points sys.stderr at its log file); else
         # whatever sys.stderr is at each line.
-        self.console = Console(file=stream, stderr=True, highlight=False, soft_wrap=True)
+        self.console = _Console(file=stream, stderr=True, highlight=False, soft_wrap=True)
 
     def write(self, message: Any) -> None:
         record = message.record
@@ -117,3 +117,19 @@ class ConsoleSink:
         line = Text(record["time"].strftime("%H:%M:%S "), style="dim")
         line.append(record["message"], style=style)
         self.console.print(line)
+
+
+class _Console(Console):
+    """rich's Console, except when the console's pipe is closed (`./train_ae.sh | head`, a `tee`
+    that was stopped): rich's own answer is SystemExit(1), which ended the launcher or rank 0 in
+    the middle of training. Here the run goes on, its lines in the log files."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # rich drops every later line
+        # The stream's descriptor to /dev/null: what its buffer holds, flushed at exit, goes
+        # nowhere (a failed flush there would end the process with code 120)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self.file.fileno())
+        finally:
+            os.close(devnull)

@@ -402,3 +402,24 @@ def test_fork_with_threads_does_not_deadlock_on_python_312(tmp_path: Path) -> No
     assert "parent carries on after the fork" in text
     assert "an ordinary deprecation" in text  # other warnings still reach the logs
     assert "is multi-threaded, use of fork()" not in text
+
+
+def test_a_closed_console_pipe_is_dropped_and_the_process_goes_on(tmp_path: Path) -> None:
+    """`./train_ae.sh | head -5`: once the reader is gone, console lines are dropped (the log
+    files keep them) and the process goes on and exits 0, not 120 at its final flush."""
+    code = textwrap.dedent(
+        f"""
+        import logging_cfg
+        from loguru import logger
+        logging_cfg.configure_console()
+        for i in range(2000):
+            logger.info(f"line {{i}} " + "x" * 100)
+        open({str(tmp_path / "after")!r}, "w").write("went on")
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    first = proc.stderr.readline()
+    proc.stderr.close()  # as `head -1` would
+    assert proc.wait(timeout=60) == 0
+    assert b"line 0" in first and (tmp_path / "after").read_text() == "went on"
