@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ae.diagnose.collectives import Mismatch
+from ae.diagnose.deaths import deaths
 from ae.diagnose.evidence import RunState
 from ae.diagnose.findings import Finding, Findings
 from ae.diagnose.logscan import Evidence
@@ -21,7 +22,6 @@ from ae.diagnose.rank_status import current_phase, finished, open_stall, primary
 from ae.diagnose.resources import name_resources
 from ae.diagnose.verdict_rules import (
     collective_mismatch,
-    deaths,
     failures,
     gone,
     idle,
