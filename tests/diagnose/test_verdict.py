@@ -562,18 +562,24 @@ def _torchrun_report(logs: Path, first: tuple[int, int, int], then: tuple[int, i
     (logs / f"launcher_{TS}.log").write_text("\n".join(blocks) + "\n")
 
 
-@pytest.mark.parametrize("killed_first", [True, False])
-def test_a_rank_killed_while_stalled_is_killed(tmp_path: Path, killed_first: bool) -> None:
-    """Rank 1 stalls in its training step (rank 0 waits), then dies of SIGKILL. As torchrun's
-    first end, it is `killed (SIGKILL)`, the stall in the rule, alive/exit_code/signal in the
-    JSON; killed by torchrun after another rank's end, the stall stays its cause."""
-    w0, w1 = writers(tmp_path)
+def _rank_1_stalls_rank_0_waits(logs: Path) -> tuple[RankWriter, RankWriter]:
+    """Rank 1 stalls in its training step at step 3, rank 0 waits for it in the all-reduce."""
+    w0, w1 = writers(logs)
     for w in (w0, w1):
         w.log("========== EPOCH 0 TRAINING START ==========")
         w.steps(1, 3)
     w1.stall("training step", 3, 3.1)
     w0.stall("training step", 3, 3.0, collective="yes (DDP gradient all-reduce in backward)",
              frame="_engine_run_backward (torch/autograd/graph.py:979)")  # fmt: skip
+    return w0, w1
+
+
+@pytest.mark.parametrize("killed_first", [True, False])
+def test_a_rank_killed_while_stalled_is_killed(tmp_path: Path, killed_first: bool) -> None:
+    """Rank 1 stalls in its training step (rank 0 waits), then dies of SIGKILL. As torchrun's
+    first end, it is `killed (SIGKILL)`, the stall in the rule, alive/exit_code/signal in the
+    JSON; killed by torchrun after another rank's end, the stall stays its cause."""
+    w0, w1 = _rank_1_stalls_rank_0_waits(tmp_path)
     w0.flush()
     w1.flush()
     killed, stopped = (1, -9, 4_194_001), (0, 1, 4_194_000)
@@ -600,13 +606,7 @@ def test_a_killed_rank_is_first_though_torchrun_names_its_stopped_victim(tmp_pat
     """Rank 1 stalls and is SIGKILLed; rank 0's all-reduce fails on the closed socket, its
     exception stamped a moment before torchrun noticed rank 1's end (whole seconds): torchrun's
     root cause is rank 0, ended by its own SIGTERM. The killed rank is still the one named."""
-    w0, w1 = writers(tmp_path)
-    for w in (w0, w1):
-        w.log("========== EPOCH 0 TRAINING START ==========")
-        w.steps(1, 3)
-    w1.stall("training step", 3, 3.1)
-    w0.stall("training step", 3, 3.0, collective="yes (DDP gradient all-reduce in backward)",
-             frame="_engine_run_backward (torch/autograd/graph.py:979)")  # fmt: skip
+    w0, w1 = _rank_1_stalls_rank_0_waits(tmp_path)
     w0.fatal("RuntimeError", GLOO, BACKWARD_FRAMES)
     w0.flush()
     w1.flush()
