@@ -94,11 +94,13 @@ def _image_files(src: Path, console: Console) -> list[Path]:
         reasons = pool.map(_unreadable, images, chunksize=64)
         with _progress(console) as bar:
             task = bar.add_task(f"checking {plural(len(images), 'image')}", total=len(images))
-            why = []
-            for reason in reasons:
-                why.append(reason)
+            good, bad = [], []
+            for p, reason in zip(images, reasons, strict=True):
+                if reason is None:
+                    good.append(p)
+                else:
+                    bad.append((p, reason))
                 bar.advance(task)
-    bad = [(p, reason) for p, reason in zip(images, why, strict=True) if reason is not None]
     for p, reason in bad[:_NAMED]:
         console.print(f"skipped {p}: cannot decode: {reason}")
     if len(bad) > _NAMED:
@@ -108,7 +110,6 @@ def _image_files(src: Path, console: Console) -> list[Path]:
         kinds = ", ".join(ext if k == 1 else f"{k} {ext}" for ext, k in others.most_common())
         what = "is not an image" if n == 1 else "are not images"
         console.print(f"left out {plural(n, 'file')} that {what} ({kinds})")
-    good = [p for p, reason in zip(images, why, strict=True) if reason is None]
     if not good:
         raise CliError(f"{src}: none of its {plural(len(images), 'image')} can be decoded")
     return good
