@@ -95,10 +95,15 @@ def current_lr(trainer: L.Trainer) -> float:
 
 
 class Checkpointing(L.Callback):
-    def __init__(self, cfg: CheckpointConfig, run_dir: RunDir, settings: dict[str, Any]) -> None:
-        """`settings`: the run's whole flat config, recorded in every checkpoint."""
+    def __init__(
+        self, cfg: CheckpointConfig, run_dir: RunDir, settings: dict[str, Any], config_yaml: str
+    ) -> None:
+        """`settings`: the run's whole flat config, recorded in every checkpoint; `config_yaml`:
+        the same as a --config file, written to `<output_dir>/config.yaml` once training starts."""
         self.cfg = cfg
         self.settings = settings
+        self.config_yaml = config_yaml
+        self.config_file = run_dir.config_yaml
         self.store = CheckpointStore(run_dir.checkpoints, cfg.checkpoints_total_limit)
         self.best_loss = math.inf
         self.best_step = -1
@@ -134,6 +139,11 @@ class Checkpointing(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.saved_at = self.clock()
+        if trainer.is_global_zero:
+            # Only now, the model built and any checkpoint restored: an attempt that fails
+            # before it trains (a damaged checkpoint, another model) leaves the config of the run
+            # that did train in place, for the next --config. Written whole or not at all.
+            atomic_files.write(self.config_file, self.config_yaml.encode(), what="config")
         if self._resumed_from is None:
             return
         # What ae did about the changes (the data module re-split the epoch's rest on restore;

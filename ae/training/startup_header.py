@@ -16,7 +16,6 @@ from lightning.pytorch.utilities.model_summary import ModelSummary
 from loguru import logger
 
 import ae
-from ae import atomic_files
 from ae.config import Config
 from ae.data.decoding.decode import InputSpec
 from ae.data.shards.demo import is_demo
@@ -71,8 +70,7 @@ def log_rank_header(ctx: RankContext, accelerator: str) -> None:
 
 
 def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, val: str) -> None:
-    """Rank 0: setup, effective LR and batch, and the resolved config (train log and
-    `<output_dir>/config.yaml`)."""
+    """Rank 0: setup, effective LR and batch, and the resolved config (into the train log)."""
     if ctx.rank != 0:
         return
     run, optim = cfg.run, cfg.optim
@@ -101,9 +99,8 @@ def log_run_setup(ctx: RankContext, cfg: Config, paths: LogPaths, train: int, va
     # said on the console, or a forgotten spec passes unseen.
     demo = " (the demo digits: no --train_shards given)" if is_demo(cfg.data.train_shards) else ""
     main_log.info(f"Shards: {train} train{demo}, {val}; logs in {paths.logs_dir}")
+    # The same goes to `config_path` once training starts (`ae.training.checkpointing`).
     config_path = run.dir.config_yaml
-    # A valid --config file for the next run, written whole or not at all.
-    atomic_files.write(config_path, cfg.to_yaml().encode(), what="config")
     main_log.bind(console=False).info(f"{RESOLVED_CONFIG} {config_path}\n" + cfg.to_yaml().rstrip())
 
 

@@ -58,7 +58,9 @@ def build_callbacks(cfg: Config, ctx: RankContext, run_ts: str) -> list[L.Callba
     other hooks (setup, resume, epoch ends, validation, their state in the checkpoint), which
     do not depend on their place in this list."""
     ema = EMA(cfg.model.ema_decay) if cfg.model.ema_decay > 0 else None
-    checkpointing = Checkpointing(cfg.checkpoints, cfg.run.dir, settings=cfg.to_dict())
+    checkpointing = Checkpointing(
+        cfg.checkpoints, cfg.run.dir, settings=cfg.to_dict(), config_yaml=cfg.to_yaml()
+    )
     preemption = Preemption(checkpointing)
     sampling = Sampling(cfg.obs, cfg.run.dir)
     obs = cfg.obs

@@ -8,7 +8,8 @@ that records every sample it trains on (tests/support/key_recorder.py):
    checkpoint as "batch 37 of 75").
 2. That end-of-epoch checkpoint of 2 ranks resumed on 1 rank (a job that lost a node):
    epoch 4 whole, 150 batches, step 374.
-3. A truncated checkpoint: one message naming it damaged and the newest complete one, exit 2.
+3. A truncated checkpoint, in the same folder: one message naming it damaged and the newest
+   complete one, exit 2; the folder's config.yaml stays that of the run that trained.
 Lightning's "dataloader is not resumable" warning appears in no log of any of them, and
 `ae-diagnose --json` gives each attempt's samples per epoch.
 """
@@ -83,10 +84,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     whole, damaged = ckpts / "step-00000001.ckpt", ckpts / "step-00000002.ckpt"
     shutil.copy(out / "checkpoints" / "last.ckpt", whole)
     damaged.write_bytes(whole.read_bytes()[:5000])
+    found["config_before_damaged"] = (out / "config.yaml").read_text()
     found["damaged"] = run_launcher(
-        [*common, "--devices=1", "--max_epochs=6", f"--resume_from_checkpoint={damaged}"],
-        tmp / "other", env,
-    )  # fmt: skip
+        [*common, "--devices=1", "--max_epochs=6", f"--resume_from_checkpoint={damaged}"], out, env
+    )
     found["damaged_paths"] = (damaged, whole)
     return found
 
@@ -161,3 +162,6 @@ def test_a_truncated_checkpoint_is_named_damaged_with_the_newest_complete_one(ru
     assert f"{damaged}: the checkpoint file is damaged" in run.output
     assert f"the newest complete checkpoint beside it is {whole}" in run.output
     assert "Traceback" not in run.output and "PytorchStreamReader" not in run.output
+    # the attempt never trained: config.yaml is still the third run's, a --config to go on from
+    config = (runs["out"] / "config.yaml").read_text()  # type: ignore[operator]
+    assert config == runs["config_before_damaged"] and "max_epochs: 5" in config

@@ -108,7 +108,7 @@ def test_checkpoint_minutes_saves_at_the_first_step_after_m_minutes(tmp_path: Pa
     """`--checkpoint_minutes=1` on a clock that moves 25 s a step: saves at steps 3, 6, 9 (the
     first boundary 60 s or more after the previous save), besides the final one at 10."""
     cfg = CheckpointConfig(checkpointing_period=0, checkpoints_total_limit=10, checkpoint_minutes=1)
-    checkpointing = Checkpointing(cfg, RunDir(tmp_path), {})
+    checkpointing = Checkpointing(cfg, RunDir(tmp_path), {}, config_yaml="")
     calls: list[tuple[str, int]] = []
     boundary = StepBoundary(
         ema=None, checkpointing=checkpointing,
