@@ -252,3 +252,34 @@ def test_write_gz_gives_smaller_webdataset_shards_that_ae_counts_and_reads(
     result = json.loads(capsys.readouterr().out)
     assert result["path"] == "general" and result["samples"] == 300
     assert main(["write", str(src), str(gz), "--compress", "gz"]) == 2  # shards already there
+
+
+def test_write_and_inspect_say_a_grayscale_first_photo_trains_colour_ones_gray(
+    tmp_path: Path, capsys
+) -> None:
+    """A run takes its channels from the first image (`--channels=0`): a folder whose first
+    photo is grayscale trains every colour photo as gray. Both commands say so, with the fix;
+    a folder of one mode gets no such line."""
+    rng = np.random.default_rng(0)
+    mixed, gray = tmp_path / "mixed", tmp_path / "gray"
+    for folder, shapes in ((mixed, [(8, 8)] + [(8, 8, 3)] * 5 + [(8, 8)]), (gray, [(8, 8)] * 4)):
+        folder.mkdir()
+        for i, shape in enumerate(shapes):
+            pixels = rng.integers(0, 256, shape, dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i:02d}.png")
+    assert main(["write", str(mixed), str(tmp_path / "m"), "--per_shard", "3"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        f"the first image ({mixed / '00.png'}) is grayscale (L), so a run trains 1 channel "
+        "(--channels=0: as the first image), but 5 of the 7 images are in colour (RGB 5); "
+        "--channels=3 trains colour"
+    ) in text
+    assert main(["inspect", str(tmp_path / "m")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "modes RGB 5, L 2: all converted to L (1 channel, as the first image); --channels=3" in text
+    )
+    assert main(["write", str(gray), str(tmp_path / "g")]) == 0
+    assert main(["inspect", str(tmp_path / "g")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "grayscale" not in text and "--channels" not in text
