@@ -237,7 +237,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     inspector = Inspector(args.input_key)
     with _progress(console) as bar:
         reports = [inspector.shard(u) for u in bar.track(urls, description="reading shards")]
-    damaged = sum(bool(r.bad or r.error) for r in reports)
+    damaged = sum(r.damaged for r in reports)
     if args.json:
         sys.stdout.write(json.dumps([asdict(r) for r in reports], indent=1) + "\n")
     else:

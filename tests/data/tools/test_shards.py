@@ -283,3 +283,35 @@ def test_write_and_inspect_say_a_grayscale_first_photo_trains_colour_ones_gray(
     assert main(["inspect", str(tmp_path / "g")]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "grayscale" not in text and "--channels" not in text
+
+
+def test_inspect_counts_and_names_samples_with_nan_or_inf(tmp_path: Path, capsys) -> None:
+    """What a user hit: shards of vectors holding NaN passed `inspect` (0 bad samples), then the
+    run stopped on a non-finite loss naming them `(non-finite input)`. Inspect now counts such
+    samples and names the shard and keys of the first few, as the run does; exit 1 (damage)."""
+    rows = np.zeros((30, 6), np.float32)
+    rows[[0, 5, 7, 8, 9, 11], 1] = np.nan  # the first too: it fixes the decoder
+    rows[25, 0] = np.inf
+    np.save(tmp_path / "x.npy", rows)
+    out = tmp_path / "out"
+    assert main(["write", str(tmp_path / "x.npy"), str(out), "--per_shard", "20"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--json"]) == 1
+    reports = json.loads(capsys.readouterr().out)
+    assert [r["nonfinite"] for r in reports] == [6, 1] and [r["bad"] for r in reports] == [[], []]
+    assert reports[0]["nonfinite_keys"] == [f"{k:08d}" for k in (0, 5, 7, 8, 9)]  # the first 5
+    assert reports[1]["nonfinite_keys"] == ["00000025"]
+    assert main(["inspect", str(out)]) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    first, second = out / "train-000000.tar", out / "train-000001.tar"
+    assert (
+        f"{first}: 6 samples with non-finite values (NaN/Inf): keys [00000000, 00000005, "
+        "00000007, 00000008, 00000009, ...] (non-finite input)"
+    ) in text
+    assert f"{second}: 1 sample with non-finite values (NaN/Inf): keys [00000025]" in text
+    assert "30 samples; 0 bad samples, 7 samples with NaN/Inf, 2 shards with bad data" in text
+    # finite data: nothing said, exit 0
+    np.save(tmp_path / "ok.npy", np.ones((4, 6), np.float32))
+    assert main(["write", str(tmp_path / "ok.npy"), str(tmp_path / "ok")]) == 0
+    assert main(["inspect", str(tmp_path / "ok")]) == 0
+    assert "non-finite" not in capsys.readouterr().out
