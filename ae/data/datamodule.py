@@ -95,12 +95,12 @@ class ShardDataModule(L.LightningDataModule):
             decoder = probe_decoder("train", self.train_urls, cfg)
             headers = image_headers(self.train_urls, decoder, cfg)
             check_one_image_size("train", headers, decoder)
-            if (warning := colour_after_gray(headers, decoder, cfg)) is not None:
-                # once in the train log: every rank probes the same shards and finds the same
-                (main_log.warning if self.rank == 0 else logger.info)(warning)
             if self.val_urls is not None:
                 probe_decoder("val", self.val_urls, cfg, decoder)
             log_input(decoder, cfg)
+            if (warning := colour_after_gray(headers, decoder, cfg)) is not None:
+                # once in the train log: every rank probes the same shards and finds the same
+                (main_log.warning if self.rank == 0 else logger.info)(warning)
             if not self.validates:
                 main_log.info(VALIDATION_OFF)
             self._decoder = decoder
