@@ -25,11 +25,19 @@ from typing import Any
 
 import lightning as L
 import torch
+from loguru import logger
 from torch.utils.data import DataLoader
 
 from ae.config import PREFETCH_FACTOR, DataConfig
 from ae.data.decoding.decode import InputSpec, SampleDecoder
-from ae.data.input_probe import check_one_image_size, first_decodable, log_input, probe_decoder
+from ae.data.input_probe import (
+    check_one_image_size,
+    colour_after_gray,
+    first_decodable,
+    image_headers,
+    log_input,
+    probe_decoder,
+)
 from ae.data.planning.counts import count_cache_dir
 from ae.data.rank_agreement import agreed_counts
 from ae.data.split_streams import StreamBuilder
@@ -51,14 +59,16 @@ class ShardDataModule(L.LightningDataModule):
         *,
         seed: int,
         debug: bool = False,
+        rank: int = 0,
     ) -> None:
         """`val_urls` None: validation held out of the train shards, or none with
-        `--val_shards=none`. `debug`: per-shard lines. Shard counts are kept in
-        `cfg.count_cache`. Reads no shard (see `probe` and `setup`)."""
+        `--val_shards=none`. `debug`: per-shard lines. `rank`: this process's global rank
+        (warnings about the data are rank 0's; the others log them as INFO). Shard counts are
+        kept in `cfg.count_cache`. Reads no shard (see `probe` and `setup`)."""
         super().__init__()
         self.cfg = cfg
         self.cache_dir: Path | None = count_cache_dir(cfg.count_cache)
-        self.seed, self.debug = seed, debug
+        self.seed, self.debug, self.rank = seed, debug, rank
         self.train_urls = train_urls
         self.val_urls = val_urls
         self.validates = cfg.validates
@@ -83,10 +93,14 @@ class ShardDataModule(L.LightningDataModule):
         if self._decoder is None:
             cfg = self.cfg
             decoder = probe_decoder("train", self.train_urls, cfg)
-            check_one_image_size("train", self.train_urls, decoder)
+            headers = image_headers(self.train_urls, decoder, cfg)
+            check_one_image_size("train", headers, decoder)
             if self.val_urls is not None:
                 probe_decoder("val", self.val_urls, cfg, decoder)
             log_input(decoder, cfg)
+            if (warning := colour_after_gray(headers, decoder, cfg)) is not None:
+                # once in the train log: every rank probes the same shards and finds the same
+                (main_log.warning if self.rank == 0 else logger.info)(warning)
             if not self.validates:
                 main_log.info(VALIDATION_OFF)
             self._decoder = decoder

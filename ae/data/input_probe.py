@@ -1,5 +1,6 @@
 """What the run's input is, read from the first samples of its shards: the decoder (field, kind
-and shape), the check that native-size images all have one size, and the first decodable samples
+and shape), the check that native-size images all have one size, the warning for a grayscale
+first image among colour ones (`--channels=0`), and the first decodable samples
 (the real batch of the model check before training). The data module runs these from `setup`
 (or when asked first, `ShardDataModule.probe`): building it reads no shard.
 """
@@ -15,31 +16,50 @@ import torch
 
 from ae.config import DataConfig
 from ae.data.decoding.decode import SampleDecoder, SampleError, several_inputs
+from ae.data.decoding.images import GRAYSCALE_MODES
 from ae.data.shards.errors import DataError
 from ae.data.shards.tar_samples import iter_samples
-from ae.log_lines import INPUT_FIELD, main_log
+from ae.log_lines import INPUT_FIELD, MIXED_MODES, main_log
 
 # Samples tried before a split with no usable sample is given up on: the first samples of a
 # dataset tell whether its fields can be decoded, without reading all of it.
 PROBE_SAMPLES = 1000
-# Images at native size (no --image_size) must all have one size: the headers of the first
-# samples of the first shard and of the first sample of the next shards tell, cheaply.
-SIZE_PROBE_FIRST_SHARD, SIZE_PROBE_SHARDS = 8, 16
+# The headers (size, mode) of the input images of the first samples of the first shard and of
+# the first sample of the next shards tell, cheaply, whether the run's images are all alike:
+# at native size (no --image_size) they must have one size, and with --channels=0 a grayscale
+# first image trains every colour one as gray.
+HEADER_PROBE_FIRST_SHARD, HEADER_PROBE_SHARDS = 8, 16
 
 
-def check_one_image_size(split: str, urls: list[str], decoder: SampleDecoder) -> None:
+def image_headers(
+    urls: list[str], decoder: SampleDecoder, cfg: DataConfig
+) -> list[tuple[str, str]]:
+    """(`WxH`, mode) of the first samples' input images (see HEADER_PROBE_*), in the order read;
+    none read when no check needs them (arrays; a fixed --image_size on a colour first image or
+    with --channels given)."""
+    if decoder.kind != "image":
+        return []
+    if decoder.image_size and (cfg.channels or decoder.mode != "L"):
+        return []
+    headers = []
+    for i, url in enumerate(urls[:HEADER_PROBE_SHARDS]):
+        wanted = HEADER_PROBE_FIRST_SHARD if i == 0 else 1
+        with contextlib.suppress(Exception):  # a damaged shard: the readers report it
+            for sample in itertools.islice(iter_samples(url), wanted):
+                if (header := decoder.header(sample)) is not None:
+                    headers.append(header)
+    return headers
+
+
+def check_one_image_size(
+    split: str, headers: list[tuple[str, str]], decoder: SampleDecoder
+) -> None:
     """DataError naming --image_size and the sizes seen when the first samples of the split
-    (see SIZE_PROBE_*) have images of several sizes: the run would train only on those of the
+    (`image_headers`) have images of several sizes: the run would train only on those of the
     first sample's size, the others replaced by repeats of them."""
     if decoder.kind != "image" or decoder.image_size:
         return
-    sizes: Counter[str] = Counter()
-    for i, url in enumerate(urls[:SIZE_PROBE_SHARDS]):
-        wanted = SIZE_PROBE_FIRST_SHARD if i == 0 else 1
-        with contextlib.suppress(Exception):  # a damaged shard: the readers report it
-            for sample in itertools.islice(iter_samples(url), wanted):
-                if (size := decoder.header_size(sample)) is not None:
-                    sizes[size] += 1
+    sizes = Counter(size for size, _ in headers)
     if len(sizes) > 1:
         shown = ", ".join(f"{size} ({n})" for size, n in sizes.most_common(5))
         shorter = min(min(int(v) for v in size.split("x")) for size in sizes)
@@ -49,6 +69,26 @@ def check_one_image_size(split: str, urls: list[str], decoder: SampleDecoder) ->
             f"of the first one's could be trained on. Pass --image_size=N (the shorter side "
             f"resized to N, then cropped to NxN), e.g. --image_size={min(64, shorter)}"
         )
+
+
+def colour_after_gray(
+    headers: list[tuple[str, str]], decoder: SampleDecoder, cfg: DataConfig
+) -> str | None:
+    """The MIXED_MODES warning when --channels=0 made a grayscale first image train 1 channel
+    while some of the next headers (`image_headers`) are in colour, which it takes to gray;
+    None otherwise. The rule stays (docs/CONTRACT.md): only the user knows which was meant."""
+    if decoder.kind != "image" or cfg.channels or decoder.mode != "L" or len(headers) < 2:
+        return None
+    later = [mode for _, mode in headers[1:]]
+    colour = Counter(mode for mode in later if mode not in GRAYSCALE_MODES)
+    if not colour:
+        return None
+    return MIXED_MODES.format(
+        first=headers[0][1],
+        colour=colour.total(),
+        looked=len(later),
+        modes=", ".join(f"{mode} {n}" for mode, n in colour.most_common()),
+    )
 
 
 def probe_decoder(

@@ -99,6 +99,13 @@ INPUT_FIELD = LineFormat(
     "Input field {field} ({source}): shape {shape}, {detail}",
     {"field": "text", "source": "text", "shape": "text", "detail": "text"},
 )
+# Images whose channels follow a grayscale first one (--channels=0) while a few more samples'
+# headers are in colour (ae.data.input_probe): a WARNING on rank 0, train log and console.
+MIXED_MODES = LineFormat(
+    "Images: the first is grayscale ({first}), so this run trains 1 channel, but {colour} of "
+    "the next {looked} looked at are in colour ({modes}); --channels=3 trains colour",
+    {"first": "word", "colour": "int", "looked": "int", "modes": "text"},
+)
 
 # Bad data, logged at ERROR (docs/CONTRACT.md: `grep "ERROR.*shard"`). The shard is always named.
 BAD_SAMPLE = LineFormat(

@@ -68,7 +68,9 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     log_run_setup(ctx, cfg, paths, len(train_urls), val if cfg.data.validates else "no val")
     L.seed_everything(cfg.run.seed, verbose=False)
 
-    datamodule = ShardDataModule(cfg.data, train_urls, val_urls, seed=cfg.run.seed, debug=obs.debug)
+    datamodule = ShardDataModule(
+        cfg.data, train_urls, val_urls, seed=cfg.run.seed, debug=obs.debug, rank=ctx.rank
+    )
     # What the heartbeat's step clock reports: its recent window and the train loader's workers.
     step_times.configure(recent_window_s(obs.straggler_window), datamodule.train_worker_rates)
     # Before the trainer and any dataloader worker: a model that cannot be built, or that fails

@@ -203,13 +203,13 @@ class SampleDecoder:
         fields = ", ".join(k for k in sample if not k.startswith("__")) or "nothing"
         raise SampleError(f"no field {self.field_names} (it has: {fields})")
 
-    def header_size(self, sample: dict) -> str | None:
-        """`WxH` of the sample's input image, from its header (nothing decoded); None when it
-        has none or it does not open."""
+    def header(self, sample: dict) -> tuple[str, str] | None:
+        """(`WxH`, mode) of the sample's input image, from its header (nothing decoded); None
+        when it has none or it does not open."""
         try:
             field, _, data = self._input(sample)
             with open_image(ungzipped(field, data)) as img:
-                return f"{img.width}x{img.height}"
+                return f"{img.width}x{img.height}", img.mode
         except Exception:  # a bad sample: training reports it
             return None
 

@@ -4,9 +4,10 @@ Every sample is read. Each field is described by what it decodes to (`npy float3
 image`, `int class` for WebDataset's `cls`, `bytes`), images by their size and mode (from their
 headers), and the input field of a run (`--input_key`, or the first decodable field of the first
 sample) is decoded the way training decodes it: a sample whose input field is missing, does not
-decode, or (arrays, native-size images) is shaped unlike the first good one, is a bad sample. A
-sample that reads as many files merged by WebDataset's key rule (`ae.data.shards.keys`) is named,
-with the fix.
+decode, or (arrays, native-size images) is shaped unlike the first good one, is a bad sample. An
+array holding NaN or Inf is counted apart (a run does not replace it: it trains on it, and its
+loss turns non-finite), its shard and key named as the run names them. A sample that reads as
+many files merged by WebDataset's key rule (`ae.data.shards.keys`) is named, with the fix.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ae.config import DataConfig
@@ -36,6 +38,7 @@ from ae.data.shards.index import index_url, read_index
 from ae.data.shards.keys import merged_files
 from ae.data.shards.spec import is_remote
 from ae.data.shards.tar_samples import iter_samples
+from ae.log_lines import NONFINITE_INPUT
 
 # Images of several sizes are checked at this size when no --image_size is given: decoding is
 # what finds damage, and a JPEG drafted for 64x64 decodes in a fraction of the time.
@@ -44,6 +47,9 @@ CHECK_SIZE = 64
 # class label, the others counts and ids.
 INT_FIELDS = ("cls", "cls2", "class", "count", "index", "inx", "id")
 CLASS_FIELDS = ("cls", "cls2", "class")
+# Samples with NaN/Inf named per shard (the rest counted): enough to find the rows, and a shard
+# of nothing but NaN keeps its report short.
+NONFINITE_NAMED = 5
 
 
 @dataclass
@@ -61,6 +67,12 @@ class ShardReport:
     bad: list[list[str]] = field(default_factory=list)  # [key, reason]
     error: str | None = None  # why reading stopped early
     merged: str | None = None  # the first sample that reads as files merged (ae.data.shards.keys)
+    nonfinite: int = 0  # samples whose input array holds a NaN or Inf
+    nonfinite_keys: list[str] = field(default_factory=list)  # the first NONFINITE_NAMED of them
+
+    @property
+    def damaged(self) -> bool:
+        return bool(self.bad or self.error or self.nonfinite)
 
 
 def describe_field(name: str, data: bytes) -> tuple[str, tuple[str, str] | None]:
@@ -102,16 +114,18 @@ class Inspector:
         self.native: SampleDecoder | None = None  # the decoder at native size (first sample's)
         self.first_problem: str | None = None
 
-    def _check(self, sample: dict) -> None:
-        """Decode the input field as a run would; SampleError if it cannot be trained on."""
+    def _check(self, sample: dict) -> bool:
+        """Decode the input field as a run would: whether its values are all finite (images
+        always are); SampleError if it cannot be trained on."""
         if self.decoder is None:
             self.native = SampleDecoder.probe(sample, self.cfg)
             self.decoder = self.native
             if self.native.kind == "image":  # sizes are reported, not judged: see hints()
                 checked = DataConfig(input_key=self.cfg.input_key, image_size=CHECK_SIZE)
                 self.decoder = SampleDecoder.probe(sample, checked)
-            return
-        self.decoder.decode(sample)
+                return True
+        array = self.decoder.decode(sample)
+        return self.decoder.kind == "image" or bool(np.isfinite(array).all())
 
     def shard(self, url: str) -> ShardReport:
         report = ShardReport(url)
@@ -136,9 +150,14 @@ class Inspector:
                         sizes[image[0]] += 1
                         modes[image[1]] += 1
                 try:
-                    self._check(sample)
+                    finite = self._check(sample)
                 except SampleError as e:
                     report.bad.append([key, str(e)])
+                    continue
+                if not finite:
+                    report.nonfinite += 1
+                    if len(report.nonfinite_keys) < NONFINITE_NAMED:
+                        report.nonfinite_keys.append(key)
         except DataError:  # --input_key cannot work on this data: the user's to fix
             raise
         except Exception as e:  # unreadable or truncated: report how far it got
@@ -184,6 +203,12 @@ class Inspector:
             out.append(f"other decodable fields: {', '.join(others)} (--input_key picks one)")
         if native.kind == "vector":
             out += _array_hints(types, inputs, native)
+            if nonfinite := sum(r.nonfinite for r in reports):
+                out.append(
+                    f"{_samples(nonfinite)} with NaN/Inf: a run trains on them as they are, and "
+                    f"its loss turns non-finite (NONFINITE ... {NONFINITE_INPUT}, "
+                    "--on_nonfinite); fix or drop them"
+                )
         else:
             out += _image_hints(reports, native)
         return out
@@ -243,6 +268,10 @@ def _image_hints(reports: list[ShardReport], native: SampleDecoder) -> list[str]
     return [*out, line]
 
 
+def _samples(n: int) -> str:
+    return f"{n} sample{'' if n == 1 else 's'}"
+
+
 def print_reports(console: Console, reports: list[ShardReport], hints: list[str]) -> None:
     table = Table(
         "shard", "samples", "keys", "fields", "images", "bytes/sample (min/mean/max)", "index",
@@ -264,7 +293,9 @@ def print_reports(console: Console, reports: list[ShardReport], hints: list[str]
             images,
             "/".join(str(b) for b in r.sample_bytes),
             r.index,
-            str(len(r.bad)) + (" + unreadable" if r.error else ""),
+            str(len(r.bad))
+            + (f" + {r.nonfinite} NaN/Inf" if r.nonfinite else "")
+            + (" + unreadable" if r.error else ""),
         )
     console.print(table)
     for r in reports:
@@ -272,11 +303,21 @@ def print_reports(console: Console, reports: list[ShardReport], hints: list[str]
             console.print(f"[red]{r.url}: unreadable after {r.samples} samples: {r.error}")
         for key, reason in r.bad:
             console.print(f"[red]{r.url}: sample {key}: {reason}")
-    damaged = sum(bool(r.bad or r.error) for r in reports)
+        if r.nonfinite:
+            # as a run's NONFINITE line names them: `shard URL, keys [k1, k2] (non-finite input)`
+            keys = ", ".join(r.nonfinite_keys) + (", ..." if r.nonfinite > NONFINITE_NAMED else "")
+            line = (
+                f"{r.url}: {_samples(r.nonfinite)} with non-finite values (NaN/Inf): keys [{keys}]"
+                f" {NONFINITE_INPUT}"
+            )
+            console.print(f"[red]{escape(line)}")
+    damaged = sum(r.damaged for r in reports)
     total = sum(r.samples for r in reports)
+    nonfinite = sum(r.nonfinite for r in reports)
     console.print(
         f"{len(reports)} shards, {total} samples; {sum(len(r.bad) for r in reports)} bad "
-        f"samples, {damaged} shards with bad data"
+        f"samples, {f'{_samples(nonfinite)} with NaN/Inf, ' if nonfinite else ''}"
+        f"{damaged} shards with bad data"
     )
     for hint in hints:
         console.print(f"- {hint}")

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ae.config import DataConfig
-from ae.data.decoding.images import decode_image
+from ae.data.decoding.images import GRAYSCALE_MODES, decode_image, open_image
 from ae.data.shards.index import read_index, write_index
 from ae.data.shards.spec import IMAGE_SUFFIXES, expand_shards, is_remote
 from ae.data.shards.tar_header_count import scan_shard
@@ -69,15 +69,35 @@ def _load_array(src: Path, key: str | None) -> np.ndarray:
     return data
 
 
-def _unreadable(path: Path) -> str | None:
-    """Why a run could not decode this image file (None: it can): decoded as a run decodes it,
-    at the smallest scale (a JPEG's 1/8 draft), so that a corrupt or truncated photo is named
-    here rather than replaced by another sample in every epoch of every run."""
+def _image_mode(path: Path) -> tuple[str | None, str | None]:
+    """(mode, None) for an image file a run can decode, (None, why) for one it cannot: decoded
+    as a run decodes it, at the smallest scale (a JPEG's 1/8 draft), so that a corrupt or
+    truncated photo is named here rather than replaced by another sample in every epoch of
+    every run. The mode (from the header) tells which channels a run takes."""
     try:
-        decode_image(path.read_bytes(), "RGB", size=8)
+        data = path.read_bytes()
+        mode = open_image(data).mode
+        decode_image(data, "RGB", size=8)
     except Exception as e:  # a user file can be broken in many ways: all mean "cannot decode"
-        return f"{type(e).__name__}: {e}"
-    return None
+        return None, f"{type(e).__name__}: {e}"
+    return mode, None
+
+
+def _gray_first_note(first: Path, modes: list[str]) -> str | None:
+    """A run's channels follow the first image (`--channels=0`): when that is grayscale and
+    others are colour, every colour photo would train as gray. What to say then (None
+    otherwise); `modes`: every image's, the first's first."""
+    if modes[0] not in GRAYSCALE_MODES:
+        return None
+    colour = collections.Counter(m for m in modes if m not in GRAYSCALE_MODES)
+    if not colour:
+        return None
+    shown = ", ".join(f"{m} {n}" for m, n in colour.most_common())
+    return (
+        f"the first image ({first}) is grayscale ({modes[0]}), so a run trains 1 channel "
+        f"(--channels=0: as the first image), but {colour.total()} of the {len(modes)} images "
+        f"are in colour ({shown}); --channels=3 trains colour"
+    )
 
 
 def _image_files(src: Path, console: Console) -> list[Path]:
@@ -91,13 +111,14 @@ def _image_files(src: Path, console: Console) -> list[Path]:
         raise CliError(f"{src}: no {'/'.join(IMAGE_SUFFIXES)} files below this folder")
     with ProcessPoolExecutor(min(os.cpu_count() or 1, 8)) as pool:
         # The workers are forked here, before the progress bar's thread exists.
-        reasons = pool.map(_unreadable, images, chunksize=64)
+        checked = pool.map(_image_mode, images, chunksize=64)
         with _progress(console) as bar:
             task = bar.add_task(f"checking {plural(len(images), 'image')}", total=len(images))
-            good, bad = [], []
-            for p, reason in zip(images, reasons, strict=True):
-                if reason is None:
+            good, modes, bad = [], [], []
+            for p, (mode, reason) in zip(images, checked, strict=True):
+                if mode is not None:
                     good.append(p)
+                    modes.append(mode)
                 else:
                     bad.append((p, reason))
                 bar.advance(task)
@@ -112,6 +133,8 @@ def _image_files(src: Path, console: Console) -> list[Path]:
         console.print(f"left out {plural(n, 'file')} that {what} ({kinds})")
     if not good:
         raise CliError(f"{src}: none of its {plural(len(images), 'image')} can be decoded")
+    if (note := _gray_first_note(good[0], modes)) is not None:
+        console.print(note)
     return good
 
 
@@ -214,7 +237,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     inspector = Inspector(args.input_key)
     with _progress(console) as bar:
         reports = [inspector.shard(u) for u in bar.track(urls, description="reading shards")]
-    damaged = sum(bool(r.bad or r.error) for r in reports)
+    damaged = sum(r.damaged for r in reports)
     if args.json:
         sys.stdout.write(json.dumps([asdict(r) for r in reports], indent=1) + "\n")
     else:

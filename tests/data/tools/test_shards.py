@@ -252,3 +252,66 @@ def test_write_gz_gives_smaller_webdataset_shards_that_ae_counts_and_reads(
     result = json.loads(capsys.readouterr().out)
     assert result["path"] == "general" and result["samples"] == 300
     assert main(["write", str(src), str(gz), "--compress", "gz"]) == 2  # shards already there
+
+
+def test_write_and_inspect_say_a_grayscale_first_photo_trains_colour_ones_gray(
+    tmp_path: Path, capsys
+) -> None:
+    """A run takes its channels from the first image (`--channels=0`): a folder whose first
+    photo is grayscale trains every colour photo as gray. Both commands say so, with the fix;
+    a folder of one mode gets no such line."""
+    rng = np.random.default_rng(0)
+    mixed, gray = tmp_path / "mixed", tmp_path / "gray"
+    for folder, shapes in ((mixed, [(8, 8)] + [(8, 8, 3)] * 5 + [(8, 8)]), (gray, [(8, 8)] * 4)):
+        folder.mkdir()
+        for i, shape in enumerate(shapes):
+            pixels = rng.integers(0, 256, shape, dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i:02d}.png")
+    assert main(["write", str(mixed), str(tmp_path / "m"), "--per_shard", "3"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        f"the first image ({mixed / '00.png'}) is grayscale (L), so a run trains 1 channel "
+        "(--channels=0: as the first image), but 5 of the 7 images are in colour (RGB 5); "
+        "--channels=3 trains colour"
+    ) in text
+    assert main(["inspect", str(tmp_path / "m")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "modes RGB 5, L 2: all converted to L (1 channel, as the first image); --channels=3" in text
+    )
+    assert main(["write", str(gray), str(tmp_path / "g")]) == 0
+    assert main(["inspect", str(tmp_path / "g")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "grayscale" not in text and "--channels" not in text
+
+
+def test_inspect_counts_and_names_samples_with_nan_or_inf(tmp_path: Path, capsys) -> None:
+    """What a user hit: shards of vectors holding NaN passed `inspect` (0 bad samples), then the
+    run stopped on a non-finite loss naming them `(non-finite input)`. Inspect now counts such
+    samples and names the shard and keys of the first few, as the run does; exit 1 (damage)."""
+    rows = np.zeros((30, 6), np.float32)
+    rows[[0, 5, 7, 8, 9, 11], 1] = np.nan  # the first too: it fixes the decoder
+    rows[25, 0] = np.inf
+    np.save(tmp_path / "x.npy", rows)
+    out = tmp_path / "out"
+    assert main(["write", str(tmp_path / "x.npy"), str(out), "--per_shard", "20"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--json"]) == 1
+    reports = json.loads(capsys.readouterr().out)
+    assert [r["nonfinite"] for r in reports] == [6, 1] and [r["bad"] for r in reports] == [[], []]
+    assert reports[0]["nonfinite_keys"] == [f"{k:08d}" for k in (0, 5, 7, 8, 9)]  # the first 5
+    assert reports[1]["nonfinite_keys"] == ["00000025"]
+    assert main(["inspect", str(out)]) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    first, second = out / "train-000000.tar", out / "train-000001.tar"
+    assert (
+        f"{first}: 6 samples with non-finite values (NaN/Inf): keys [00000000, 00000005, "
+        "00000007, 00000008, 00000009, ...] (non-finite input)"
+    ) in text
+    assert f"{second}: 1 sample with non-finite values (NaN/Inf): keys [00000025]" in text
+    assert "30 samples; 0 bad samples, 7 samples with NaN/Inf, 2 shards with bad data" in text
+    # finite data: nothing said, exit 0
+    np.save(tmp_path / "ok.npy", np.ones((4, 6), np.float32))
+    assert main(["write", str(tmp_path / "ok.npy"), str(tmp_path / "ok")]) == 0
+    assert main(["inspect", str(tmp_path / "ok")]) == 0
+    assert "non-finite" not in capsys.readouterr().out
