@@ -5,16 +5,17 @@ errors also go to `train_<TS>.log`, rank-tagged. A thread of the launcher reads 
 every `POLL_S` and puts on the console, tagged `rank R` (`rank R worker W`), what rank 0 could
 not say: the ERROR records of the other ranks and of every dataloader worker (rank 0's
 included), whole (a message's reason is often on its second line; past `RECORD_LINES` lines, the
-first of them and where the rest is), each rank's `Data errors` summary, and the first STALL line
+first of them and where the rest is), each rank's `Data errors` summary, another node's
+`Resource tight` lines (its local rank 0 reckons that node's limits), and the first STALL line
 of each stall of the other ranks (the culprit's, not only the waiting rank 0's). Uncaught
 exceptions stay off: the launcher prints the diagnosis of the whole job at the end. To keep the
 console calm, each source shows at most `BURST` ERROR records per `WINDOW_S`; the rest are
 counted, and the count is said when the window closes (and at the end). An ERROR record whose
 message rank 0 also logged (a user error every rank finds alike), or that another rank already
 said, is said once: the other ranks' ERROR records wait `HOLD_S` for rank 0's own before they
-are shown. Not a NONFINITE line: it names the rank that
-wrote it, so rank 0 never writes the same text, and it is said at once (a run that skips the
-step goes on, and may end before the hold would: the line came after `Training finished`).
+are shown. Not a NONFINITE line: it names the rank that wrote it, so rank 0 never writes the
+same text, and it is said at once (a run that skips the step goes on, and may end before the
+hold would: the line came after `Training finished`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from ae.log_lines import DATA_ERRORS, NONFINITE, RECORD_PATTERN, STALL
+from ae.log_lines import DATA_ERRORS, NONFINITE, RECORD_PATTERN, RESOURCE_TIGHT, STALL
 
 # A line reaches the console at most this long after it is written: a run that goes on after
 # an ERROR of another rank (a NONFINITE line under --on_nonfinite=skip) can end within a second.
@@ -130,6 +131,9 @@ class RankLines:
         elif level == "ERROR":
             self.held.append((now + HOLD_S, who, whole))
         elif worker is None and DATA_ERRORS.parse(message):
+            logger.warning(f"{who}: {message}")
+        elif worker is None and RESOURCE_TIGHT.parse(message):
+            # Another node's local rank 0 reckons that node's limits: no console of its own.
             logger.warning(f"{who}: {message}")
         elif worker is None and (s := STALL.parse(message)):
             episode = (s["phase"], s["epoch"], s["step"])

@@ -10,7 +10,7 @@ import pytest
 from loguru import logger
 
 from ae.job.rank_lines import BURST, HOLD_S, RECORD_LINES, WINDOW_S, RankLines
-from ae.log_lines import BAD_SAMPLE, DATA_ERRORS, FATAL, NONFINITE, STALL
+from ae.log_lines import BAD_SAMPLE, DATA_ERRORS, FATAL, NONFINITE, RESOURCE_TIGHT, STALL
 from bench.synthetic_logs import T0, record
 
 
@@ -136,3 +136,15 @@ def test_rank_0s_error_of_several_lines_is_not_said_again(tmp_path: Path, said: 
     follower = RankLines(log)
     follower.finish()
     assert said == [] and follower.said == {"\n".join(message)}
+
+
+def test_another_nodes_tight_limit_is_said(tmp_path: Path, said: list[str]) -> None:
+    """Each node's local rank 0 reckons its node's limits; only rank 0 has a console."""
+    tight = RESOURCE_TIGHT.format(problem="host memory: 22.0 GB available, the run needs ...")
+    log = tmp_path / "train_TS.log"
+    log.write_text(
+        record(T0, "WARNING", 0, 4, tight) + "\n" + record(T0, "WARNING", 2, 4, tight) + "\n"
+    )
+    follower = RankLines(log)
+    follower.finish()
+    assert said == [f"WARNING rank 2: {tight}"]
