@@ -57,6 +57,7 @@ from ae.job.processes import (
     free_port,
     processes_per_node,
     rank_command,
+    shared_cores_note,
 )
 from ae.job.rank_lines import rank_lines
 from ae.job.restarts import RESTART_ENV, Restart, Restarts, requeue_job
@@ -163,6 +164,8 @@ def launch(argv: list[str]) -> int:
         # is the ranks' to say, reckoned with the measured batch and model: the launcher's base
         # sizes gave a second, different estimate of the same resource.
         check(launcher_needs(cfg, nproc, nproc * topo.nnodes, PREFETCH_FACTOR))
+        if (note := shared_cores_note(cfg.run, nproc)) is not None:
+            logger.info(note)
         if topo.nnodes > 1:  # the interface that reaches the master, and whether it does
             port = int(topo.master_port or 29500)
             line = prepare_node(

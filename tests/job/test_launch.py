@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -154,3 +155,23 @@ def test_a_tight_limit_is_left_to_the_ranks(
     assert "Training on 2 process(es) per node" in text and "Resource tight" not in text, text
     monkeypatch.setattr(launch, "launcher_needs", lambda *a: [Need("disk", MB, 2 * MB, "h", "f")])
     assert main([f"--output_dir={tmp_path / 'run2'}", *flags]) == 2  # refused: still
+
+
+@pytest.mark.parametrize(("devices", "noted"), [(3, True), (2, False)])
+def test_more_cpu_processes_than_cores_get_a_calm_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    devices: int, noted: bool,
+) -> None:  # fmt: skip
+    """--devices=3 on a 2-core machine without a GPU: the console says the processes share the
+    cores, and how to give each its own; a process per core says nothing."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: CPU processes
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(subprocess, "Popen", _starts)
+    shard = tmp_path / "a.tar"
+    shard.write_bytes(b"")
+    with pytest.raises(_Done):
+        main([f"--output_dir={tmp_path}", f"--devices={devices}", f"--train_shards={shard}"])
+    text = "".join(capsys.readouterr())
+    note = "Note: 3 processes share this node's 2 CPU cores (no GPU): they take turns on them"
+    assert (note in text) == noted, text
+    assert ("--devices=2 gives each process its own" in text) == noted
