@@ -273,11 +273,30 @@ def verdict_lines(doc: dict[str, Any], width: int = 160) -> list[str]:
 def _survived(nonfinite: dict[str, Any] | None) -> list[str]:
     """A run that survived non-finite steps (`--on_nonfinite=skip|rollback`): how, and the first
     NONFINITE line."""
-    if not nonfinite or not nonfinite["first"]:
+    if (head := survived_line(nonfinite)) is None:
         return []
-    head = (f"Non-finite steps survived: {nonfinite['skipped_steps']} skipped, "
-            f"{nonfinite['rollbacks']} rolled back; the first:")  # fmt: skip
+    assert nonfinite is not None
     return [head, *(f"    {f['line']}" for f in nonfinite["first"])]
+
+
+def survived_line(nonfinite: dict[str, Any] | None) -> str | None:
+    """One line on the non-finite steps a run survived (`--on_nonfinite=skip|rollback`), from
+    the `nonfinite` key of `--json`: `Non-finite loss: step 37 skipped (rank 1, loss=nan); the
+    run went on`; None when it survived none (a run stopped on its first is named a culprit)."""
+    if not nonfinite or not nonfinite["first"]:
+        return None
+    skipped, rollbacks = nonfinite["skipped_steps"], nonfinite["rollbacks"]
+    if not skipped and not rollbacks:
+        return None
+    first = nonfinite["first"]
+    value = first[0]["value"]  # `loss=nan`, `gradient=inf in <parameter>`
+    ranks = sorted({f["rank"] for f in first})
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+    # One run has one --on_nonfinite: its steps were all skipped or all rolled back.
+    done, count = ("skipped", skipped) if skipped else ("rolled back", rollbacks)
+    more = f", {count} steps {done} in all" if count > 1 else ""
+    return (f"Non-finite {value.split('=')[0]}: step {first[0]['step']} {done} ({who}, {value})"
+            f"{more}; the run went on")  # fmt: skip
 
 
 def _cut(line: str, width: int) -> str:
@@ -333,6 +352,8 @@ def render(doc: dict[str, Any], console: Console) -> None:
         line.append(s["cause"], style="bold yellow")
         console.print(line)
         _print_evidence(console, s["evidence"])
+    if (survived := survived_line(doc["nonfinite"])) is not None:
+        console.print(Text(survived, style="yellow"))
     if doc["missing_ranks"]:
         missing = ", ".join(map(str, doc["missing_ranks"]))
         console.print(Text(f"Missing ranks (no debug log): {missing}", style="bold red"))

@@ -57,12 +57,13 @@ from ae.job.processes import (
     free_port,
     processes_per_node,
     rank_command,
+    shared_cores_note,
 )
 from ae.job.rank_lines import rank_lines
 from ae.job.restarts import RESTART_ENV, Restart, Restarts, requeue_job
 from ae.job.supervise import Stops, start_child, wait
 from ae.job.topology import Topology, topology
-from ae.log_lines import LAUNCHER_LOG_FILE, RESOURCE_TIGHT, TRAIN_LOG_FILE
+from ae.log_lines import LAUNCHER_LOG_FILE, TRAIN_LOG_FILE
 
 RANK_MODULE = "ae.cli.rank_process"  # what runs in every rank (train_ae.py runs the same)
 # Set for the processes the launcher starts: it reports their failures itself, once they end.
@@ -159,8 +160,12 @@ def launch(argv: list[str]) -> int:
         active_faults()  # a malformed AE_FAULT: one message here, not a traceback per rank
         if problems := weights_problems(cfg):
             raise ConfigError(problems)
-        for tight in check(launcher_needs(cfg, nproc, nproc * topo.nnodes, PREFETCH_FACTOR)):
-            logger.warning(RESOURCE_TIGHT.format(problem=tight))
+        # A limit the run cannot work within stops it here, before any rank exists. A tight one
+        # is the ranks' to say, reckoned with the measured batch and model: the launcher's base
+        # sizes gave a second, different estimate of the same resource.
+        check(launcher_needs(cfg, nproc, nproc * topo.nnodes, PREFETCH_FACTOR))
+        if (note := shared_cores_note(cfg.run, nproc)) is not None:
+            logger.info(note)
         if topo.nnodes > 1:  # the interface that reaches the master, and whether it does
             port = int(topo.master_port or 29500)
             line = prepare_node(

@@ -130,9 +130,9 @@ def report_failure(
     verdict = judge(run)
     doc = to_json(run, verdict)
     if (messages := user_errors(doc, verdict.culprits)) is not None:
-        # Rank 0 said its own on the console already, and the relay the first line of each
-        # other rank's ERROR record: say each message once, whole (the relay's copy of a message
-        # of several lines was not).
+        # Rank 0 said its own on the console already, and the relay each other rank's ERROR
+        # record, whole unless it ran past RECORD_LINES (`said` holds only those it said whole):
+        # say each message once, whole.
         shown = {*said, *messages.get(0, [])}
         for _, found in sorted(messages.items()):
             if left := [m for m in found if m not in shown]:

@@ -5,7 +5,9 @@ know the batch or the model yet, and stays torch-free) and by every rank before 
 measured figures (batch bytes from the input shape, checkpoint bytes from the model's state
 dict). A need above what there is stops the run with a `ResourceLimitError` naming the resource,
 its size, the need and the fix; a need above TIGHT of it is a `Resource tight:` WARNING with the
-same numbers (logged by local rank 0 only). A few `statvfs` and `/proc` reads: well under 1 ms.
+same numbers, from the ranks' reckoning alone (logged by local rank 0 only): the launcher's, from
+base sizes, would put a second, different figure for the same resource on the console. A few
+`statvfs` and `/proc` reads: well under 1 ms.
 """
 
 from __future__ import annotations

@@ -77,6 +77,30 @@ def processes_per_node(run: RunConfig, topo: Topology) -> tuple[int, list[str]]:
     return (gpus if gpus else CPU_PROCESSES), problems
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on: its affinity (taskset, a container's cpuset), not
+    the host's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform (macOS)
+        return os.cpu_count() or 1
+
+
+def shared_cores_note(run: RunConfig, nproc: int) -> str | None:
+    """A calm note when this node runs more CPU processes (ranks without a GPU) than it has
+    cores: they take turns, and each step waits for the slowest. Not a warning: the run works,
+    only slower (a healthy run's train log holds no WARNING); None when each has a core, or the
+    ranks run on GPUs."""
+    cores = cpu_cores()
+    if nproc <= cores or (run.accelerator != "cpu" and visible_gpus()):
+        return None
+    return (
+        f"Note: {nproc} processes share this node's {cores} CPU cores (no GPU): they take turns "
+        f"on them, so each step runs slower than on a core each; --devices={cores} gives each "
+        "process its own"
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -3,20 +3,24 @@
 Only rank 0's process writes to the console itself (`logging_cfg`); every rank's warnings and
 errors also go to `train_<TS>.log`, rank-tagged. A thread of the launcher reads what is new there
 every `POLL_S` and puts on the console, tagged `rank R` (`rank R worker W`), what rank 0 could
-not say: the ERROR lines of the other ranks and of every dataloader worker (rank 0's included),
-each rank's `Data errors` summary, and the first STALL line of each stall of the other ranks
-(the culprit's, not only the waiting rank 0's). Uncaught exceptions stay off: the launcher prints
-the diagnosis of the whole job at the end. To keep the console calm, each source shows at most
-`BURST` ERROR lines per `WINDOW_S`; the rest are counted, and the count is said when the window
-closes (and at the end). An ERROR line whose text rank 0 also logged (a user error every rank
-finds alike), or that another rank already said, is said once: the other ranks' ERROR lines wait
-`HOLD_S` for rank 0's own before they are shown. Not a NONFINITE line: it names the rank that
-wrote it, so rank 0 never writes the same text, and it is said at once (a run that skips the
-step goes on, and may end before the hold would: the line came after `Training finished`).
+not say: the ERROR records of the other ranks and of every dataloader worker (rank 0's
+included), whole (a message's reason is often on its second line; past `RECORD_LINES` lines, the
+first of them and where the rest is), each rank's `Data errors` summary, another node's
+`Resource tight` lines (its local rank 0 reckons that node's limits), and the first STALL line
+of each stall of the other ranks (the culprit's, not only the waiting rank 0's). Uncaught
+exceptions stay off: the launcher prints the diagnosis of the whole job at the end. To keep the
+console calm, each source shows at most `BURST` ERROR records per `WINDOW_S`; the rest are
+counted, and the count is said when the window closes (and at the end). An ERROR record whose
+message rank 0 also logged (a user error every rank finds alike), or that another rank already
+said, is said once: the other ranks' ERROR records wait `HOLD_S` for rank 0's own before they
+are shown. Not a NONFINITE line: it names the rank that wrote it, so rank 0 never writes the
+same text, and it is said at once (a run that skips the step goes on, and may end before the
+hold would: the line came after `Training finished`).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +30,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from ae.log_lines import DATA_ERRORS, NONFINITE, RECORD_PATTERN, STALL
+from ae.log_lines import DATA_ERRORS, NONFINITE, RECORD_PATTERN, RESOURCE_TIGHT, STALL
 
 # A line reaches the console at most this long after it is written: a run that goes on after
 # an ERROR of another rank (a NONFINITE line under --on_nonfinite=skip) can end within a second.
@@ -34,6 +38,9 @@ POLL_S = 0.2
 BURST = 3  # ERROR lines shown per source and window
 WINDOW_S = 60.0
 HOLD_S = 2.0  # an ERROR of another rank waits this long for the same text from rank 0
+# Lines of an ERROR record said on the console at most (a traceback can run to hundreds); the
+# rest stays in the train log, which the console names.
+RECORD_LINES = 10
 
 
 @dataclass
@@ -52,15 +59,17 @@ class RankLines:
     partial: bytes = b""
     sources: dict[str, _Source] = field(default_factory=dict)
     stalls: dict[int, tuple[str, str, str]] = field(default_factory=dict)  # rank -> episode
-    # ERROR texts on the console already (a record's first line): rank 0's own, and those said
-    # here (not those counted over a burst); the launcher's last words leave them out
+    # ERROR messages on the console already, whole (a record with its continuation lines):
+    # rank 0's own, and those said here (not those counted over a burst, nor those cut at
+    # RECORD_LINES); the launcher's last words leave them out
     said: set[str] = field(default_factory=set)
+    cut: set[str] = field(default_factory=set)  # said here, but only their first lines
     held: list[tuple[float, str, str]] = field(default_factory=list)  # (due, who, message)
 
     def poll(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        for line in self._new_lines():
-            self._line(line, now)
+        for m, more in self._new_records():
+            self._record(m, more, now)
         self._release(now)
         self._close_windows(now, final=False)
 
@@ -76,8 +85,15 @@ class RankLines:
             self._say(who, message, now)
 
     def _say(self, who: str, message: str, now: float) -> None:
-        if message not in self.said and self._error(who, message, now):
-            self.said.add(message)
+        if message in self.said or message in self.cut:
+            return
+        lines = message.split("\n")
+        whole = len(lines) <= RECORD_LINES
+        if not whole:
+            rest = f"... {len(lines) - RECORD_LINES} more lines in {self.train_log.name}"
+            lines = [*lines[:RECORD_LINES], rest]
+        if self._error(who, "\n".join(lines), now):
+            (self.said if whole else self.cut).add(message)
 
     def _new_lines(self) -> list[str]:
         try:
@@ -90,21 +106,34 @@ class RankLines:
         *lines, self.partial = (self.partial + data).split(b"\n")
         return [raw.decode("utf-8", "replace") for raw in lines]
 
-    def _line(self, line: str, now: float) -> None:
-        m = RECORD_PATTERN.match(line)
-        if m is None:
-            return
+    def _new_records(self) -> list[tuple[re.Match[str], list[str]]]:
+        """The new records, each with its continuation lines (a message of several lines, a
+        traceback). A record is one write (logging_cfg's AppendFileSink), so a poll reads it
+        whole; a line that continues nothing read here is dropped."""
+        records: list[tuple[re.Match[str], list[str]]] = []
+        for line in self._new_lines():
+            if (m := RECORD_PATTERN.match(line)) is not None:
+                records.append((m, []))
+            elif records:
+                records[-1][1].append(line)
+        return records
+
+    def _record(self, m: re.Match[str], more: list[str], now: float) -> None:
         rank, worker, level, message = int(m["rank"]), m["worker"], m["level"], m["message"]
         who = f"rank {rank}" + (f" worker {worker}" if worker is not None else "")
+        whole = "\n".join([message, *more])  # as the launcher's last words join a record
         if worker is None and rank == 0:
             if level == "ERROR":
-                self.said.add(message)
+                self.said.add(whole)
             return  # rank 0's own lines: on the console already
         if level == "ERROR" and message.startswith(NONFINITE.prefix):
-            self._say(who, message, now)
+            self._say(who, whole, now)
         elif level == "ERROR":
-            self.held.append((now + HOLD_S, who, message))
+            self.held.append((now + HOLD_S, who, whole))
         elif worker is None and DATA_ERRORS.parse(message):
+            logger.warning(f"{who}: {message}")
+        elif worker is None and RESOURCE_TIGHT.parse(message):
+            # Another node's local rank 0 reckons that node's limits: no console of its own.
             logger.warning(f"{who}: {message}")
         elif worker is None and (s := STALL.parse(message)):
             episode = (s["phase"], s["epoch"], s["step"])

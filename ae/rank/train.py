@@ -21,11 +21,12 @@ from ae.data.datamodule import ShardDataModule
 from ae.data.shards.demo import with_demo_defaults
 from ae.data.shards.spec import resolve_shards
 from ae.data.stream.loader import install_worker_reaper
+from ae.errors import ResourceLimitError
 from ae.forensics import flight_recorder
 from ae.forensics.step_times import step_times
 from ae.forensics.watchdog import start_watchdog
 from ae.job.launch import LAUNCHER_ENV
-from ae.job.preflight import check, rank_needs
+from ae.job.preflight import judge, rank_needs
 from ae.job.restarts import RESTART_ENV
 from ae.log_lines import GAN_STATS_FILE, RESOURCE_TIGHT, TRAINING_FINISHED, main_log
 from ae.rank.exit import run_to_exit
@@ -119,19 +120,22 @@ def fit(cfg: Config, ctx: RankContext) -> str:
 
 def preflight(cfg: Config, ctx: RankContext, *, batch_bytes: int, model: torch.nn.Module) -> None:
     """The machine's limits against this run's measured needs (`ae.job.preflight`), on every
-    rank (each stops on a limit that cannot work); local rank 0 warns about tight ones."""
+    rank (each stops on a limit that cannot work); local rank 0 warns about tight ones, the
+    only such warning of the run (the launcher's preflight only stops)."""
     state_bytes = sum(
         t.numel() * t.element_size() for t in model.state_dict().values() if torch.is_tensor(t)
     )
-    tight = check(
+    problems, tight = judge(
         rank_needs(
             cfg, batch_bytes=batch_bytes, state_bytes=state_bytes, world_size=ctx.world_size,
             local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), prefetch=PREFETCH_FACTOR,
         )
     )  # fmt: skip
-    if ctx.local_rank == 0:
+    if ctx.local_rank == 0:  # before a refusal too: what else is tight, beside what stops it
         for line in tight:
             main_log.warning(RESOURCE_TIGHT.format(problem=line))
+    if problems:
+        raise ResourceLimitError(problems)
 
 
 @record  # the traceback goes into torchrun's error file, so its failure report shows it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ from ae.config.weight_files import FID_FILE, FID_URL
 from ae.data.shards import demo
 from ae.forensics import faults
 from ae.job import launch
+from ae.job.preflight import MB, Need
 from ae.job.supervise import Stops
 from ae.job.topology import Topology
 from ae.log_lines import TRAIN_LOG_FILE, TRAINING_FINISHED
@@ -22,6 +24,10 @@ from bench.synthetic_logs import T0, TS, record
 
 class _Done(Exception):
     pass
+
+
+def _starts(*args: object, **kwargs: object) -> subprocess.Popen:
+    raise _Done  # the launcher got as far as starting its child
 
 
 def test_demo_data_is_resolved_once_and_named_to_the_ranks(
@@ -129,3 +135,43 @@ def test_a_stop_signal_that_finds_the_run_finished_is_no_stop(
     train_log.write_text("")
     assert launch.ending(cfg, topo, TS, 1, stops) == -143
     assert said[-1].startswith("Preempted (SIGTERM) before the ranks saved a checkpoint")
+
+
+def test_a_tight_limit_is_left_to_the_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The launcher's reckoning (base sizes: no batch, no model yet) only stops a run; a tight
+    limit is said once, by the ranks' reckoning with the measured figures (the two estimates of
+    the same memory differed on the console)."""
+    tight = Need("host memory", 100 * MB, 90 * MB, "how", "fix")
+    monkeypatch.setattr(launch, "launcher_needs", lambda *a: [tight])
+    monkeypatch.setattr(subprocess, "Popen", _starts)
+    shard = tmp_path / "a.tar"
+    shard.write_bytes(b"")
+    flags = ["--devices=2", f"--train_shards={shard}"]
+    with pytest.raises(_Done):  # it went on to start the ranks
+        main([f"--output_dir={tmp_path / 'run'}", *flags])
+    text = "".join(capsys.readouterr())
+    assert "Training on 2 process(es) per node" in text and "Resource tight" not in text, text
+    monkeypatch.setattr(launch, "launcher_needs", lambda *a: [Need("disk", MB, 2 * MB, "h", "f")])
+    assert main([f"--output_dir={tmp_path / 'run2'}", *flags]) == 2  # refused: still
+
+
+@pytest.mark.parametrize(("devices", "noted"), [(3, True), (2, False)])
+def test_more_cpu_processes_than_cores_get_a_calm_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    devices: int, noted: bool,
+) -> None:  # fmt: skip
+    """--devices=3 on a 2-core machine without a GPU: the console says the processes share the
+    cores, and how to give each its own; a process per core says nothing."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: CPU processes
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(subprocess, "Popen", _starts)
+    shard = tmp_path / "a.tar"
+    shard.write_bytes(b"")
+    with pytest.raises(_Done):
+        main([f"--output_dir={tmp_path}", f"--devices={devices}", f"--train_shards={shard}"])
+    text = "".join(capsys.readouterr())
+    note = "Note: 3 processes share this node's 2 CPU cores (no GPU): they take turns on them"
+    assert (note in text) == noted, text
+    assert ("--devices=2 gives each process its own" in text) == noted

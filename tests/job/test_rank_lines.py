@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from loguru import logger
 
-from ae.job.rank_lines import BURST, HOLD_S, WINDOW_S, RankLines
-from ae.log_lines import BAD_SAMPLE, DATA_ERRORS, FATAL, NONFINITE, STALL
+from ae.job.rank_lines import BURST, HOLD_S, RECORD_LINES, WINDOW_S, RankLines
+from ae.log_lines import BAD_SAMPLE, DATA_ERRORS, FATAL, NONFINITE, RESOURCE_TIGHT, STALL
 from bench.synthetic_logs import T0, record
 
 
@@ -98,3 +98,53 @@ def test_a_nonfinite_line_is_said_at_once(tmp_path: Path, said: list[str]) -> No
     assert said == [f"ERROR rank 1: {line}"]
     follower.finish()
     assert said == [f"ERROR rank 1: {line}"]
+
+
+def test_another_ranks_error_of_several_lines_is_said_whole(
+    tmp_path: Path, said: list[str]
+) -> None:
+    """A message whose reason is on its second line keeps it on the console; a record past
+    RECORD_LINES lines (a traceback) is said in part, with where the rest is, and is not among
+    the messages said whole (the launcher's last words may say it again)."""
+    reason = ["val_shards: no readable sample in 3 shards", "  reason: no sample decodes"]
+    long = [f"line {i}" for i in range(RECORD_LINES + 5)]
+    log = tmp_path / "train_TS.log"
+    log.write_text(
+        "\n".join([
+            record(T0, "ERROR", 1, 2, reason[0]), *reason[1:],
+            record(T0, "ERROR", 1, 2, long[0]), *long[1:],
+            record(T0, "INFO", 1, 2, "the next record"),
+        ]) + "\n"
+    )  # fmt: skip
+    follower = RankLines(log)
+    follower.finish()
+    cut = [*long[:RECORD_LINES], f"... 5 more lines in {log.name}"]
+    assert said == ["ERROR rank 1: " + "\n".join(reason), "ERROR rank 1: " + "\n".join(cut)]
+    assert follower.said == {"\n".join(reason)}
+
+
+def test_rank_0s_error_of_several_lines_is_not_said_again(tmp_path: Path, said: list[str]) -> None:
+    """Rank 0 said its own record whole; another rank's copy of the whole message is not said."""
+    message = ["train_shards: 2 shards unreadable", "  /d/a-000000.tar: truncated"]
+    log = tmp_path / "train_TS.log"
+    log.write_text(
+        "\n".join([
+            record(T0, "ERROR", 0, 2, message[0]), *message[1:],
+            record(T0, "ERROR", 1, 2, message[0]), *message[1:],
+        ]) + "\n"
+    )  # fmt: skip
+    follower = RankLines(log)
+    follower.finish()
+    assert said == [] and follower.said == {"\n".join(message)}
+
+
+def test_another_nodes_tight_limit_is_said(tmp_path: Path, said: list[str]) -> None:
+    """Each node's local rank 0 reckons its node's limits; only rank 0 has a console."""
+    tight = RESOURCE_TIGHT.format(problem="host memory: 22.0 GB available, the run needs ...")
+    log = tmp_path / "train_TS.log"
+    log.write_text(
+        record(T0, "WARNING", 0, 4, tight) + "\n" + record(T0, "WARNING", 2, 4, tight) + "\n"
+    )
+    follower = RankLines(log)
+    follower.finish()
+    assert said == [f"WARNING rank 2: {tight}"]
