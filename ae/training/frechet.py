@@ -10,7 +10,8 @@ float64, 2048 x 2048 of them per set), torchmetrics sums them across ranks when 
 is computed (validation's end: nothing per training step), and the distance comes from the sums.
 Memory stays constant however long the validation set is. The distance itself is computed on
 rank 0 alone and broadcast: its 2048 x 2048 eigen-decomposition costs seconds of CPU (~9 s on one
-thread), the same on every rank for the same synced sums.
+thread), the same on every rank for the same synced sums. That of the validation images, the
+same at every validation, is kept from one to the next.
 
 The matrix square root without scipy: tr((S_r S_f)^(1/2)) is the sum of the square roots of the
 eigenvalues of S_r S_f, which are those of the symmetric A S_f A with A = S_r^(1/2) (AB and BA
@@ -35,20 +36,32 @@ def moments(total: torch.Tensor, outer: torch.Tensor, n: int) -> tuple[torch.Ten
     return mean, (outer - n * torch.outer(mean, mean)) / (n - 1)
 
 
+def sqrt_factor(sigma: torch.Tensor) -> torch.Tensor:
+    """V D^(1/2) over the non-zero directions of the covariance sigma = V D V^T, in float64: the
+    eigen-decomposition `frechet_distance` needs of its first covariance (the costly part)."""
+    sigma = sigma.double()
+    values, vectors = torch.linalg.eigh(sigma)
+    # Below this, an eigenvalue is rounding of a zero one (float64, relative to the largest).
+    keep = values > values.abs().max() * sigma.shape[0] * torch.finfo(torch.float64).eps
+    return vectors[:, keep] * values[keep].sqrt()
+
+
 def frechet_distance(
-    mu1: torch.Tensor, sigma1: torch.Tensor, mu2: torch.Tensor, sigma2: torch.Tensor
+    mu1: torch.Tensor,
+    sigma1: torch.Tensor,
+    mu2: torch.Tensor,
+    sigma2: torch.Tensor,
+    factor1: torch.Tensor | None = None,
 ) -> float:
-    """The Frechet distance between the Gaussians N(mu1, sigma1) and N(mu2, sigma2), in float64.
+    """The Frechet distance between the Gaussians N(mu1, sigma1) and N(mu2, sigma2), in float64;
+    `factor1`: `sqrt_factor(sigma1)` when it is known already.
 
     With sigma1 = V D V^T, A = V D^(1/2) V^T and A sigma2 A = V (D^(1/2) V^T sigma2 V D^(1/2))
     V^T: the eigenvalues wanted are those of the inner matrix, whose rows and columns for a zero
     eigenvalue of sigma1 are zero. Only sigma1's non-zero directions are kept, so a covariance of
     n < 2048 images (rank n - 1) costs an n x n problem after its eigen-decomposition."""
     mu1, sigma1, mu2, sigma2 = (t.double() for t in (mu1, sigma1, mu2, sigma2))
-    values, vectors = torch.linalg.eigh(sigma1)
-    # Below this, an eigenvalue is rounding of a zero one (float64, relative to the largest).
-    keep = values > values.abs().max() * sigma1.shape[0] * torch.finfo(torch.float64).eps
-    scaled = vectors[:, keep] * values[keep].sqrt()  # V D^(1/2), non-zero directions
+    scaled = sqrt_factor(sigma1) if factor1 is None else factor1
     inner = scaled.T @ sigma2 @ scaled
     inner = (inner + inner.T) / 2  # symmetric to the last bit, as eigh assumes
     trace_sqrt = torch.linalg.eigvalsh(inner).clamp_min(0).sqrt().sum()
@@ -66,6 +79,12 @@ class FrechetDistance(Metric):
 
     def __init__(self, features: int = FEATURES) -> None:
         super().__init__()
+        # The real side's synced sums at the last distance, and their `sqrt_factor`: the
+        # validation images are the same at every validation of a run (its own shards, or the
+        # hold-out that a resume keeps), so their eigen-decomposition, over half the distance's
+        # cost (all of it but an n x n problem for n < 2048 images), is done again only when
+        # the sums differ to the last bit (another order of batches may round them otherwise).
+        self._real_factor: tuple[list[torch.Tensor], torch.Tensor] | None = None
         for side in ("real", "fake"):
             self.add_state(f"{side}_sum", torch.zeros(features, dtype=torch.float64), "sum")
             self.add_state(
@@ -101,7 +120,11 @@ class FrechetDistance(Metric):
         real = moments(self.real_sum, self.real_outer, n_real)
         fake = moments(self.fake_sum, self.fake_outer, n_fake)
         try:
-            return frechet_distance(*real, *fake)
+            sums = [self.real_sum, self.real_outer, self.real_n]
+            known = self._real_factor
+            if known is None or not all(map(torch.equal, known[0], sums)):
+                known = self._real_factor = ([t.clone() for t in sums], sqrt_factor(real[1]))
+            return frechet_distance(*real, *fake, factor1=known[1])
         except torch.linalg.LinAlgError as e:  # an eigen-decomposition that did not converge
             logger.warning(f"val/rfid: no value this validation ({e})")
             return float("nan")

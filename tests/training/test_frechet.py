@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ae.training import frechet
 from ae.training.frechet import FrechetDistance, frechet_distance, moments
 from tests.support.runs import ROOT
 
@@ -91,6 +92,29 @@ def test_batches_and_rank_sums_add_up_to_the_whole_set() -> None:
     assert float(rank0.compute()) == pytest.approx(expected, rel=1e-9)
 
 
+def test_the_real_sides_decomposition_is_kept_while_its_sums_stay_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Validation after validation over the same images: the real side's eigen-decomposition is
+    done once, and each distance is still the one computed from scratch; other real images (to
+    the last bit of their sums) are decomposed again."""
+    real, fake = _gaussian_sets()
+    shifts = (0.0, 0.5, 1.0)  # the reconstructions change, the validation images do not
+    expected = [_direct(real, fake + shift) for shift in shifts] + [_direct(real[:-1], fake)]
+    factored = []
+    sqrt_factor = frechet.sqrt_factor
+    monkeypatch.setattr(frechet, "sqrt_factor", lambda s: factored.append(1) or sqrt_factor(s))
+    m = FrechetDistance(8)
+    for shift, want in zip(shifts, expected, strict=False):
+        m.update(real, fake + shift)
+        assert float(m.compute()) == pytest.approx(want, rel=1e-9)
+        m.reset()  # as Lightning resets it after each validation
+    assert len(factored) == 1
+    m.update(real[:-1], fake)  # one image fewer
+    assert float(m.compute()) == pytest.approx(expected[-1], rel=1e-9)
+    assert len(factored) == 2
+
+
 def test_fewer_than_two_vectors_is_nan() -> None:
     m = FrechetDistance(4)
     m.update(torch.rand(1, 4), torch.rand(1, 4))
@@ -98,10 +122,10 @@ def test_fewer_than_two_vectors_is_nan() -> None:
 
 
 def test_a_decomposition_that_fails_is_nan_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
-    def diverges(*_: torch.Tensor) -> float:
+    def diverges(*_: torch.Tensor) -> torch.Tensor:
         raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
 
-    monkeypatch.setattr("ae.training.frechet.frechet_distance", diverges)
+    monkeypatch.setattr("ae.training.frechet.sqrt_factor", diverges)
     m = FrechetDistance(4)
     m.update(torch.rand(8, 4), torch.rand(8, 4))
     assert math.isnan(float(m.compute()))
@@ -122,7 +146,7 @@ def rank_main(rank, store_file, out):
     dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
     calls = []
     distance = frechet.frechet_distance
-    frechet.frechet_distance = lambda *a: calls.append(1) or distance(*a)
+    frechet.frechet_distance = lambda *a, **k: calls.append(1) or distance(*a, **k)
     real, fake = _gaussian_sets()
     share = slice(0, 120) if rank == 0 else slice(120, None)
     m = FrechetDistance(8)
