@@ -186,6 +186,18 @@ def test_pg_timeout_must_exceed_stall_timeout() -> None:
     assert (cfg.obs.log_rotate_mb, cfg.obs.log_rotate_keep) == (0.5, 7)
 
 
+def test_a_hang_timeout_without_the_watchdog_is_refused() -> None:
+    """--stall_timeout=0 turns the watchdog off, and with it the hang restarts: a
+    --hang_timeout asked for beside it is refused by name; the default goes quietly."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--stall_timeout=0", "--hang_timeout=5"])
+    assert [p.split(":")[0] for p in err.value.problems] == ["hang_timeout/stall_timeout"]
+    assert "--hang_timeout=5 needs the watchdog" in err.value.problems[0]
+    assert parse_config(["--stall_timeout=0"]).obs.hang_timeout == 1800
+    assert parse_config(["--stall_timeout=0", "--hang_timeout=0"]).obs.stall_timeout == 0
+    assert parse_config(["--stall_timeout=60", "--hang_timeout=5"]).obs.hang_timeout == 5
+
+
 def test_model_flags_lists_and_mappings_from_cli_and_yaml(tmp_path: Path) -> None:
     cfg = parse_config(["--model=resnet", "--channel_mult=1,2,4", "--downsample=4",
                         "--hidden_dims", "[64, 32]", "--kl_weight=1e-3", "--loss=l1"])  # fmt: skip

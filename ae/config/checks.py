@@ -10,6 +10,7 @@ from pathlib import Path
 from ae.config.sections import (
     BUILTIN_MODELS,
     DOWNSAMPLE_FACTORS,
+    FIELDS,
     LOGGERS,
     USER_MODEL,
     Config,
@@ -78,6 +79,15 @@ def cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
         ("pg_timeout",),
         f"must be above stall_timeout ({cfg.stall_timeout:g}s), or a rank waiting for a stuck"
         " peer fails before the stall is reported",
+    )
+    # The watchdog is what ends a hung rank: --stall_timeout=0 (no watchdog) with a
+    # --hang_timeout asked for would train on with no hang restart and no word. The default
+    # hang_timeout goes quietly with the watchdog (the help says so).
+    need(
+        cfg.stall_timeout > 0 or cfg.hang_timeout in (0, FIELDS["hang_timeout"].default),
+        ("hang_timeout", "stall_timeout"),
+        f"--hang_timeout={cfg.hang_timeout:g} needs the watchdog, which --stall_timeout=0 turns "
+        "off: give --stall_timeout a value below it (300: the default), or --hang_timeout=0",
     )
     need(
         (cfg.shard_split == "resampled") == (cfg.epoch_samples > 0),
