@@ -69,6 +69,12 @@ class PlainErrors:
         except OSError as e:
             raise self._plain(e) from None
 
+    def __enter__(self) -> PlainErrors:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.pipe, name)
 

@@ -180,6 +180,10 @@ class Inspector:
         """What a training run on these shards needs, one line each (first: keys that WebDataset
         splits into many fields, if any)."""
         out = [r.merged for r in reports if r.merged][:1]
+        if self.native is None and not any(r.samples for r in reports):
+            # Nothing was read (a failed command or download, damaged files): the field is not
+            # what is wrong, and the lines above say what is.
+            return [*out, "no sample could be read: no training run can use these shards"]
         if self.native is None:
             return [
                 *out,

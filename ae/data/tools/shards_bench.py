@@ -23,6 +23,7 @@ from webdataset.gopen import gopen
 
 from ae.config import DataConfig
 from ae.data.datamodule import ShardDataModule
+from ae.data.shards.pipes import plain_errors
 from ae.data.shards.spec import expand_shards, is_remote
 from ae.data.stream.fixed_layout_batches import columnar_slot
 
@@ -48,7 +49,7 @@ def read_limit(urls: list[str], seconds: float) -> float:
     """MB/s of reading the shard files raw (8 MB reads), all of them or for `seconds`."""
     done, started = 0, time.perf_counter()
     for url in urls:
-        with gopen(url, "rb") as f:
+        with plain_errors(gopen(url, "rb")) as f:  # a failed curl or pipe: said plainly
             while chunk := f.read(READ_CHUNK):
                 done += len(chunk)
         if time.perf_counter() - started > seconds:

@@ -180,6 +180,21 @@ def test_inspect_integer_arrays_suggests_a_scale(tmp_path: Path, capsys) -> None
     assert "--npy_scale=0.00392156863" in text
 
 
+def test_a_failing_pipe_is_named_plainly_by_bench_and_inspect(tmp_path: Path) -> None:
+    """`pipe:cat` of a mistyped path: bench names the command and its exit (was WebDataset's
+    `(('cat ...',), {'shell': True, ...}): exit 1 (read) {}`), and inspect says nothing could
+    be read (was a hint to pick the field with --input_key)."""
+    spec = f"pipe:cat {tmp_path}/trian-000000.tar"
+    run = [sys.executable, "-m", "ae.cli.shards"]
+    bench = subprocess.run([*run, "bench", spec], cwd=ROOT, capture_output=True, text=True)
+    assert bench.returncode == 2, bench
+    assert f"the command `cat {tmp_path}/trian-000000.tar` exited 1" in bench.stderr
+    assert "shell" not in bench.stderr and "Traceback" not in bench.stderr
+    inspect = subprocess.run([*run, "inspect", spec], cwd=ROOT, capture_output=True, text=True)
+    assert "no sample could be read" in inspect.stdout, inspect.stdout
+    assert "--input_key" not in inspect.stdout
+
+
 def test_bench_times_the_training_pipeline_and_names_its_path(tmp_path: Path, capsys) -> None:
     vectors, photos = tmp_path / "vectors", tmp_path / "photos"
     main(["write", str(_npy(tmp_path, rows=400, dim=8)), str(vectors), "--per_shard", "100"])
