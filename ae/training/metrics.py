@@ -181,12 +181,27 @@ def _logger_name(lg: Logger) -> str:
 
 def start_loggers(loggers: list[Logger]) -> None:
     """Start each logger's run now (rank 0, before training): one that cannot (a bad tracking
-    URI, W&B not logged in and not offline) is a ConfigError naming it, not a failure mid-run."""
+    URI, W&B not logged in and not offline) is a ConfigError naming it, not a failure mid-run.
+    Then one console line says where each run's metrics go."""
     for lg in loggers:
         try:
             _ = lg.experiment
         except Exception as e:  # any library's failure to start is the same user problem
             raise _cannot_start(_logger_name(lg), e) from None
+    if loggers:
+        main_log.info("Metrics: " + "; ".join(_where(lg) for lg in loggers))
+
+
+def _where(lg: Logger) -> str:
+    """Where a started logger's metrics go, as a user opens them."""
+    name = _logger_name(lg)
+    if name == "csv":
+        return f"csv {lg.experiment.metrics_file_path}"
+    if name == "tensorboard":  # a resumed run continues its first launch's folder
+        return f"tensorboard {lg.log_dir} (tensorboard --logdir {Path(lg.log_dir).parent})"
+    if name == "mlflow":
+        return f"mlflow run {lg.run_id} at {lg.experiment.tracking_uri}"  # type: ignore[attr-defined]
+    return f"{name} run {lg.version}"
 
 
 def log_grid(loggers: list[Logger], image: Image.Image, step: int) -> None:

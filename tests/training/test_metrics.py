@@ -9,6 +9,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from loguru import logger as loguru_logger
 
 from ae.config import ConfigError, ModelConfig, OptimConfig, parse_config
 from ae.data.decoding.decode import InputSpec
@@ -20,6 +21,7 @@ from ae.training.metrics import (
     StepsDone,
     build_loggers,
     log_cadence,
+    start_loggers,
 )
 from ae.training.model import AutoEncoder
 from ae.training.rank_series import rank_values, read_heartbeats
@@ -69,6 +71,27 @@ def test_a_logger_that_cannot_start_is_a_config_error(tmp_path: Path) -> None:
     (problem,) = err.value.problems
     assert problem.startswith("logger: mlflow cannot start: ") and "nosuch://x" in problem
     assert err.value.exit_code == 2
+
+
+def test_started_loggers_say_where_their_metrics_go(tmp_path: Path) -> None:
+    """One console line names the CSV file and the TensorBoard folder (with the command that
+    opens it); a resumed TensorBoard run continues its first launch's folder."""
+    cfg = parse_config([f"--output_dir={tmp_path}", "--logger=csv,tensorboard"])
+    lines: list[str] = []
+    sink = loguru_logger.add(lines.append, format="{message}")
+    try:
+        start_loggers(build_loggers(cfg.obs, cfg.run.dir, "20260101_000000", {}))
+        resumed = {"tensorboard": "20251231_000000"}
+        start_loggers(build_loggers(cfg.obs, cfg.run.dir, "20260102_000000", resumed))
+    finally:
+        loguru_logger.remove(sink)
+    first, second = (ln.strip() for ln in lines if ln.startswith("Metrics: "))
+    assert first == (
+        f"Metrics: csv {tmp_path}/metrics/20260101_000000/metrics.csv; tensorboard "
+        f"{tmp_path}/tensorboard/20260101_000000 (tensorboard --logdir {tmp_path}/tensorboard)"
+    )
+    assert f"csv {tmp_path}/metrics/20260102_000000/metrics.csv" in second
+    assert f"tensorboard {tmp_path}/tensorboard/20251231_000000 " in second
 
 
 def test_the_lr_is_logged_at_the_steps_of_the_losses_with_the_lr_that_step_used(
