@@ -119,6 +119,18 @@ def schedule_line(warmup_steps: int, total_steps: int, kind: str) -> str:
     return text
 
 
+def disc_start_note(disc_start: int, total_steps: int) -> str | None:
+    """A note when the discriminator starts after the run's last step (the default
+    `--disc_start` is 50,001, a short first run never reaches it); not a warning: a run extended
+    later by a resume may mean it."""
+    if disc_start <= total_steps:
+        return None
+    return (
+        f"Discriminator: --disc_start={disc_start} is after this run's last step ({total_steps}): "
+        f"it does not train in this run; a lower --disc_start starts it sooner"
+    )
+
+
 @dataclass
 class DiscSchedule(Schedule):
     """The discriminator's group: 0 before `start` (`--disc_start`), then the generator's

@@ -32,6 +32,7 @@ from ae.training.lr import (
     DiscSchedule,
     Schedule,
     at_schedule_step,
+    disc_start_note,
     lr_rescaled_line,
     rescale,
     scale_lr,
@@ -249,6 +250,8 @@ class AutoEncoder(L.LightningModule):
         if self.trainer.is_global_zero and self.trainer.ckpt_path is None:
             # On resume this is an estimate before the loops are restored: `replan_schedule`.
             main_log.info(schedule_line(hp.warmup_steps, total, hp.lr_scheduler))
+            if self.discriminator is not None and (note := disc_start_note(hp.disc_start, total)):
+                main_log.info(note)
         schedule = Schedule(hp.warmup_steps, total, hp.lr_scheduler)
         schedules: list[Schedule] = [schedule] * n_generator
         if self.discriminator is not None:

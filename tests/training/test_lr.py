@@ -14,6 +14,7 @@ from ae.log_lines import LR_RESCALED
 from ae.training.lr import (
     Schedule,
     at_schedule_step,
+    disc_start_note,
     effective_lr_line,
     lr_factor,
     lr_rescaled_line,
@@ -62,6 +63,13 @@ def test_constant_and_no_warmup() -> None:
     assert lr_factor(50, 10, 100, "constant") == 1.0
     assert lr_factor(0, 0, 100, "cosine") == pytest.approx(1.0)
     assert lr_factor(50, 0, 100, "cosine") == pytest.approx(0.5)
+
+
+def test_a_discriminator_starting_after_the_run_is_said() -> None:
+    """The default --disc_start (50,001) in a 300-step run: the discriminator never trains."""
+    note = disc_start_note(50_001, 300)
+    assert note is not None and "--disc_start=50001 is after this run's last step (300)" in note
+    assert disc_start_note(300, 300) is None and disc_start_note(0, 300) is None
 
 
 def test_schedule_line_warns_when_warmup_eats_the_run() -> None:
