@@ -22,6 +22,24 @@ class WeightsFileError(UserError):
     """A weights file that is missing, unreadable or not what it should be."""
 
 
+def _why(e: Exception) -> str:
+    """torch.load's failure in a few words. The safe loader's message opens with advice to load
+    with weights_only=False, which ae never does for a weights file (it would run code from
+    it): its reason is the line after "WeightsUnpickler error:"."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if any("WeightsUnpickler error:" in ln for ln in lines):
+        at = next(i for i, ln in enumerate(lines) if "WeightsUnpickler error:" in ln)
+        after = lines[at].split("WeightsUnpickler error:", 1)[1].strip()
+        reason = after or (lines[at + 1] if at + 1 < len(lines) else "")
+        return f"not a file of tensors alone: {_sentence(reason)}"
+    return f"{type(e).__name__}: {_sentence(lines[0])}" if lines else type(e).__name__
+
+
+def _sentence(text: str) -> str:
+    """The first sentence: torch's messages go on with advice that does not apply here."""
+    return text.split(". ", 1)[0].rstrip(".")
+
+
 def read_state_dict(path: Path, what: str) -> dict[str, Any]:
     """A torch file of tensors, read safely; torchvision's VGG16 file is in torch's legacy
     (pre-zip) format, which cannot be memory-mapped: mapped when possible, so that a 528 MB file
@@ -32,9 +50,8 @@ def read_state_dict(path: Path, what: str) -> dict[str, Any]:
         mmap = zipfile.is_zipfile(path)
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # torch raises many kinds for a truncated or foreign file
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise WeightsFileError(
-            f"{what}: {path} is not a readable torch weights file ({type(e).__name__}: {first}); "
+            f"{what}: {path} is not a readable torch weights file ({_why(e)}); "
             "a partial download? Fetch it again"
         ) from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):

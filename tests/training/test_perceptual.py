@@ -133,8 +133,24 @@ class Payload:
 def test_a_file_that_would_run_code_is_refused(files: tuple[Path, Path], tmp_path: Path) -> None:
     bad = tmp_path / "bad.pth"
     torch.save({"features.0.weight": Payload()}, bad, pickle_module=pickle)
-    with pytest.raises(WeightsFileError, match=r"bad\.pth is not a readable torch weights"):
+    with pytest.raises(WeightsFileError, match=r"bad\.pth is not a readable torch weights") as e:
         load_lpips(bad, files[1])
+    # the safe loader's reason, without torch's advice to load it unsafely (ae never does)
+    assert "not a file of tensors alone: Unsupported global: GLOBAL print was not" in str(e.value)
+    assert "weights_only" not in str(e.value) and "trusted source" not in str(e.value)
+
+
+def test_a_file_of_garbage_is_named_without_torchs_advice(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(b"<html>404 Not Found</html>\n")
+    with pytest.raises(WeightsFileError) as e:
+        load_lpips(garbage, files[1])
+    assert str(e.value) == (
+        f"perceptual_weights: {garbage} is not a readable torch weights file (not a file of "
+        "tensors alone: Unsupported operand 60); a partial download? Fetch it again"
+    )
 
 
 def test_wrong_shapes_and_missing_keys_are_listed(files: tuple[Path, Path], tmp_path: Path) -> None:
