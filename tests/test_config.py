@@ -230,7 +230,8 @@ def test_model_flag_problems_all_at_once() -> None:
         "model_args: must be a mapping of names to values; got '[1, 2]'",
         "channel_mult: must be integers separated by commas; got '1,x'",
         "hidden_dims: must be >= 1; got 0,4",
-        "model: must be one of auto, mlp, conv, resnet or package.module:ClassName; got 'resnet:'",
+        "model: must be one of auto, mlp, conv, resnet or package.module:ClassName; got 'resnet:'"
+        " (did you mean resnet?)",
         "downsample: must be one of 2, 4, 8, 16; got 3",
         "ema_decay: must be below 1 (0 = off); got 1.0",
     ]

@@ -7,6 +7,7 @@ import importlib.util
 import types
 from pathlib import Path
 
+from ae.config.model_path import model_spelling_hint
 from ae.config.sections import (
     BUILTIN_MODELS,
     DOWNSAMPLE_FACTORS,
@@ -127,7 +128,7 @@ def cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
         cfg.model in BUILTIN_MODELS or USER_MODEL.fullmatch(cfg.model) is not None,
         ("model",),
         f"must be one of {', '.join(BUILTIN_MODELS)} or package.module:ClassName; got "
-        f"{cfg.model!r}",
+        f"{cfg.model!r}{model_spelling_hint(cfg.model, BUILTIN_MODELS)}",
     )
     user_model = cfg.model not in BUILTIN_MODELS
     need(

@@ -7,6 +7,7 @@ ranks import the class (`ae.training.models.user`), and only that can tell wheth
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib.machinery
 import os
 import sys
@@ -72,6 +73,8 @@ def locate_class(path: str) -> str | None:
     binds the name. Nothing is imported."""
     module, name = split_path(path)
     found = _find_module_file(module, import_search_path())
+    if found is None and module.endswith(".py"):
+        return f"model: {module!r} is a file name; name its module: --model={module[:-3]}:{name}"
     if found is None:
         return (
             f"model: no module {module!r} (looked in the working directory {os.getcwd()} and "
@@ -85,5 +88,27 @@ def locate_class(path: str) -> str | None:
         return f"model: cannot read {found}: {type(e).__name__}: {e}"
     names = _top_level_names(tree)
     if names is not None and name not in names:
-        return f"model: {found} defines no {name!r}"
+        near = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+        near += [n for n in sorted(names) if n.lower() == name.lower() and n not in near]
+        hint = f"; did you mean {module}:{near[0]}?" if near else ""
+        return f"model: {found} defines no {name!r}{hint}"
     return None
+
+
+def model_spelling_hint(value: str, builtins: tuple[str, ...]) -> str:
+    """For a --model that is neither one of `builtins` nor `package.module:ClassName`: what it
+    probably meant (a built-in misspelt, a dot before the class, a file path), or ""."""
+    if near := difflib.get_close_matches(value, builtins, n=1, cutoff=0.6):
+        return f" (did you mean {near[0]}?)"
+    module, colon, name = value.rpartition(":")
+    if colon and (module.endswith(".py") or "/" in module):  # a file path
+        stem = Path(module).stem
+        return (
+            f" (a module, not a file: from the folder holding {Path(module).name}, or with it on "
+            f"PYTHONPATH, --model={stem}:{name})"
+        )
+    if not colon and "." in value:
+        module, _, name = value.rpartition(".")
+        if name[:1].isupper():
+            return f" (did you mean --model={module}:{name}? a colon before the class)"
+    return ""

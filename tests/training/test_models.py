@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ae.config import ModelConfig, OptimConfig
+from ae.config import ConfigError, ModelConfig, OptimConfig, parse_config
 from ae.config.model_path import locate_class
 from ae.data.decoding.decode import InputSpec
 from ae.training.model import AutoEncoder, kl_divergence
@@ -226,7 +226,25 @@ def test_locate_class_finds_module_and_name_without_running_them(user_module: st
     assert locate_class("mypkg.models:NOT_A_CLASS") is None  # bound: load_class tells the rest
     assert "no module 'mypkg.nope'" in (locate_class("mypkg.nope:Flat") or "")
     assert "no module 'nowhere'" in (locate_class("nowhere:X") or "")
-    assert "defines no 'Flta'" in (locate_class("mypkg.models:Flta") or "")
+    assert "defines no 'Flta'; did you mean mypkg.models:Flat?" in (
+        locate_class("mypkg.models:Flta") or ""
+    )
+    assert "did you mean mypkg.models:Flat?" in (locate_class("mypkg.models:flat") or "")
+    assert locate_class("flatmods.py:Flat") == (
+        "model: 'flatmods.py' is a file name; name its module: --model=flatmods:Flat"
+    )
+
+
+def test_a_model_value_of_the_wrong_form_says_what_it_probably_meant() -> None:
+    hints = {}
+    for value in ("resnt", "mypkg.models.Flat", "/home/me/flatmods.py:Flat", "nothing"):
+        with pytest.raises(ConfigError) as err:
+            parse_config([f"--model={value}"])
+        (hints[value],) = err.value.problems
+    assert hints["resnt"].endswith("got 'resnt' (did you mean resnet?)")
+    assert "(did you mean --model=mypkg.models:Flat? a colon" in hints["mypkg.models.Flat"]
+    assert "--model=flatmods:Flat)" in hints["/home/me/flatmods.py:Flat"]
+    assert hints["nothing"].endswith("got 'nothing'")
 
 
 def test_user_nn_module_is_wrapped_with_input_shape_and_model_args(user_module: str) -> None:
