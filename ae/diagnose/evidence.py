@@ -15,7 +15,7 @@ from pathlib import Path
 from ae.diagnose.collectives import Backend, backend_words
 from ae.diagnose.flight_recorder import Dump, read_dump
 from ae.diagnose.heartbeats import read_heartbeat
-from ae.diagnose.launcher_log import ProcessEnd, read_launcher_logs
+from ae.diagnose.launcher_log import LauncherReport, ProcessEnd, read_launcher_logs
 from ae.diagnose.log_files import RunFiles
 from ae.diagnose.logscan import LogBytes, Record
 from ae.diagnose.rank_log import RankLog, read_rank
@@ -55,6 +55,9 @@ class RunState:
     backend: dict[int, Backend] = field(default_factory=dict)  # rank -> its backend's words
     # rank -> how its process ended, when torchrun's report says (no exit line of its own)
     ends: dict[int, ProcessEnd] = field(default_factory=dict)
+    # rank -> how its process ended after its exit line, when not with that code: killed in its
+    # last moments (interpreter shutdown), which its log cannot say (`ae.diagnose.teardown`)
+    after_exit: dict[int, ProcessEnd] = field(default_factory=dict)
 
     def silent_s(self, rank: RankLog) -> float | None:
         if self.newest_line is None or rank.last_time is None:
@@ -100,17 +103,33 @@ def _worker_crash(c: Crash) -> bool:
     return m is not None and m["worker"] is not None
 
 
-def process_ends(files: RunFiles, ranks: dict[int, RankLog]) -> dict[int, ProcessEnd]:
+def _end_of(report: LauncherReport, rank: int, r: RankLog) -> ProcessEnd | None:
+    """How torchrun's report says the rank's process ended (by the heartbeat's pid, else the
+    rank), or None."""
+    hb = r.heartbeat
+    end = report.by_pid.get(hb.pid) if hb is not None else None
+    return end or report.by_rank.get(rank)
+
+
+def ends_after_exit(report: LauncherReport, ranks: dict[int, RankLog]) -> dict[int, ProcessEnd]:
+    """Rank -> how its process ended, for the ranks whose exit line says another code: a
+    signal after `Rank exiting with code 0` (a kill in its last moments)."""
+    ends = {rank: _end_of(report, rank, r) for rank, r in ranks.items() if r.exit is not None}
+    return {
+        rank: end for rank, end in ends.items()
+        if end is not None and (end.signal is not None or end.exit_code != ranks[rank].exit_code)
+    }  # fmt: skip
+
+
+def process_ends(report: LauncherReport, ranks: dict[int, RankLog]) -> dict[int, ProcessEnd]:
     """Rank -> how its process ended (a signal, a non-zero exit code), for the ranks that wrote
     no exit line of their own, from torchrun's report (by the heartbeat's pid, else the rank).
     The dataloader workers of such a rank outlived it: their exceptions (a socket to the dead
     rank reset) are dropped, never taken for the rank's own cause."""
-    report = read_launcher_logs(files.launcher_logs)
     ends = {}
     for rank, r in ranks.items():
         hb = r.heartbeat
-        end = report.by_pid.get(hb.pid) if hb is not None else None
-        end = end or report.by_rank.get(rank)
+        end = _end_of(report, rank, r)
         if r.exit is not None or (end is not None and end.exit_code == 0):
             continue
         if end is not None:
@@ -126,7 +145,8 @@ def read_run(files: RunFiles, max_shard_errors: int = 1000) -> RunState:
         beat = read_heartbeat(files.heartbeats[rank]) if rank in files.heartbeats else None
         ranks[rank] = read_rank(rank, files.debug_logs.get(rank, []), beat, max_shard_errors)
     train = read_train_log(files.train_logs)
-    ends = process_ends(files, ranks)
+    report = read_launcher_logs(files.launcher_logs)
+    ends = process_ends(report, ranks)
     worlds = [r.world_size for r in ranks.values() if r.world_size] + [train.world_size or 0]
     world = max(worlds) or None
     expected = set(range(world)) if world else set()
@@ -147,4 +167,5 @@ def read_run(files: RunFiles, max_shard_errors: int = 1000) -> RunState:
         dumps=dumps,
         backend=backend_words(files.native_logs),
         ends=ends,
+        after_exit=ends_after_exit(report, ranks),
     )

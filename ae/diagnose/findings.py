@@ -27,6 +27,8 @@ class Findings:
     victims: tuple[Finding, ...] = ()
     states: Mapping[int, str] = field(default_factory=dict)  # rank -> crashed, stalled, ...
     mismatches: tuple[Mismatch, ...] = ()  # the collective mismatches found
+    # Ends after training finished (`ae.diagnose.teardown`, the last rule): no culprits
+    teardown: tuple[Finding, ...] = ()
 
     def plus(
         self,
@@ -40,6 +42,7 @@ class Findings:
             (*self.victims, *victims),
             {**self.states, **(states or {})},
             self.mismatches,
+            self.teardown,
         )
 
     @property

@@ -46,6 +46,7 @@ from ae.log_lines import (
     STOP_SIGNAL,
     STOP_SIGNAL_STUCK,
     TRAIN_STEP,
+    TRAINING_FINISHED,
     VAL_STEP,
 )
 
@@ -127,6 +128,10 @@ class RankLog:
     native_dump: Evidence | None = None
     native_dump_main: Evidence | None = None  # the innermost frame of the main thread in it
     sigterm: Record | None = None
+    # Its TRAINING_FINISHED line: its fit returned after the last step (the ranks step together,
+    # so training is over for every rank); whatever follows is teardown.
+    training_finished: Record | None = None
+    saved: Record | None = None  # its last CHECKPOINT_END line of a step file (not `best`)
     preempted: Record | None = None  # its PREEMPTED line: stopped by a signal, checkpoint saved
     heartbeat: Heartbeat | None = None
     header_host: str | None = None  # from the rank header, for a rank without a heartbeat
@@ -156,6 +161,16 @@ class RankLog:
         if self.marker is None:
             return None
         return phase_after_marker(self.marker_name, self.marker_edge)
+
+    @property
+    def stop_phase(self) -> str | None:
+        """The phase its stop signal line names (`... in phase teardown at step 23`), if any."""
+        if self.sigterm is None:
+            return None
+        for fmt in (STOP_SIGNAL, STOP_SIGNAL_STUCK):
+            if (m := fmt.parse(self.sigterm.message)) is not None:
+                return m["phase"]
+        return None  # Lightning's own `Received SIGTERM` names none
 
     @property
     def marker_text(self) -> str:
@@ -213,6 +228,12 @@ class _Scanner:
             s.memory = m[0]
         if (rec := self._last(log, RANK_EXIT.prefix)) and (m := RANK_EXIT.parse(rec.message)):
             s.exit, s.exit_code = rec, int(m["code"])
+        if rec := self._last(log, TRAINING_FINISHED.prefix):
+            s.training_finished = rec
+        for start in log.find_records(_needle(CHECKPOINT_END.prefix)):
+            # `best` lines name no step file (their reason has a space: no parse)
+            if (rec := log.record(start)) is not None and CHECKPOINT_END.parse(rec.message):
+                s.saved = rec
         if (start := log.last_level_record("ERROR")) is not None:
             s.last_error = log.evidence(start)
             more = log.continuation(start, ERROR_LINES)

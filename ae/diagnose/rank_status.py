@@ -73,13 +73,20 @@ def open_stall(r: RankLog) -> Stall | None:
 
 
 def current_phase(r: RankLog) -> str:
-    if finished(r):
+    # Its fit returned (TRAINING_FINISHED): the markers before it name training phases it left.
+    if finished(r) or (r.training_finished is not None and not r.crashes):
         return "teardown"
     if (s := open_stall(r)) is not None:
         return s.phase
     if r.crashes:
         return r.crashes[0].phase or r.log_phase or "setup"
-    hb = r.heartbeat  # the newer of the heartbeat and the log says where the rank is
+    hb = r.heartbeat  # the newest of the heartbeat, the stop signal line, the log says where
+    stop, at = r.stop_phase, r.sigterm.time if r.sigterm is not None else 0.0
+    newer = ([hb.time] if hb is not None else []) + ([r.marker.time] if r.marker else [])
+    if stop is not None and all(at >= t for t in newer):
+        # The watchdog's `Stop signal ... in phase teardown` names the phase the rank was in;
+        # the last marker only the phase it entered last (a teardown has no marker).
+        return stop
     if hb is not None and (r.last_time is None or hb.time >= r.last_time):
         return hb.phase
     return r.log_phase or (hb.phase if hb is not None else "setup")

@@ -21,6 +21,7 @@ from ae.diagnose.nonfinite import nonfinite_json
 from ae.diagnose.rank_log import RankLog, shard_of
 from ae.diagnose.rank_status import current_phase
 from ae.diagnose.stragglers import StragglerFinding, find_stragglers, rank_scores
+from ae.diagnose.teardown import teardown_line
 from ae.diagnose.verdict import Verdict, judge
 from ae.log_lines import PREEMPTED, RECORD_PATTERN
 
@@ -79,13 +80,15 @@ def _dump(d: Dump) -> dict[str, Any]:
             "calls": sum(map(len, d.calls.values())), "last_seq": last}  # fmt: skip
 
 
-def _rank(run: RunState, r: RankLog, state: str, tail: int, score: float | None) -> dict[str, Any]:
+def _rank(
+    run: RunState, r: RankLog, state: str, tail: int, score: float | None, phase: str | None
+) -> dict[str, Any]:
     hb = r.heartbeat
     end = run.ends.get(r.rank)
     out: dict[str, Any] = {
         "rank": r.rank,
         "state": state,
-        "phase": current_phase(r),
+        "phase": phase or current_phase(r),
         "step": r.step,
         "epoch": r.epoch,
         "silent_s": _round(run.silent_s(r)),
@@ -157,6 +160,7 @@ def diagnose(files: RunFiles, tail: int = 0) -> dict[str, Any]:
 
 def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
     scores = rank_scores(run)
+    ended = {f.rank: f.phase for f in verdict.teardown}  # past training, whatever it logged last
     return {
         "run": run.files.ts,
         "logs_dir": str(run.files.logs_dir),
@@ -164,7 +168,14 @@ def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
         "world_size": run.world_size,
         "newest_line": _time(run.newest_line),
         "ranks": [
-            _rank(run, r, verdict.states.get(r.rank, "running"), tail, scores.get(r.rank))
+            _rank(
+                run,
+                r,
+                verdict.states.get(r.rank, "running"),
+                tail,
+                scores.get(r.rank),
+                ended.get(r.rank),
+            )
             for r in run.ranks.values()
         ],
         "culprits": [_finding(run, f) for f in verdict.culprits],
@@ -183,6 +194,15 @@ def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
         "stragglers": [_straggler(f) for f in find_stragglers(run)],
         "nonfinite": nonfinite_json(run),
         "stopped_by": _stopped_by(run),
+        "training_finished": None
+        if (fin := verdict.finished) is None
+        else {
+            "step": fin.step,
+            "checkpoint": fin.checkpoint,
+            "rank0": (r0 := run.ranks.get(0)) is not None and r0.training_finished is not None,
+            "evidence": _evidence(fin.evidence),
+        },
+        "teardown": [_finding(run, f) for f in verdict.teardown],
         "collectives": {
             "dumps": [_dump(d) for _, d in sorted(run.dumps.items())],
             "mismatches": [m.to_json() for m in verdict.mismatches],
@@ -259,6 +279,8 @@ def verdict_lines(doc: dict[str, Any], width: int = 160) -> list[str]:
                 f"collective at step {net['step']}; {net['cause']}")  # fmt: skip
         return [head, *(_cut(f"    {_where(e)}  {_what(e)}", width) for e in net["evidence"])]
     survived = _survived(doc.get("nonfinite"))
+    if (calm := teardown_line(doc)) is not None:
+        return [calm, *_teardown_evidence(doc, width), *survived]
     if not doc["culprits"]:
         return [f"No rank is named as the cause (run {doc['status']}).", *survived]
     lines = []
@@ -268,6 +290,13 @@ def verdict_lines(doc: dict[str, Any], width: int = 160) -> list[str]:
         for e in c["evidence"]:
             lines.append(_cut(f"    {_where(e)}  {_what(e)}", width))
     return lines
+
+
+def _teardown_evidence(doc: dict[str, Any], width: int) -> list[str]:
+    """The TRAINING_FINISHED line, then each end's evidence (`teardown_line` says the rest)."""
+    evidence = [doc["training_finished"]["evidence"], *(e for f in doc["teardown"]
+                                                        for e in f["evidence"])]  # fmt: skip
+    return [_cut(f"    {_where(e)}  {_what(e)}", width) for e in evidence]
 
 
 def _survived(nonfinite: dict[str, Any] | None) -> list[str]:
@@ -321,6 +350,12 @@ def render(doc: dict[str, Any], console: Console) -> None:
             "them (interface, cable, switch, firewall).", style="bold red",
         ))  # fmt: skip
         _print_evidence(console, net["evidence"])
+    elif (calm := teardown_line(doc)) is not None:
+        console.print(Text(f"Verdict: {calm}.", style="yellow"))
+        _print_evidence(console, [doc["training_finished"]["evidence"]])
+        for f in doc["teardown"]:
+            console.print(f"  rank {f['rank']}: {f['cause']} (phase {f['phase']}; {f['rule']})")
+            _print_evidence(console, f["evidence"])
     elif not culprits and stragglers:
         slowed = ", ".join(f"rank {s['rank']}: {s['cause']}" for s in stragglers)
         console.print(Text(f"Verdict: {status}, slowed by {slowed}", style="bold yellow"))

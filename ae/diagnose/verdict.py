@@ -5,7 +5,8 @@ docstring says what it finds), then names the resource that ran out (`ae.diagnos
 Before the rules: if every rank, on two or more hosts, stalled in a collective at the same step
 and none failed of its own, no rank is stuck in its own work: the hosts cannot reach each other
 (`network`), and no rank is a culprit. A run where every rank wrote its exit line with code 0 and
-nothing failed has no culprits.
+nothing failed has no culprits, and so has one whose ranks died only after training finished
+(`ae.diagnose.teardown`: their ends are its `teardown`, the run `finished`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ae.diagnose.findings import Finding, Findings
 from ae.diagnose.logscan import Evidence
 from ae.diagnose.rank_status import current_phase, finished, open_stall, primary_crash
 from ae.diagnose.resources import name_resources
+from ae.diagnose.teardown import Finished, after_training, training_finished
 from ae.diagnose.verdict_rules import (
     collective_mismatch,
     failures,
@@ -44,6 +46,7 @@ RULES: tuple[Rule, ...] = (
     collective_mismatch,
     unnamed_states,
     deaths,
+    after_training,
 )
 
 
@@ -65,6 +68,8 @@ class Verdict:
     states: dict[int, str]  # rank -> exited, crashed, killed, stalled, waiting, running, ...
     network: Network | None = None
     mismatches: list[Mismatch] = field(default_factory=list)  # the collective mismatches found
+    teardown: list[Finding] = field(default_factory=list)  # ends after training finished
+    finished: Finished | None = None  # the run's TRAINING_FINISHED line, if any
 
 
 def network_partition(run: RunState) -> Network | None:
@@ -97,7 +102,7 @@ def _network_verdict(run: RunState, net: Network) -> Verdict:
 
 def _status(run: RunState, found: Findings) -> str:
     all_done = not run.missing and all(finished(r) for r in run.ranks.values())
-    if all_done and not found.culprits:
+    if (all_done or found.teardown) and not found.culprits:
         # Ended on a stop signal after its save (Ctrl-C, scancel, preemption): not the end of
         # training, though every rank exited 0.
         return "stopped" if any(r.preempted for r in run.ranks.values()) else "finished"
@@ -145,5 +150,7 @@ def judge(run: RunState) -> Verdict:
         sorted(found.victims, key=lambda f: f.rank),
         dict(found.states),
         mismatches=list(found.mismatches),
+        teardown=list(found.teardown),
+        finished=training_finished(run),
     )
     return _after_the_end(run, verdict)

@@ -191,7 +191,9 @@ class Attempts:
             self.restarts.failed = failed_attempts(decision["failed"])
         if "exit" in decision:
             if not decided_here and decision.get("message"):
-                logger.error(decision["message"])
+                # exit 0: the training had finished, a rank died in teardown (a note, no error)
+                say = logger.warning if decision["exit"] == 0 else logger.error
+                say(decision["message"])
             raise JobEnds(decision["exit"], decision.get("message") or "")
         self.ts, self.number = decision["ts"], decision["number"]
         self.hosts, self.world = decision["hosts"], decision["world"]

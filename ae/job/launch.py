@@ -43,6 +43,7 @@ from ae.job.network import prepare_node, route_to
 from ae.job.outcome import (
     RESUME,
     finished,
+    finished_in_teardown,
     preempted,
     report_failure,
     report_stop,
@@ -248,6 +249,8 @@ def attempts(
             return report_failure(logs, ts, code, said), ts
         try:
             nxt = restarts.after_failure(ts, code)
+            if nxt == 0:  # its training had finished: said, and no failure to report
+                return 0, ts
             if not isinstance(nxt, Restart):
                 code = report_failure(logs, ts, code, said)
                 return (code if nxt is None else nxt), ts
@@ -336,6 +339,13 @@ def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int |
             logger.info(f"The stop signal came as the run ended: training finished at step "
                         f"{done['step']}")  # fmt: skip
             rc, sig = 0, None
+    if rc != 0 and sig is None and (done := finished_in_teardown(logs, ts)) is not None:
+        # A rank killed after training finished (in teardown): the checkpoints are complete and
+        # a restart would redo nothing. Exit 0, as schedulers and `afterok` chains read a
+        # usable result; the note says what happened. Before the per-node split: every node's
+        # launcher reads the same logs and agrees.
+        logger.warning(done)
+        rc = 0
     # The first node's launcher (SLURM task 0) says how the job ended; each launcher that saw
     # another node lost says it too (that node may be the first).
     if not topo.leader and stops.lost is None:

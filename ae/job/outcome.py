@@ -23,6 +23,7 @@ from ae.diagnose.findings import Finding
 from ae.diagnose.goodput import goodput_line, job_goodput
 from ae.diagnose.log_files import find_run
 from ae.diagnose.report import to_json, verdict_lines
+from ae.diagnose.teardown import teardown_line
 from ae.diagnose.verdict import judge
 from ae.errors import UserError
 from ae.log_lines import (
@@ -58,6 +59,19 @@ def preempted(logs: Path, ts: str) -> dict[str, str] | None:
 def finished(logs: Path, ts: str) -> dict[str, str] | None:
     """Rank 0's TRAINING_FINISHED line in the train log (step), or None."""
     return _last_in_train_log(logs, ts, TRAINING_FINISHED)
+
+
+def finished_in_teardown(logs: Path, ts: str) -> str | None:
+    """The verdict's line when run `ts` failed only after its training finished (a rank killed
+    in teardown, `ae.diagnose.teardown`): the job is done, nothing to restart. None otherwise,
+    and for a run whose ranks wrote no log."""
+    try:
+        run = read_run(find_run(logs, ts))
+    except UserError:
+        return None
+    if not run.ranks:
+        return None
+    return teardown_line(to_json(run, judge(run)))
 
 
 def report_stop(logs: Path, ts: str, sig: signal.Signals, killed: bool) -> int:

@@ -32,6 +32,7 @@ from loguru import logger
 from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose, verdict_lines
 from ae.errors import DiskFullError, UserError
+from ae.job.outcome import finished_in_teardown
 from ae.log_lines import CHANGE_OF_NODES, RESTART, RESUMED, TRAIN_LOG_FILE
 
 # The RESTART line, for rank 0 of the new attempt to write first into its train log.
@@ -119,9 +120,16 @@ class Restarts:
 
     def after_failure(self, ts: str, rc: int, nodes: str = "") -> Restart | int | None:
         """After attempt `ts` failed with `rc`: the next attempt; or the job's exit code when it
-        ends here with a line of its own; or None when it ends as a run without restarts does
-        (the caller reports the failure). `nodes`: the NODES_CHANGED line of a job that goes on
-        with other nodes (`ae.job.elastic`), "" for the same ones."""
+        ends here with a line of its own (0: its training had finished, `finished_in_teardown`);
+        or None when it ends as a run without restarts does (the caller reports the failure).
+        `nodes`: the NODES_CHANGED line of a job that goes on with other nodes
+        (`ae.job.elastic`), "" for the same ones."""
+        if (done := finished_in_teardown(self.logs, ts)) is not None:
+            # Killed only after training finished: no failure, and nothing a restart could redo
+            # (torchrun's agent asks here too, `ae.job.elastic`): the job ends, exit 0.
+            self.said = done
+            logger.warning(done)
+            return 0
         attempt = judge(self.logs, ts, rc)
         self.failed.append(attempt)
         for code in attempt.rank_exit_codes:

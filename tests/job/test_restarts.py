@@ -159,3 +159,26 @@ def test_a_kill_between_step_lines_is_placed_at_the_newest_step_any_rank_shows(
     line = RESTART.parse(nxt.line)
     assert line is not None and line["failed"].endswith("killed (SIGKILL)"), nxt.line
     assert (line["step"], line["resume"], line["redone"]) == ("125", "120", "5"), nxt.line
+
+
+def test_a_rank_killed_after_training_finished_is_no_restart(
+    tmp_path: Path, said: list[str]
+) -> None:
+    """Rank 1 killed (SIGKILL) after its exit line, rank 0 SIGTERMed by torchrun in teardown
+    after training finished: the job is done. Was: `RESTART 1/1 after rank 0 ..., phase
+    training step: killed without trace`; without --max_restarts: `Training failed`, exit 1."""
+    from ae.config import parse_config
+    from ae.job import launch
+    from ae.job.supervise import Stops
+    from ae.job.topology import Topology
+    from tests.diagnose.test_teardown import killed_in_teardown
+
+    cfg = parse_config([f"--output_dir={tmp_path}"])
+    logs = cfg.run.dir.logs
+    killed_in_teardown(logs)
+    restarts = Restarts(1, logs, checkpoints(tmp_path / "checkpoints", 23))
+    assert restarts.after_failure(TS1, 1) == 0 and restarts.failed == []
+    assert said[-1].startswith("Training finished at step 23, its checkpoints complete")
+    topo = Topology(nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=None, job="j")
+    assert launch.ending(cfg, topo, TS1, 1, Stops()) is None  # exit 0, not a failure
+    assert said[-2].startswith("Training finished at step 23") and said[-1].startswith("Done.")
