@@ -17,7 +17,7 @@ from ae.diagnose.findings import Finding
 from ae.diagnose.flight_recorder import Dump
 from ae.diagnose.log_files import RunFiles
 from ae.diagnose.logscan import Evidence, LogBytes
-from ae.diagnose.nonfinite import nonfinite_json
+from ae.diagnose.nonfinite import nonfinite_json, survived_line
 from ae.diagnose.rank_log import RankLog, shard_of
 from ae.diagnose.rank_status import current_phase
 from ae.diagnose.stragglers import StragglerFinding, find_stragglers, rank_scores
@@ -306,26 +306,6 @@ def _survived(nonfinite: dict[str, Any] | None) -> list[str]:
         return []
     assert nonfinite is not None
     return [head, *(f"    {f['line']}" for f in nonfinite["first"])]
-
-
-def survived_line(nonfinite: dict[str, Any] | None) -> str | None:
-    """One line on the non-finite steps a run survived (`--on_nonfinite=skip|rollback`), from
-    the `nonfinite` key of `--json`: `Non-finite loss: step 37 skipped (rank 1, loss=nan); the
-    run went on`; None when it survived none (a run stopped on its first is named a culprit)."""
-    if not nonfinite or not nonfinite["first"]:
-        return None
-    skipped, rollbacks = nonfinite["skipped_steps"], nonfinite["rollbacks"]
-    if not skipped and not rollbacks:
-        return None
-    first = nonfinite["first"]
-    value = first[0]["value"]  # `loss=nan`, `gradient=inf in <parameter>`
-    ranks = sorted({f["rank"] for f in first})
-    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
-    # One run has one --on_nonfinite: its steps were all skipped or all rolled back.
-    done, count = ("skipped", skipped) if skipped else ("rolled back", rollbacks)
-    more = f", {count} steps {done} in all" if count > 1 else ""
-    return (f"Non-finite {value.split('=')[0]}: step {first[0]['step']} {done} ({who}, {value})"
-            f"{more}; the run went on")  # fmt: skip
 
 
 def _cut(line: str, width: int) -> str:
