@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
+from typing import Any
 
 import lightning as L
 import torch
@@ -26,7 +27,7 @@ from ae.data.datamodule import ShardDataModule
 from ae.data.decoding.decode import InputSpec
 from ae.forensics.faults import fault_point, loss_poison
 from ae.log_lines import main_log
-from ae.training.epoch_loss import EpochLoss
+from ae.training.epoch_loss import CHECKPOINT_KEY, EpochLoss
 from ae.training.inception import FEATURES
 from ae.training.lr import (
     DiscSchedule,
@@ -205,9 +206,25 @@ class AutoEncoder(L.LightningModule):
         trainer = self.trainer
         if not (trainer.is_last_batch or 0 < trainer.max_steps <= self.global_step):
             return
-        if (mean := self.epoch_loss.mean()) is not None:
-            # Epoch mean over all ranks: one collective per epoch.
-            self.log("train/loss_epoch", mean, on_step=False, on_epoch=True, sync_dist=True)
+        if (share := self.epoch_loss.share(self.device)) is not None:
+            # Epoch mean over all ranks, each rank's weighted by its batches (one of them holds
+            # those before a resume): Lightning's sync of a mean, once per epoch.
+            mean, count = share
+            self.log("train/loss_epoch", mean, on_step=False, on_epoch=True, sync_dist=True,
+                     batch_size=count)  # fmt: skip
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Every rank dumps each save (ae's saves are collective): the epoch's sum so far is
+        # reduced over the ranks here, so that a resume mid-epoch has the whole epoch's mean.
+        trainer = self.trainer
+        checkpoint[CHECKPOINT_KEY] = self.epoch_loss.state_dict(
+            trainer.global_step, lambda t: trainer.strategy.reduce(t, reduce_op="sum"), self.device
+        )
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Every rank loads the checkpoint; rank 0 alone counts the epoch before it. (A rollback
+        # loads only the state dict: the epoch's sum goes on as this process has it.)
+        self.epoch_loss.load_state_dict(checkpoint.get(CHECKPOINT_KEY), self.global_rank == 0)
 
     def evaluate(self, batch: torch.Tensor, quality: QualityMetrics) -> tuple[torch.Tensor, dict]:
         """What validation computes on a batch: (loss, {name: extra loss term}), the quality

@@ -167,6 +167,10 @@ def test_sigterm_saves_on_every_rank_and_resume_continues(make_shards, tmp_path:
     (lr_before,) = lrs_before  # both ranks hold the same LR
     last = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == n
+    # The epoch's loss sum so far, both ranks' (reduced at the save), for the resumed epoch's
+    # train/loss_epoch: every batch of it (all 8 when the signal came at its last step)
+    carried = last["ae_epoch_loss"]
+    assert carried["count"] == 2 * (n % 8 or 8) and carried["total"] > 0, carried
     stopped = diagnose(find_run(out / "logs"))  # saved and exited 0, but not done training
     assert stopped["status"] == "stopped" and stopped["stopped_by"]["step"] == n, stopped
 

@@ -22,6 +22,7 @@ from tests.support.runs import ROOT, SERIAL, RunResult, run_launcher
 pytestmark = pytest.mark.slow
 
 STEP_LOSS = re.compile(r"\] Training step (\d+), loss=(\S+?)[,\s]")
+EPOCH_LOSS = re.compile(r"Epoch (\d+) done: .*train/loss_epoch=([^,\s]+)")
 
 
 def common(make_shards) -> list[str]:
@@ -38,6 +39,12 @@ def step_losses(res: RunResult) -> list[dict[int, str]]:
     for log in res.log("debug_rank0_*.log"):  # the TS sorts the attempts
         out.append({int(s): loss for s, loss in STEP_LOSS.findall(log.read_text())})
     return out
+
+
+def epoch_losses(res: RunResult) -> dict[int, float]:
+    """train/loss_epoch of each epoch that finished, from the train logs' epoch lines."""
+    text = "".join(log.read_text() for log in res.log("train_*.log"))
+    return {int(e): float(v) for e, v in EPOCH_LOSS.findall(text)}
 
 
 def attempts_json(logs: Path) -> list[dict]:
@@ -68,6 +75,10 @@ def test_a_killed_rank_restarts_the_job_exactly(make_shards, tmp_path: Path) -> 
     assert max(first) < 12 and min(second) == 5 and max(second) == 12
     for step, loss in {**first, **second}.items():  # the second attempt's losses win
         assert expected[step] == loss, (step, expected[step], loss)
+    # Epoch 0's mean covers its steps before the restart too (step 4's checkpoint carries
+    # them), the same as the run without the kill's (printed to 5 places: the sums' order differs)
+    whole = epoch_losses(plain)
+    assert list(whole) == [0] and epoch_losses(res) == pytest.approx(whole, abs=1.5e-5)
 
     train_logs = res.log("train_*.log")
     assert len(train_logs) == 2

@@ -61,6 +61,10 @@ def test_resume_with_other_ranks_and_batch_size_trains_the_rest_once(tmp_path: P
     assert held_out + "--val_fraction=0.01, at least one batch per rank)" in first.output
     trained = _keys(keys)
     assert len(trained) == 48 and not set(trained) & held
+    # The epoch's loss so far, both ranks' 3 batches, for the resumed epoch's train/loss_epoch
+    # (counted once by the 1-rank run below)
+    carried = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["ae_epoch_loss"]
+    assert carried["count"] == 6 and carried["total"] > 0, carried
     # 1 rank x batch 5 (and 2 workers): the rest of epoch 0, each sample once (11 batches),
     # then epoch 1 whole in the new settings (20 batches, 4 samples dropped)
     resume = ["--resume_from_checkpoint=last", "--max_steps=-1", "--max_epochs=2"]
