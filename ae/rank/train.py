@@ -106,7 +106,7 @@ def fit(cfg: Config, ctx: RankContext) -> str:
         datamodule.resume_plan(source.data_state(datamodule))
     # Rank 0 alone writes metrics: it continues the logger runs of the checkpoint it resumes.
     runs = source.logger_runs() if source is not None and ctx.rank == 0 else {}
-    trainer = build_trainer(cfg, ctx, run_ts, runs)
+    trainer = build_trainer(cfg, ctx, run_ts, runs, source.step if source is not None else None)
     if ctx.rank == 0:
         start_loggers(trainer.loggers)  # one that cannot start stops the run now, exit 2
     ckpt = source.path if source is not None else None

@@ -58,14 +58,19 @@ LOGGER_RUNS = "ae_logger_runs"
 
 
 def build_loggers(
-    obs: ObservabilityConfig, run_dir: RunDir, run_ts: str, runs: dict[str, str]
+    obs: ObservabilityConfig,
+    run_dir: RunDir,
+    run_ts: str,
+    runs: dict[str, str],
+    resumed_step: int | None = None,
 ) -> list[Logger]:
-    """The loggers of `--logger`, continuing the runs in `runs` (from the checkpoint resumed).
-    One that cannot be made (MLflow checks its URI here) is a ConfigError naming it."""
+    """The loggers of `--logger`, continuing the runs in `runs` (from the checkpoint resumed,
+    saved after optimizer step `resumed_step`). One that cannot be made (MLflow checks its URI
+    here) is a ConfigError naming it."""
     loggers = []
     for name in logger_names(obs.logger):
         try:
-            loggers.append(_make_logger(name, obs, run_dir, run_ts, runs.get(name)))
+            loggers.append(_make_logger(name, obs, run_dir, run_ts, runs.get(name), resumed_step))
         except Exception as e:  # any library's failure to start is the same user problem
             raise _cannot_start(name, e) from None
     return loggers
@@ -128,15 +133,24 @@ class NumberedWandbLogger(StepsDoneNumbering, WandbLogger):
 
 
 def _make_logger(
-    name: str, obs: ObservabilityConfig, run_dir: RunDir, run_ts: str, run_id: str | None
+    name: str,
+    obs: ObservabilityConfig,
+    run_dir: RunDir,
+    run_ts: str,
+    run_id: str | None,
+    resumed_step: int | None,
 ) -> Logger:
     if name == "csv":
         # CSVLogger(root, name, version) writes <root>/<name>/<version>/: metrics/<TS>/.
         return NumberedCSVLogger(run_dir.root, name=run_dir.metrics.name, version=run_ts)
     if name == "tensorboard":
+        # A continued run drops the points its folder holds past the checkpoint's step (those
+        # of an attempt that died after the save, trained again now): SummaryWriter's
+        # `purge_step`. Else TensorBoard draws both, a zigzag where they differ.
+        purge = resumed_step + 1 if run_id is not None and resumed_step is not None else None
         return NumberedTensorBoardLogger(
             run_dir.root, run_dir.tensorboard.name, version=run_id or run_ts,
-            default_hp_metric=False,
+            default_hp_metric=False, purge_step=purge,
         )  # fmt: skip
     if name == "wandb":
         return NumberedWandbLogger(

@@ -98,9 +98,14 @@ def build_callbacks(cfg: Config, ctx: RankContext, run_ts: str) -> list[L.Callba
 
 
 def build_trainer(
-    cfg: Config, ctx: RankContext, run_ts: str, logger_runs: dict[str, str]
+    cfg: Config,
+    ctx: RankContext,
+    run_ts: str,
+    logger_runs: dict[str, str],
+    resumed_step: int | None = None,
 ) -> L.Trainer:
-    """`logger_runs`: the logger runs to continue (those of the checkpoint a run resumes)."""
+    """`logger_runs`: the logger runs to continue (those of the checkpoint a run resumes, saved
+    after optimizer step `resumed_step`)."""
     run, optim = cfg.run, cfg.optim
     accelerator = resolve_accelerator(run)
     check_precision(run, accelerator)
@@ -140,7 +145,7 @@ def build_trainer(
         limit_val_batches=1.0 if cfg.data.validates else 0,  # --val_shards=none
         use_distributed_sampler=False,  # the shard plan already splits the data per rank
         num_sanity_val_steps=0,
-        logger=build_loggers(cfg.obs, run.dir, run_ts, logger_runs),
+        logger=build_loggers(cfg.obs, run.dir, run_ts, logger_runs, resumed_step),
         callbacks=callbacks,
         enable_checkpointing=False,  # ae.training.checkpointing saves instead of ModelCheckpoint
         enable_progress_bar=any(isinstance(c, RichProgressBar) for c in callbacks),

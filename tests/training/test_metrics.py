@@ -94,6 +94,28 @@ def test_started_loggers_say_where_their_metrics_go(tmp_path: Path) -> None:
     assert f"tensorboard {tmp_path}/tensorboard/20251231_000000 " in second
 
 
+def test_a_resumed_tensorboard_run_drops_the_points_after_its_checkpoint(tmp_path: Path) -> None:
+    """An attempt logged steps 1-8 and died; the run resumed from the checkpoint of step 5
+    logs 6-8 again (other values): TensorBoard shows each step once, the resumed run's."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = parse_config([f"--output_dir={tmp_path}", "--logger=tensorboard"])
+    (first,) = build_loggers(cfg.obs, cfg.run.dir, "20260101_000000", {})
+    for step in range(1, 9):
+        first.log_metrics({"train/loss": float(step)}, step)
+    first.finalize("failed")
+    runs = {"tensorboard": "20260101_000000"}
+    (resumed,) = build_loggers(cfg.obs, cfg.run.dir, "20260102_000000", runs, resumed_step=5)
+    for step in range(6, 9):
+        resumed.log_metrics({"train/loss": 10.0 * step}, step)
+    resumed.finalize("success")
+    events = EventAccumulator(str(tmp_path / "tensorboard" / "20260101_000000"))
+    events.Reload()
+    points = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert points == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0),
+                      (6, 60.0), (7, 70.0), (8, 80.0)]  # fmt: skip
+
+
 def test_the_lr_is_logged_at_the_steps_of_the_losses_with_the_lr_that_step_used(
     tmp_path: Path,
 ) -> None:

@@ -40,6 +40,11 @@ class ResumeSource:
     path: Path
     checkpoint: dict[str, Any]
 
+    @property
+    def step(self) -> int:
+        """The optimizer steps done when it was saved."""
+        return int(self.checkpoint.get("global_step", 0))
+
     def logger_runs(self) -> dict[str, str]:
         """{logger name: run id} recorded in the checkpoint, to continue."""
         runs = self.checkpoint.get(LOGGER_RUNS)
