@@ -32,6 +32,20 @@ def test_cli_overrides_yaml(tmp_path: Path) -> None:
     assert (cfg.data.batch_size, cfg.run.seed) == (16, 3)
 
 
+def test_yaml_lists_of_what_a_flag_joins(tmp_path: Path) -> None:
+    """`logger: [csv, tensorboard]` and a list of shard specs read as the flags' joined forms;
+    a list where one string is meant is still refused, by name."""
+    path = tmp_path / "run.yaml"
+    path.write_text("logger: [csv, tensorboard]\ntrain_shards:\n  - a/{0..3}.tar\n  - b/*.tar\n")
+    cfg = parse_config([f"--config={path}"])
+    assert cfg.obs.logger == "csv,tensorboard"
+    assert cfg.data.train_shards == "a/{0..3}.tar::b/*.tar"
+    path.write_text("output_dir: [a, b]\n")
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={path}"])
+    assert "output_dir" in err.value.problems[0] and "must be a string" in err.value.problems[0]
+
+
 def test_unknown_key_in_yaml_is_named_with_its_file_line_and_a_guess(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("seed: 1\nbatch_sise: 4\n")

@@ -103,6 +103,9 @@ def _coerce(key: str, raw: Any) -> Any:
         except (TypeError, ValueError):
             raise ValueError(f"must be a number; got {raw!r}") from None
     if hint is str:
+        joins = FIELDS[key].metadata["joins"]
+        if joins and isinstance(raw, list) and raw and all(isinstance(x, str) for x in raw):
+            return joins.join(raw)  # a YAML list of what the flag joins: `logger: [csv, wandb]`
         if isinstance(raw, dict | list):
             raise ValueError(f"must be a string; got {raw!r}")
         return str(raw)

@@ -26,10 +26,12 @@ def _opt(
     lo: float | None = None,
     hi: float | None = None,
     none_is_a_value: bool = False,
+    joins: str | None = None,
 ) -> Any:
     """`none_is_a_value`: the word `none` is a value of the flag (`--val_shards=none`), not the
-    unset default it means elsewhere."""
-    meta = {"help": help, "lo": lo, "hi": hi, "none_is_a_value": none_is_a_value}
+    unset default it means elsewhere. `joins`: a string of several items joined by this
+    separator, which a YAML file may also give as a list."""
+    meta = {"help": help, "lo": lo, "hi": hi, "none_is_a_value": none_is_a_value, "joins": joins}
     return field(default=default, metadata=meta)
 
 
@@ -77,13 +79,17 @@ class DataConfig:
     """Shards and the input pipeline."""
 
     train_shards: str | None = _opt(
-        None, "shard spec (brace, glob, dir, pipe:CMD, http(s)://); default: demo digits"
+        None,
+        "shard spec (brace, glob, dir, pipe:CMD, http(s)://; several joined by ::); default: "
+        "demo digits",
+        joins="::",
     )
     val_shards: str | None = _opt(
         None,
         "validation shard spec, or none (no validation, no best.ckpt); default: --val_fraction "
         "of --train_shards held out (the demo digits' val split with the demo train split)",
         none_is_a_value=True,
+        joins="::",
     )
     val_fraction: float = _opt(
         0.01,
@@ -345,6 +351,7 @@ class ObservabilityConfig:
         "csv,tensorboard",
         "where metrics go, comma-separated: csv, tensorboard, wandb (pip install -e '.[wandb]'; "
         "WANDB_MODE=offline keeps it local), mlflow (pip install -e '.[mlflow]')",
+        joins=",",
     )
     experiment: str = _opt("ae", "wandb: the project; mlflow: the experiment name")
     mlflow_tracking_uri: str | None = _opt(
