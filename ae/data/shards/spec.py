@@ -59,8 +59,15 @@ def expand_shards(spec: str, key: str = "train_shards") -> list[str]:
     """Expand `spec` into URLs; raise ShardSpecError naming `key` and the missing files."""
     urls: list[str] = []
     for part in spec.split("::"):
-        if part.strip():
+        if not part.strip():
+            continue
+        try:
             urls.extend(_expand_one(part.strip()))
+        except braceexpand.UnbalancedBracesError:
+            raise ShardSpecError(
+                f"{key}: {part.strip()!r} has a brace that is not closed (a range is "
+                "{000000..000099}, a list {a,b})"
+            ) from None
     if not urls:
         raise ShardSpecError(f"{key}: {spec!r} matches no shard files{_sources_hint(spec)}")
     sources = [u for u in urls if u.lower().endswith(IMAGE_SUFFIXES + ARRAY_SUFFIXES)]
@@ -74,8 +81,23 @@ def expand_shards(spec: str, key: str = "train_shards") -> list[str]:
         shown = ", ".join(missing[:3]) + (
             f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         )
-        raise ShardSpecError(f"{key}: {len(missing)} of {len(urls)} shard files missing: {shown}")
+        raise ShardSpecError(
+            f"{key}: {len(missing)} of {len(urls)} shard files missing: {shown}"
+            f"{_brace_hint(missing)}"
+        )
     return urls
+
+
+def _brace_hint(missing: list[str]) -> str:
+    """For a missing file whose name still holds braces: braceexpand left them as they were
+    (`{000000...000003}`: three dots, `{0..3` unclosed), so the spec named one odd file."""
+    odd = next((u for u in missing if "{" in Path(u).name or "}" in Path(u).name), None)
+    if odd is None:
+        return ""
+    return (
+        "; its braces did not expand: a range is {000000..000099} (two dots), a list {a,b}, "
+        "each brace closed"
+    )
 
 
 def _sources_hint(spec: str) -> str:

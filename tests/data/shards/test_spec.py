@@ -43,3 +43,20 @@ def test_what_ae_shards_write_takes_gets_its_hint(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ShardSpecError, match=r"'\S+empty' matches no shard files$"):
         expand_shards(str(tmp_path / "empty"))  # nothing to suggest
+
+
+def test_braces_that_do_not_expand_are_named(tmp_path: Path) -> None:
+    """Three dots in a range, an unclosed brace: one message naming the fix (the unclosed one
+    was braceexpand's traceback on the console)."""
+    with pytest.raises(ShardSpecError) as err:
+        expand_shards(f"{tmp_path}/train-{{000000...000003}}.tar")
+    assert str(err.value).endswith(
+        "train-{000000...000003}.tar; its braces did not expand: a range is {000000..000099} "
+        "(two dots), a list {a,b}, each brace closed"
+    )
+    with pytest.raises(ShardSpecError) as err:
+        expand_shards(f"{tmp_path}/train-{{0..3.tar", "val_shards")
+    assert str(err.value) == (
+        f"val_shards: '{tmp_path}/train-{{0..3.tar' has a brace that is not closed (a range is "
+        "{000000..000099}, a list {a,b})"
+    )
