@@ -6,11 +6,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from ae import atomic_files
+
+if TYPE_CHECKING:  # matplotlib is imported where a curve is drawn, not with this module
+    from matplotlib.axes import Axes
 
 _BG = (255, 255, 255)
 _INK = (40, 40, 40)
@@ -66,7 +70,7 @@ def loss_plot(
     (step, `loss spike` | `non-finite`), each a vertical line (`ae.training.nonfinite`)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # only where a curve is drawn
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+    from matplotlib.ticker import MaxNLocator
 
     finite = {name: [(x, y) for x, y in pts if math.isfinite(y)] for name, pts in series.items()}
     finite = {name: pts for name, pts in finite.items() if pts}
@@ -87,14 +91,7 @@ def loss_plot(
         ax.axvline(step, color=colour, linestyle=style, linewidth=1.2, label=label)
     log_y = all(y > 0 for pts in finite.values() for _, y in pts)
     if log_y:
-        ax.set_yscale("log")
-        # Plain numbers (0.15, not 1.5x10^-1). A range under a decade and a half has few
-        # decade ticks, so the minor ticks (2x, 3x, ... 10^k) get labels too.
-        values = [y for pts in finite.values() for _, y in pts]
-        plain = FuncFormatter(lambda v, _: f"{v:.3g}")
-        ax.yaxis.set_major_formatter(plain)
-        narrow = math.log10(max(values) / min(values)) < 1.5
-        ax.yaxis.set_minor_formatter(plain if narrow else NullFormatter())
+        log_y_axis(ax, [y for pts in finite.values() for _, y in pts])
     ax.set_ylabel("loss (log scale)" if log_y else "loss")
     ax.set_xlabel("optimizer steps done")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 35.25
@@ -104,3 +101,23 @@ def loss_plot(
     ax.legend(loc="upper right")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_files.write(path, lambda f: fig.savefig(f, format="png"), what="loss curve")
+
+
+def log_y_axis(ax: Axes, values: list[float]) -> None:
+    """A log y axis labelled in plain numbers (0.15, not 1.5x10^-1), with labels enough for the
+    range of `values` (all positive)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:.3g}")
+    ax.yaxis.set_major_formatter(plain)
+    span = math.log10(max(values) / min(values))
+    # Up to 1.5 decades every minor tick is labelled, up to 3 those at 2x and 5x (0.02, 0.05,
+    # 0.2), past that only the decades.
+    two_five = FuncFormatter(lambda v, _: f"{v:.3g}" if f"{v:.0e}"[0] in "25" else "")
+    minor = plain if span < 1.5 else two_five if span < 3 else NullFormatter()
+    ax.yaxis.set_minor_formatter(minor)
+    if span < 0.6:
+        # Under about half a decade the 2x..9x ticks leave a stretch bare (0.065-0.17: none
+        # above 0.1): 1.2x, 1.5x and 2.5x fill it.
+        ax.yaxis.set_minor_locator(LogLocator(subs=(1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)))

@@ -22,7 +22,7 @@ from ae.forensics import faults as fault_injection
 from ae.training.ema import EMA, averaged_weights
 from ae.training.metrics import read_loss_history
 from ae.training.model import AutoEncoder
-from ae.training.plots import loss_plot, reconstruction_grid
+from ae.training.plots import log_y_axis, loss_plot, reconstruction_grid
 from ae.training.sampling import Sampling, is_oom, reconstruct
 from tests.support.shards import image_decoder
 
@@ -130,6 +130,32 @@ def test_loss_history_of_a_resumed_run_continues_the_curve(tmp_path: Path) -> No
         assert img.format == "PNG" and img.size == (720, 420)
     loss_plot({"x": []}, tmp_path / "none.png")  # nothing to draw: no file
     assert not (tmp_path / "none.png").exists()
+
+
+def test_the_log_axis_labels_enough_ticks_for_the_range_of_losses() -> None:
+    """0.065-0.17 (under half a decade) has labels above 0.1 (0.12, 0.15); 0.01-0.35 labels
+    0.02, 0.05, 0.2 besides the decades; 5-2e-4 only the decades."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    def labels(values: list[float]) -> list[str]:
+        fig = Figure()
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        ax.plot(range(len(values)), values)
+        log_y_axis(ax, values)
+        fig.canvas.draw()
+        lo, hi = ax.get_ylim()
+        ticks = [*ax.yaxis.get_major_ticks(), *ax.yaxis.get_minor_ticks()]
+        return sorted(
+            (t.label1.get_text() for t in ticks if t.label1.get_text() and lo <= t.get_loc() <= hi),
+            key=float,
+        )
+
+    assert {"0.12", "0.15"} <= set(labels([0.065, 0.1, 0.17]))
+    assert {"0.02", "0.05", "0.1", "0.2"} <= set(labels([0.01, 0.35]))
+    assert "0.03" not in labels([0.01, 0.35])
+    assert labels([2e-4, 5.0]) == ["0.001", "0.01", "0.1", "1"]
 
 
 def test_grid_at_each_epoch_end_for_images_once_per_step(make_shards, tmp_path: Path) -> None:
