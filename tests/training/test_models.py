@@ -201,6 +201,10 @@ class Lit(L.LightningModule):
         super().__init__()
         self.width = width
 
+class NeedsArgs(Flat):
+    def __init__(self, input_shape, depth, width, act="relu"):
+        super().__init__(input_shape)
+
 NOT_A_CLASS = 3
 """
 
@@ -272,8 +276,19 @@ def test_user_lightning_module_is_used_as_it_is(user_module: str) -> None:
     [
         ("mypkg.models:Flat", None, "cannot import mypkg.models: RuntimeError: a package"),
         ("flatmods:NOT_A_CLASS", None, "flatmods:NOT_A_CLASS: a int, not a class"),
-        ("flatmods:Flat", {"latnet": 2}, "failed: TypeError: .*unexpected keyword argument"),
+        (
+            "flatmods:Flat",
+            {"latnet": 2},
+            "failed: TypeError: .*unexpected keyword argument.*; it takes input_shape, latent "
+            r"\(did you mean latent\?\)$",
+        ),
         ("flatmods:NoDecode", None, "must be a LightningModule, or an nn.Module with encode"),
+        (  # the arguments its constructor needs, as the flag that gives them
+            "flatmods:NeedsArgs",
+            {"depth": 2},
+            r"missing 1 required positional argument: 'width'; give them with "
+            r"--model_args='\{depth: 2, width: \.\.\.\}'$",
+        ),
         ("flatmods:WrongShape", None, r"decode\(encode\(x\)\) gives \(2, 3\) for x of \(2, 24\)"),
     ],
 )

@@ -16,6 +16,7 @@ each rank before training and turn any import or constructor failure into a `Mod
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import os
@@ -45,6 +46,28 @@ def load_class(path: str) -> type:
     return cls
 
 
+def _args_hint(params: Any, given: dict[str, Any]) -> str:
+    """The constructor's required arguments that `--model_args` did not give, as the flag that
+    gives them with those it gave (the values left to the user: `...`), or ""."""
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    takes = [name for name, p in params.items() if p.kind in named]
+    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    unknown = [k for k in given if k not in takes]
+    if unknown and takes and not open_ended:  # a misspelt argument
+        near = difflib.get_close_matches(unknown[0], takes, n=1)
+        guess = f" (did you mean {near[0]}?)" if near else ""
+        return f"; it takes {', '.join(takes)}{guess}"
+    needed = [
+        name for name, p in params.items()
+        if p.default is inspect.Parameter.empty and name not in given and p.kind in named
+    ]  # fmt: skip
+    if not needed:
+        return ""
+    pairs = [f"{k}: {v!r}" for k, v in given.items() if k != "input_shape"]
+    pairs += [f"{name}: ..." for name in needed]
+    return f"; give them with --model_args='{{{', '.join(pairs)}}}'"
+
+
 def build(cls: type, model_args: dict[str, Any] | None, input_shape: tuple[int, ...]) -> Any:
     """`cls(**model_args)` (plus `input_shape` when the constructor takes it), checked to be an
     nn.Module with encode/decode or a LightningModule."""
@@ -61,7 +84,7 @@ def build(cls: type, model_args: dict[str, Any] | None, input_shape: tuple[int, 
     except Exception as e:  # a user constructor may fail in any way
         raise ModelError(
             f"model: {shown}(**model_args) with model_args {model_args or {}} failed: "
-            f"{type(e).__name__}: {e}"
+            f"{type(e).__name__}: {e}{_args_hint(params, kwargs)}"
         ) from e
     if isinstance(obj, L.LightningModule):
         return obj
