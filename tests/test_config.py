@@ -231,6 +231,12 @@ def test_model_flags_lists_and_mappings_from_cli_and_yaml(tmp_path: Path) -> Non
     assert cfg.model.model_args == {"width": 8, "sizes": [1, 2]} and cfg.model.hidden_dims == (16,)
     flag = parse_config(["--model=pkg.mod:Net", '--model_args={"width": 4}'])  # JSON is YAML
     assert flag.model.model_args == {"width": 4}
+    with pytest.raises(ConfigError) as err:  # unclosed: the problem and where, not the context
+        parse_config(["--model=pkg.mod:Net", "--model_args={width: 4"])
+    assert err.value.problems == [
+        "model_args: not YAML/JSON: expected ',' or '}', but got '<stream end>' at column 10 of "
+        "'{width: 4'"
+    ]
     # the resolved config (config.yaml, --print_config) is a valid --config again
     path.write_text(cfg.to_yaml())
     assert parse_config([f"--config={path}"]).model == cfg.model

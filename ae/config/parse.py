@@ -123,7 +123,12 @@ def _coerce(key: str, raw: Any) -> Any:
             try:
                 value = yaml.safe_load(raw)
             except yaml.YAMLError as e:
-                raise ValueError(f"not YAML/JSON: {str(e).splitlines()[0]}") from None
+                # The problem and where, as for a --config file's ("expected ',' or '}', but
+                # got '<stream end>'"), not only the context ("while parsing a flow mapping").
+                mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+                where = f" at column {mark.column + 1} of {raw!r}" if mark is not None else ""
+                why = problem or str(e).splitlines()[0]
+                raise ValueError(f"not YAML/JSON: {why}{where}") from None
         if value is None:
             return None
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
