@@ -16,7 +16,7 @@ import torch
 
 from ae.config import DataConfig
 from ae.data.decoding.decode import SampleDecoder, SampleError, several_inputs
-from ae.data.decoding.images import GRAYSCALE_MODES
+from ae.data.decoding.images import GRAYSCALE_MODES, suggested_image_size
 from ae.data.shards.errors import DataError
 from ae.data.shards.tar_samples import iter_samples
 from ae.log_lines import INPUT_FIELD, MIXED_MODES, main_log
@@ -62,12 +62,11 @@ def check_one_image_size(
     sizes = Counter(size for size, _ in headers)
     if len(sizes) > 1:
         shown = ", ".join(f"{size} ({n})" for size, n in sizes.most_common(5))
-        shorter = min(min(int(v) for v in size.split("x")) for size in sizes)
         raise DataError(
             f"{split}_shards: images of several sizes in the first {sum(sizes.values())} "
             f"samples read: {shown}{', ...' if len(sizes) > 5 else ''}; at native size only those "
             f"of the first one's could be trained on. Pass --image_size=N (the shorter side "
-            f"resized to N, then cropped to NxN), e.g. --image_size={min(64, shorter)}"
+            f"resized to N, then cropped to NxN), e.g. --image_size={suggested_image_size(sizes)}"
         )
 
 

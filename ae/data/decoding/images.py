@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import io
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 from PIL import Image
@@ -136,3 +137,13 @@ def pillow_decode(
         if size:
             img = fit(img, size, at, extent)
         return to_array(img, flip)
+
+
+def suggested_image_size(sizes: Mapping[str, int]) -> int:
+    """The --image_size to suggest for images of these `WxH` sizes ({size: images}): 64, or the
+    median shorter side when smaller (most images not upscaled; one 17-px photo among large ones
+    does not set it). The run's message and `ae-shards inspect` say the same."""
+    sides = sorted(
+        side for size, n in sizes.items() for side in [min(int(v) for v in size.split("x"))] * n
+    )
+    return min(64, sides[len(sides) // 2]) if sides else 64

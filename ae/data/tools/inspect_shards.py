@@ -32,7 +32,7 @@ from ae.data.decoding.decode import (
     tensor_array,
     ungzipped,
 )
-from ae.data.decoding.images import GRAYSCALE_MODES, open_image
+from ae.data.decoding.images import GRAYSCALE_MODES, open_image, suggested_image_size
 from ae.data.shards.errors import DataError
 from ae.data.shards.index import index_url, read_index
 from ae.data.shards.keys import merged_files
@@ -251,10 +251,11 @@ def _image_hints(reports: list[ShardReport], native: SampleDecoder) -> list[str]
     out = []
     if len(sizes) > 1:
         areas = sorted(sizes, key=lambda s: int(s.split("x")[0]) * int(s.split("x")[1]))
+        n = suggested_image_size(sizes)
         out.append(
             f"images of {len(sizes)} sizes ({areas[0]} .. {areas[-1]}; {shorter_sides(sizes)}):"
-            " pass --image_size (e.g. --image_size=64: shorter side resized to 64, then cropped"
-            " to 64x64)"
+            f" pass --image_size (e.g. --image_size={n}: shorter side resized to {n}, then "
+            f"cropped to {n}x{n})"
         )
     else:
         size = next(iter(sizes), "?")

@@ -11,6 +11,7 @@ from PIL import Image
 
 from ae.config import DataConfig
 from ae.data.decoding.decode import Augment, SampleDecoder, SampleError, field_kind, npy_array
+from ae.data.decoding.images import suggested_image_size
 from ae.data.shards.errors import DataError
 from ae.data.shards.tar_samples import iter_samples
 from tests.support.shards import vector_decoder
@@ -218,3 +219,11 @@ def test_a_field_twice_in_a_sample_is_a_bad_sample(tmp_path: Path) -> None:
     with pytest.raises(SampleError, match="field npy appears twice"):
         vector_decoder(2).decode(first)
     assert vector_decoder(2).decode(second).shape == (2,)
+
+
+def test_the_image_size_suggested_for_images_of_several_sizes() -> None:
+    """64, or the median shorter side when smaller: one tiny photo among large ones does not set
+    it (the run's message and ae-shards inspect both say this one)."""
+    assert suggested_image_size({"1411x1411": 30, "17x23": 1, "640x480": 9}) == 64
+    assert suggested_image_size({"12x12": 3, "8x8": 1, "10x10": 1}) == 12
+    assert suggested_image_size({"40x50": 2, "48x60": 1}) == 40
