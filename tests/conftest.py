@@ -1,4 +1,5 @@
-"""Fixtures: tiny real shards, running the real launcher as a subprocess, a real SLURM."""
+"""Fixtures: tiny real shards, running the real launcher as a subprocess, a real SLURM, the
+records logged meanwhile."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
 from bench.real_images import mixed_collection
 from tests.support import slurm as slurm_support
@@ -51,6 +53,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "(./run_tests.sh does)",
             pytrace=False,
         )
+
+
+@pytest.fixture
+def records() -> Iterator[list[tuple[str, str]]]:
+    """(level, message) of every loguru record logged meanwhile, in order."""
+    out: list[tuple[str, str]] = []
+    sink = logger.add(lambda m: out.append((m.record["level"].name, m.record["message"])))
+    yield out
+    logger.remove(sink)
 
 
 @pytest.fixture

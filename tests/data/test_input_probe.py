@@ -3,12 +3,10 @@ and a grayscale first photo among colour ones (the channels it sets) is said."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from loguru import logger
 
 from ae.config import DataConfig
 from ae.data.datamodule import ShardDataModule
@@ -68,15 +66,6 @@ def _photo_shards(tmp_path: Path, modes: list[str]) -> list[str]:
         write_shard(tmp_path / f"train-{i:06d}.tar", samples)
         urls.append(str(tmp_path / f"train-{i:06d}.tar"))
     return urls
-
-
-@pytest.fixture
-def records() -> Iterator[list[tuple[str, str]]]:
-    """(level, message) of every record logged meanwhile."""
-    lines: list[tuple[str, str]] = []
-    sink = logger.add(lambda m: lines.append((m.record["level"].name, m.record["message"])))
-    yield lines
-    logger.remove(sink)
 
 
 def test_a_grayscale_first_photo_among_colour_ones_is_a_warning_naming_channels_3(

@@ -4,25 +4,13 @@ in-process with heartbeat files written by hand and a clock passed in."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
-from loguru import logger
 
 from ae.forensics.stragglers import Stragglers
 from ae.log_lines import HEARTBEAT_FILE, STRAGGLER, STRAGGLER_RESOLVED
 from logging_cfg import RankContext
 
 T0 = 1_800_000_000.0
-
-
-@pytest.fixture
-def records() -> Iterator[list[tuple[str, str]]]:
-    out: list[tuple[str, str]] = []
-    sink = logger.add(lambda m: out.append((m.record["level"].name, m.record["message"])))
-    yield out
-    logger.remove(sink)
 
 
 def beat(logs: Path, rank: int, t: float, own: float, data: float, **more) -> None:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from loguru import logger
 
 from ae.config import parse_config
 from ae.errors import ResourceLimitError
@@ -16,16 +14,8 @@ from ae.rank import train
 from logging_cfg.rank_context import RankContext
 
 
-@pytest.fixture
-def warned() -> Iterator[list[str]]:
-    out: list[str] = []
-    sink = logger.add(lambda m: out.append(m.record["message"]), level="WARNING")
-    yield out
-    logger.remove(sink)
-
-
 def test_tight_limits_are_said_by_local_rank_0_even_beside_a_refusal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warned: list[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, records: list[tuple[str, str]]
 ) -> None:
     """The ranks' preflight is the one that says a tight limit (the launcher's only stops): the
     tight open files are said before the refusal of shared memory, and by local rank 0 alone."""
@@ -37,9 +27,11 @@ def test_tight_limits_are_said_by_local_rank_0_even_beside_a_refusal(
     with pytest.raises(ResourceLimitError) as e:
         train.preflight(cfg, RankContext(rank=0, world_size=2), batch_bytes=MB, model=model)
     assert e.value.problems == [short.describe()]
-    assert warned == [f"Resource tight: {tight.describe()}"]
-    warned.clear()
+    assert [m for level, m in records if level == "WARNING"] == [
+        f"Resource tight: {tight.describe()}"
+    ]
+    records.clear()
     other = RankContext(rank=1, world_size=2, local_rank=1)
     with pytest.raises(ResourceLimitError):
         train.preflight(cfg, other, batch_bytes=MB, model=model)
-    assert warned == []
+    assert [m for level, m in records if level == "WARNING"] == []
