@@ -6,7 +6,8 @@ marker, then the marker pairs (`EPOCH e TRAINING START/END`: `step`, `VALIDATION
 `CHECKPOINT SAVE`: `checkpoint`, `SAMPLING`: `sampling`), and its STALL episodes over them, from
 the moment it stopped progressing (the STALL line's time less its idle seconds) to its STALL
 RESOLVED or its end: `data wait` (stalled in data loading: waiting for its workers), `waiting`
-(blocked in a collective: waiting for a peer) or `stalled` (stuck in its own work). A rank that
+(blocked in a collective: waiting for a peer) or `stalled` (stuck in its own work); a victim of
+the verdict with no report of its own waits from the culprit's stall on. A rank that
 crashed or was killed is `dead` from its last line to the run's end. Beside each rank, the share
 of its steps' own time spent waiting for data (its heartbeat's recent window). Marks: `STALL` (a
 rank's first report of an episode), `STRAGGLER` (the detector's line, on the slow rank's lane),
@@ -27,7 +28,7 @@ from ae.diagnose.log_files import DiagnoseError, RunFiles
 from ae.diagnose.logscan import LogBytes, Record
 from ae.diagnose.phases import marker_stage
 from ae.diagnose.rank_log import clock_offset
-from ae.diagnose.verdict import judge
+from ae.diagnose.verdict import Verdict, judge
 from ae.log_lines import (
     FATAL,
     LOSS_SPIKE,
@@ -201,6 +202,28 @@ class _Lane:
         self._close_stall(end)
 
 
+def _victims_waiting(spans: list[Span], verdict: Verdict) -> list[Span]:
+    """`waiting` spans for the verdict's victims that wrote no STALL report of their own (a
+    culprit's --hang_timeout shorter than --stall_timeout ends the job first): from when the
+    culprit stopped progressing (its stall's start), which the victims could not pass, to the
+    victim's end."""
+    stuck = [s.start for s in spans if s.phase in ("stalled", "data wait")
+             and s.rank in {f.rank for f in verdict.culprits}]  # fmt: skip
+    if not stuck:
+        return []
+    since, culprits = min(stuck), ", ".join(str(f.rank) for f in verdict.culprits)
+    out = []
+    for v in verdict.victims:
+        own = [s for s in spans if s.rank == v.rank and s.phase != "dead"]
+        if not own or any(s.phase in _OVER for s in own):
+            continue  # its own report says how it waited
+        end = max(s.end for s in own)  # its last line, or the run's end while it is there
+        if end > since:
+            detail = f"waiting for rank {culprits} (the verdict; no STALL report of its own)"
+            out.append(Span(v.rank, "waiting", since, end, detail))
+    return out
+
+
 def _train_log_marks(paths: list[Path]) -> list[Mark]:
     """STRAGGLER lines (rank 0's detector, in the train log), on the slow rank's lane."""
     marks = []
@@ -250,6 +273,7 @@ def build_timeline(files: RunFiles) -> Timeline:
             lane.marks.append(Mark(rank, "KILLED", lane_end, "KILLED"))
         tl.spans += lane.spans
         tl.marks += lane.marks
+    tl.spans += _victims_waiting(tl.spans, verdict)
     tl.marks += [m for m in _train_log_marks(files.train_logs) if m.rank in lanes]
     tl.culprits = {f.rank: f.cause for f in verdict.culprits}
     for rank, r in run.ranks.items():

@@ -6,6 +6,7 @@ collective timed out). The README's picture is this run's timeline."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,22 @@ def test_timeline_of_a_stalled_run_has_a_lane_per_rank_and_the_stall(tmp_path: P
     (dead,) = [s for s in lanes[0] if s.phase == "dead"]
     assert wait.start < dead.start == wait.end and dead.end == tl.end
     assert {(m.rank, m.kind) for m in tl.marks} == {(0, "STALL"), (1, "STALL"), (0, "FATAL")}
+
+
+def test_a_victim_without_a_stall_report_of_its_own_is_drawn_waiting(tmp_path: Path) -> None:
+    """The same run as if rank 0 had written no STALL report (the culprit's --hang_timeout
+    ending the job before rank 0's --stall_timeout): the verdict still names it a victim, and
+    its lane waits from the culprit's stall on, not `step` to the end."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    log = next(run.glob("debug_rank0_*.log"))
+    records = re.split(r"(?m)^(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \|)", log.read_text())
+    log.write_text("".join(r for r in records if "] STALL " not in r.split("\n", 1)[0]))
+    tl = build_timeline(find_run(run))
+    (stall,) = [s for s in tl.spans if s.rank == 1 and s.phase == "stalled"]
+    (wait,) = [s for s in tl.spans if s.rank == 0 and s.phase == "waiting"]
+    assert wait.start == stall.start and wait.end > wait.start
+    assert wait.detail == "waiting for rank 1 (the verdict; no STALL report of its own)"
 
 
 def test_timeline_png_and_trace_json_from_the_command_line(tmp_path: Path) -> None:
