@@ -125,6 +125,17 @@ def test_a_truncated_file_is_named(files: tuple[Path, Path], tmp_path: Path) -> 
         load_lpips(cut, files[1])
 
 
+def test_two_bad_files_are_both_named(tmp_path: Path) -> None:
+    """Two bad downloads: one message naming both, so that both are fetched again at once."""
+    vgg, heads = tmp_path / "vgg16.pth", tmp_path / "vgg.pth"
+    vgg.write_bytes(b"<html>404</html>")
+    heads.write_bytes(b"")
+    with pytest.raises(WeightsFileError) as err:
+        load_lpips(vgg, heads)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 2 and str(vgg) in lines[0] and str(heads) in lines[1], lines
+
+
 class Payload:
     def __reduce__(self):  # what a malicious file does: name a callable to run on load
         return (print, ("ran",))
