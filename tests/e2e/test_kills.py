@@ -86,7 +86,9 @@ def _assert_killed(out: Path, console: Path, moment: str) -> dict[str, Any]:
         moment,
         text,
     )
-    assert "STALL RESOLVED" not in text  # rank 0's stall ended because its peer died
+    # rank 0's stall in the step ended because its peer died, not because it went on (with
+    # --stall_timeout=2 a loaded machine's setup may stall and resolve first: that one may)
+    assert not re.search(r"STALL RESOLVED .* in phase (training step|validation)", text), text
     assert f"rank 1 on {host}: {KILLED}" in diagnose(logs)
     doc = diagnose_json(logs)
     assert [(c["rank"], c["cause"]) for c in doc["culprits"]] == [(1, KILLED)], (moment, doc)
