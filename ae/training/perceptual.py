@@ -145,23 +145,22 @@ def load_lpips(vgg16_path: Path, heads_path: Path) -> LPIPS:
     (`heads_path`), frozen, on the CPU. Raises WeightsFileError naming the file at fault."""
     # Both files checked before either is refused: a user with two bad downloads fixes both
     # in one go.
+    vgg16_what = f"torchvision's VGG16 state dict ({VGG16_FILE} from {VGG16_URL})"
+    files = (
+        (vgg16_path, vgg16_shapes(), vgg16_what),
+        (heads_path, heads_shapes(), f"the LPIPS v0.1 VGG heads ({HEADS_SOURCE})"),
+    )
+    loaded: list[dict[str, torch.Tensor]] = []
     problems: list[str] = []
-    try:
-        vgg = checked(
-            read_state_dict(vgg16_path, "perceptual_weights"), vgg16_shapes(), vgg16_path,
-            "perceptual_weights", f"torchvision's VGG16 state dict ({VGG16_FILE} from {VGG16_URL})",
-        )  # fmt: skip
-    except WeightsFileError as e:
-        problems.append(str(e))
-    try:
-        heads = checked(
-            read_state_dict(heads_path, "perceptual_weights"), heads_shapes(), heads_path,
-            "perceptual_weights", f"the LPIPS v0.1 VGG heads ({HEADS_SOURCE})",
-        )  # fmt: skip
-    except WeightsFileError as e:
-        problems.append(str(e))
+    for path, shapes, what in files:
+        try:
+            state = read_state_dict(path, "perceptual_weights")
+            loaded.append(checked(state, shapes, path, "perceptual_weights", what))
+        except WeightsFileError as e:
+            problems.append(str(e))
     if problems:
         raise WeightsFileError("\n".join(problems))
+    vgg, heads = loaded
     # LPIPS trains its heads clamped to >= 0: negative weights are another file (random, or a
     # head of another version), whose distances would mean nothing.
     negative = [k for k, t in heads.items() if (t < 0).any()]
