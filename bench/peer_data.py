@@ -4,6 +4,7 @@ bench (and every import of ae) is in `bench.peers`."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.server
 import importlib.metadata
@@ -26,12 +27,19 @@ JPG_SIDE, JPG_SIZE, JPG_BATCH = 256, 64, 256
 SHUFFLE_BUFFER = 1000  # ae's default --shuffle_buffer; webdataset's .shuffle() gets the same
 
 
-def peer_versions() -> dict[str, str] | None:
-    """The peers' versions, or None when the extra is not installed (the bench then skips)."""
-    try:
-        return {name: importlib.metadata.version(name) for name in PEERS}
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def peer_versions() -> dict[str, str]:
+    """The installed peers' versions (none installed: the bench skips; some missing, e.g. on a
+    GPU lease that cannot install MosaicML's cloud SDKs: their rows are left out and named)."""
+    versions = {}
+    for name in PEERS:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
+    return versions
+
+
+def extra_installed(versions: dict[str, str]) -> bool:
+    """Whether the peers extra is there: a peer beyond webdataset (which ae itself needs)."""
+    return bool({"litdata", "mosaicml-streaming"} & set(versions))
 
 
 def import_streaming() -> Any:

@@ -44,10 +44,11 @@ import argparse
 import contextlib
 import gc
 import io
+import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -55,11 +56,13 @@ from typing import Any
 import numpy as np
 import psutil
 import simplejpeg
+import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
 from ae.config import DataConfig
 from ae.data.datamodule import ShardDataModule
+from ae.data.decoding.gpu_jpeg import gpu_decode_problem
 from ae.data.decoding.images import fit, to_array
 from ae.data.shards.index import write_index
 from ae.data.shards.tar_header_count import scan_shard
@@ -71,6 +74,7 @@ from bench.peer_data import (
     SHUFFLE_BUFFER,
     VEC_BATCH,
     du,
+    extra_installed,
     gzip_tars,
     import_streaming,
     make_jpegs,
@@ -91,27 +95,29 @@ def ae_index(urls: list[str]) -> None:
         write_index(Path(url), scan.samples, scan.offsets)
 
 
-def prepare(kind: str, n: int, shards: int, batch: int, root: Path) -> dict[str, Any]:
-    """Every format of one dataset, written afresh: the writing is the conversion figure."""
+def prepare(
+    kind: str, n: int, shards: int, batch: int, root: Path, peers: dict[str, str]
+) -> dict[str, Any]:
+    """Every format of one dataset (of the installed `peers`), written afresh: the writing is
+    the conversion figure."""
     root = root / f"{kind}-{n}"
     data = make_vectors(n) if kind == "vec" else make_jpegs(n)
     urls, tar_s = write_tars(kind, data, root / "tars", shards)
     index_s = timed(lambda: ae_index(urls))
     info: dict[str, Any] = {"samples": n, "batch": batch, "tar_urls": urls}
     info["count_cache"] = str(root / "ae-counts")  # local for the remote (throttled) reads too
-    info["convert_s"] = {
-        "webdataset_tarwriter": tar_s,
-        "ae_index": index_s,
-        "litdata_optimize": write_litdata(kind, data, root / "litdata"),
-        "mosaicml_mdswriter": write_mds(kind, data, root / "mds"),
-    }
+    info["convert_s"] = {"webdataset_tarwriter": tar_s, "ae_index": index_s}
     info["bytes"] = {
         "payload": int(data.nbytes) if kind == "vec" else sum(map(len, data)),
         "tar": du(urls),
         "ae_index": du([u + ".idx" for u in urls if Path(u + ".idx").exists()]),
-        "litdata": du(root / "litdata"),
-        "mds": du(root / "mds"),
     }
+    if "litdata" in peers:
+        info["convert_s"]["litdata_optimize"] = write_litdata(kind, data, root / "litdata")
+        info["bytes"]["litdata"] = du(root / "litdata")
+    if "mosaicml-streaming" in peers:
+        info["convert_s"]["mosaicml_mdswriter"] = write_mds(kind, data, root / "mds")
+        info["bytes"]["mds"] = du(root / "mds")
     info["dirs"] = {"litdata": str(root / "litdata"), "mds": str(root / "mds")}
     return info
 
@@ -153,17 +159,62 @@ def _loader_kw(workers: int) -> dict[str, Any]:
     return {"num_workers": workers, "persistent_workers": workers > 0}
 
 
-def read_ae(info: dict, kind: str, workers: int, _: str) -> Reader:
+def _ae_module(info: dict, kind: str, workers: int, image_decode: str = "cpu") -> ShardDataModule:
     cfg = DataConfig(
         batch_size=info["batch"],
         num_workers=workers,
         image_size=JPG_SIZE if kind == "jpg" else 0,
         count_cache=info["count_cache"],
+        image_decode=image_decode,
     )
     urls = info["tar_urls"]
     dm = ShardDataModule(cfg, urls, urls, seed=0)
     dm.setup("fit")
+    return dm
+
+
+def read_ae(info: dict, kind: str, workers: int, _: str) -> Reader:
+    dm = _ae_module(info, kind, workers)
     return dm.train_dataloader(), dm.set_epoch
+
+
+class _OnDevice:
+    """A loader's batches as the rank trains on them: moved (and for `--image_decode=gpu`,
+    decoded) by the data module's `transfer_batch_to_device`, each batch waited for."""
+
+    def __init__(self, dm: ShardDataModule, device: torch.device) -> None:
+        self.dm, self.device, self.loader = dm, device, dm.train_dataloader()
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for batch in self.loader:
+            batch = self.dm.transfer_batch_to_device(batch, self.device, 0)
+            torch.cuda.synchronize(self.device)
+            yield batch
+
+
+def read_ae_gpu(info: dict, kind: str, workers: int, _: str) -> Reader:
+    """ae with `--image_decode=gpu`: the workers read, nvJPEG on the GPU decodes."""
+    on_device = _OnDevice(_ae_module(info, kind, workers, "gpu"), torch.device("cuda"))
+    return on_device, on_device.dm.set_epoch
+
+
+def gpu_pixel_difference(info: dict) -> dict[str, float]:
+    """How far `--image_decode=gpu`'s pictures are from the CPU path's: the validation batches
+    (center crops, the same samples in order) of both, in 1/255 steps, and their PSNR."""
+    device = torch.device("cuda")
+    gpu, cpu = (_ae_module(info, "jpg", 0, decode) for decode in ("gpu", "cpu"))
+    diffs = []
+    for ours, ref in zip(gpu.val_dataloader(), cpu.val_dataloader(), strict=True):
+        diffs.append((gpu.transfer_batch_to_device(ours, device, 0).cpu() - ref).abs())
+    diff = torch.cat(diffs)
+    mse = float(diff.square().mean())
+    return {
+        "images": len(diff),
+        "mean_abs_255": float(diff.mean()) * 255,
+        "p99_abs_255": float(diff.flatten().quantile(0.99)) * 255,
+        "max_abs_255": float(diff.max()) * 255,
+        "psnr_db": 10 * math.log10(1.0 / mse) if mse else math.inf,
+    }
 
 
 def _wds_jpg(decode: Callable[[bytes], np.ndarray], sample: tuple) -> tuple:
@@ -224,14 +275,25 @@ def read_mosaicml(info: dict, kind: str, workers: int, variant: str) -> Reader:
 
 READERS: dict[str, Callable[[dict, str, int, str], Reader]] = {
     "ae": read_ae,
+    "ae_gpu": read_ae_gpu,
     "webdataset": read_webdataset,
     "litdata": read_litdata,
     "mosaicml": read_mosaicml,
 }
 
 
-def variants(kind: str) -> list[tuple[str, str, str]]:
-    """(row name, reader, variant) of one dataset."""
+PACKAGE = {"webdataset": "webdataset", "litdata": "litdata", "mosaicml": "mosaicml-streaming"}
+
+
+def variants(kind: str, peers: dict[str, str], gpu: bool) -> list[tuple[str, str, str]]:
+    """(row name, reader, variant) of one dataset, for the installed `peers`; `gpu`: with ae's
+    `--image_decode=gpu` row (JPEGs, where a CUDA device and torchvision are there)."""
+    return [
+        row for row in _variants(kind, gpu) if row[1] not in PACKAGE or PACKAGE[row[1]] in peers
+    ]
+
+
+def _variants(kind: str, gpu: bool) -> list[tuple[str, str, str]]:
     if kind == "vec":
         return [
             ("ae", "ae", ""),
@@ -240,7 +302,7 @@ def variants(kind: str) -> list[tuple[str, str, str]]:
             ("litdata_item", "litdata", "item"),
             ("mosaicml", "mosaicml", ""),
         ]
-    rows = [("ae", "ae", "")]
+    rows = [("ae", "ae", "")] + ([("ae_gpu", "ae_gpu", "")] if gpu else [])
     for peer in ("webdataset", "litdata", "mosaicml"):
         rows += [(f"{peer}_full", peer, "full"), (f"{peer}_draft", peer, "draft")]
     return [*rows, ("litdata_turbo", "litdata", "turbo")]  # the fastest peer, ae's decoder
@@ -316,7 +378,7 @@ def measure(info: dict, kind: str, name: str, reader: str, variant: str, workers
         row[f"{label}_per_cpu_s"] = per_cpu_s
         row[f"{label}_samples"] = n
         row[f"{label}_whole"] = whole
-    end_workers(loader)
+    end_workers(getattr(loader, "loader", loader))  # `_OnDevice`: its loader's workers
     del loader
     if reader == "mosaicml":  # its shared memory ends with its dataset (a cycle), before the next
         gc.collect()  # a second or more with the peers imported: not after every reader
@@ -361,6 +423,15 @@ def throttled(info: dict, rate_mb: float, workers: int, cap_s: float) -> list[di
 # --- main ---------------------------------------------------------------------------------
 
 
+RATES = ("first", "warm", "warm_per_cpu_s")  # each row's rates, compared between rows
+
+
+def _device() -> str:
+    """What the run ran on: the GPU's name (the ae_gpu row), or the CPU count."""
+    cpus = f"{os.cpu_count()} CPUs"
+    return f"{torch.cuda.get_device_name()}, {cpus}" if torch.cuda.is_available() else cpus
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small data, for a smoke run")
@@ -378,9 +449,14 @@ def main() -> None:
     args = ap.parse_args()
     chosen = set(args.readers.split(",")) | {"ae"} if args.readers else None
     versions = peer_versions()
-    if versions is None:
+    if not extra_installed(versions):
         print(f"skipped: the peers extra is not installed ({', '.join(PEERS)})")
         return
+    if missing := [p for p in PEERS if p not in versions]:
+        print(f"not installed, their rows left out: {', '.join(missing)}")
+    gpu = gpu_decode_problem() is None  # the `ae_gpu` row: --image_decode=gpu
+    if not gpu:
+        print(f"no ae_gpu row (--image_decode=gpu): {gpu_decode_problem()}")
     os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # no PyPI call per dataset
     from loguru import logger
 
@@ -395,15 +471,18 @@ def main() -> None:
     workers_list = [int(w) for w in args.workers.split(",")]
     datasets, rows = {}, []
     for kind in args.kinds.split(","):
-        info = prepare(kind, *sizes[kind], Path(args.data))
+        info = prepare(kind, *sizes[kind], Path(args.data), versions)
         datasets[kind] = {
             k: v for k, v in info.items() if k not in ("tar_urls", "dirs", "count_cache")
         }
         print(f"{kind}: convert {info['convert_s']}, bytes {info['bytes']}", flush=True)
+        if kind == "jpg" and gpu:
+            datasets[kind]["gpu_vs_cpu_pixels"] = gpu_pixel_difference(info)
+            print(f"jpg: --image_decode=gpu vs cpu {datasets[kind]['gpu_vs_cpu_pixels']}")
         for workers in workers_list:
             runs: dict[str, list[dict]] = {}
             for _ in range(repeat):
-                for name, reader, variant in variants(kind):
+                for name, reader, variant in variants(kind, versions, gpu):
                     if chosen is not None and name not in chosen:
                         continue
                     r = measure(info, kind, name, reader, variant, workers, cap_s)
@@ -417,16 +496,19 @@ def main() -> None:
                     "setup_s": statistics.median(r["setup_s"] for r in rs),
                     "whole_epochs": all(r["first_whole"] and r["warm_whole"] for r in rs),
                 }
-            ae = row["readers"]["ae"]
-            row["ae_vs"] = {
-                name: {e: _ratio(ae[e], r[e]) for e in ("first", "warm", "warm_per_cpu_s")}
-                for name, r in row["readers"].items()
-                if name != "ae"
-            }
+            for ours in ("ae", "ae_gpu"):  # each of ae's rows against every other row
+                if (mine := row["readers"].get(ours)) is not None:
+                    row[f"{ours}_vs"] = {
+                        name: {
+                            e: _ratio(mine[e], r[e]) for e in ("first", "warm", "warm_per_cpu_s")
+                        }
+                        for name, r in row["readers"].items()
+                        if name != ours
+                    }
             row["load_average"] = os.getloadavg()[0]
             rows.append(row)
             for name, r in row["readers"].items():
-                vs = row["ae_vs"].get(name)
+                vs = row["ae_vs"].get(name) if name != "ae_gpu" else None
                 cpu = r["warm_per_cpu_s"]
                 line = f"{kind} w={workers} {name:18s} first {r['first']:>11,.0f}/s  warm "
                 line += f"{r['warm']:>11,.0f}/s  " + (f"{cpu:>11,.0f}/CPU s" if cpu else " " * 17)
@@ -434,17 +516,26 @@ def main() -> None:
                     line += f"  ae {vs['warm']:.2f}x"
                     if vs["warm_per_cpu_s"]:
                         line += f" ({vs['warm_per_cpu_s']:.2f}x per CPU s)"
+                if (gvs := row.get("ae_gpu_vs", {}).get(name)) is not None:
+                    line += f"  ae_gpu {gvs['warm']:.2f}x"
+                    if gvs["warm_per_cpu_s"]:
+                        line += f" ({gvs['warm_per_cpu_s']:.2f}x per CPU s)"
                 print(line, flush=True)
         if kind == "vec":
             datasets[kind]["throttled"] = [
                 row for w in workers_list for row in throttled(info, args.rate_mb, w, cap_s * 3)
             ]
-    path = write_record(
-        "peers",
-        {"versions": versions, "batch_size": {k: sizes[k][2] for k in datasets},
-         "repeat": repeat, "epoch_cap_s": cap_s, "datasets": datasets, "rows": rows},
-        quick=args.quick,
-    )  # fmt: skip
+    record = {
+        "versions": versions,
+        "missing": missing,
+        "device": _device(),
+        "batch_size": {k: sizes[k][2] for k in datasets},
+        "repeat": repeat,
+        "epoch_cap_s": cap_s,
+        "datasets": datasets,
+        "rows": rows,
+    }
+    path = write_record("peers", record, quick=args.quick)
     print(f"wrote {path}")
 
 

@@ -139,6 +139,12 @@ class DataConfig:
         0, "images: 1 (grayscale) or 3 (RGB), whatever each image's mode; 0 = as the first", lo=0
     )
     random_flip: bool = _opt(False, "images: flip half of the training images left-right")
+    image_decode: Literal["cpu", "gpu"] = _opt(
+        "cpu",
+        "images: where JPEGs are decoded: cpu (the loader's workers) or gpu (nvJPEG on each "
+        "rank's GPU, a batch at a time: the workers only read; needs torchvision; other formats "
+        "and grayscale stay on the CPU)",
+    )
     max_bad_fraction: float = _opt(
         0.01,
         "stop when more than this share of an epoch's samples (on any rank) is bad and replaced",

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from ae.config import PREFETCH_FACTOR, DataConfig
 from ae.data.decoding.decode import InputSpec, SampleDecoder
+from ae.data.decoding.gpu_jpeg import EncodedBatch, decode_on, gpu_decode_problem
 from ae.data.input_probe import (
     check_one_image_size,
     colour_after_gray,
@@ -40,6 +41,7 @@ from ae.data.input_probe import (
 )
 from ae.data.planning.counts import count_cache_dir
 from ae.data.rank_agreement import agreed_counts
+from ae.data.shards.errors import DataError
 from ae.data.split_streams import StreamBuilder
 from ae.data.stream.loader import PreemptibleLoader
 from ae.data.stream.resume import ResumableLoader, Resume
@@ -144,6 +146,8 @@ class ShardDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         self.probe()
+        if self.cfg.image_decode == "gpu":
+            self._check_gpu_decode()
         with in_phase("shard planning"):
             build = self._builder()
             held_out = self.validates and self.val_urls is None
@@ -155,6 +159,27 @@ class ShardDataModule(L.LightningDataModule):
                 self.train_set = build.stream("train", self.train_urls, shuffle=True)
             if stage in ("fit", "validate") and self.val_set is None and self.val_urls:
                 self.val_set = build.stream("val", self.val_urls, shuffle=False)
+
+    def _check_gpu_decode(self) -> None:
+        """DataError naming --image_decode when this rank cannot decode JPEGs on its GPU."""
+        device = self.trainer.strategy.root_device if self.trainer is not None else None
+        problem = gpu_decode_problem()
+        if problem is None and device is not None and device.type != "cuda":
+            problem = f"this run trains on {device.type} (--accelerator)"
+        if problem is not None:
+            raise DataError(
+                f"image_decode: gpu decodes JPEGs on each rank's CUDA device, but {problem}; "
+                "use --image_decode=cpu"
+            )
+
+    def transfer_batch_to_device(
+        self, batch: Any, device: torch.device, dataloader_idx: int
+    ) -> Any:
+        """Lightning's move of each batch to the rank's device; a batch of JPEG bytes
+        (`--image_decode=gpu`) is decoded there."""
+        if isinstance(batch, EncodedBatch):
+            return decode_on(batch, device)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def train_worker_rates(self) -> list[dict[str, Any]]:
         """How fast this rank's train workers read (heartbeat `data_workers`); none before

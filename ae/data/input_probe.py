@@ -131,7 +131,8 @@ def log_input(decoder: SampleDecoder, cfg: DataConfig) -> None:
             field=decoder.field_names,
             source=source,
             shape="x".join(map(str, decoder.shape)),
-            detail=decoder.describe(),
+            detail=decoder.describe()
+            + ("; JPEGs decoded on each rank's GPU (nvJPEG)" if cfg.image_decode == "gpu" else ""),
         )
     )
 

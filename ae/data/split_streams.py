@@ -13,7 +13,7 @@ train sample never moves into it."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ae.config import DataConfig
@@ -79,7 +79,8 @@ class StreamBuilder:
             split=split,
             urls=urls,
             counts=[] if resampled else counts or self.count(split, urls),
-            decoder=self.decoder,
+            # the JPEGs leave the workers as bytes for the GPU (`ae.data.decoding.gpu_jpeg`)
+            decoder=replace(self.decoder, gpu_jpeg=cfg.image_decode == "gpu"),
             batch_size=cfg.batch_size,
             rank=self.rank,
             world_size=self.world_size,

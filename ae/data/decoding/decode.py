@@ -30,6 +30,7 @@ import numpy as np
 
 from ae.config import DataConfig
 from ae.data.decoding.images import CENTER, decode_image, image_extensions, mode_for, open_image
+from ae.data.decoding.jpeg import EncodedJpeg, encoded_jpeg
 from ae.data.shards.errors import DataError
 from ae.data.shards.keys import merged_files
 from ae.data.shards.tar_samples import DUPLICATE
@@ -174,6 +175,10 @@ class SampleDecoder:
     image_size: int = 0
     random_flip: bool = False
     npy_scale: float = 1.0
+    # `--image_decode=gpu`: the JPEGs the GPU decodes leave `decode` as bytes (`EncodedJpeg`,
+    # `ae.data.decoding.gpu_jpeg`). Set for the train and val streams only, never for a caller
+    # that needs the pixels here (the probe, the model check, reconstruction grids).
+    gpu_jpeg: bool = False
 
     @property
     def spec(self) -> InputSpec:
@@ -213,9 +218,9 @@ class SampleDecoder:
         except Exception:  # a bad sample: training reports it
             return None
 
-    def decode(self, sample: dict, augment: Augment | None = None) -> np.ndarray:
-        """The sample's input array; SampleError when it has none, it does not decode, or its
-        shape differs from the run's."""
+    def decode(self, sample: dict, augment: Augment | None = None) -> np.ndarray | EncodedJpeg:
+        """The sample's input array (with `gpu_jpeg`, a JPEG the GPU decodes: its bytes);
+        SampleError when it has none, it does not decode, or its shape differs from the run's."""
         if DUPLICATE in sample:
             raise SampleError(sample[DUPLICATE])
         field, name = self.fields[0]
@@ -236,7 +241,13 @@ class SampleDecoder:
                 if augment is not None:
                     at, flip = augment.draws(sample)
                     flip = flip and self.random_flip
-                array = decode_image(ungzipped(field, data), self.mode, self.image_size, at, flip)
+                data = ungzipped(field, data)
+                array = None
+                if self.gpu_jpeg:
+                    source = (sample.get("__url__", "?"), sample["__key__"])
+                    array = encoded_jpeg(data, self.mode, self.image_size, at, flip, source)
+                if array is None:
+                    array = decode_image(data, self.mode, self.image_size, at, flip)
         except Exception as e:  # any decoder failure is a property of this sample's bytes
             raise SampleError(f"cannot decode .{field}: {type(e).__name__}: {e}") from e
         if array.shape != self.shape and self.shape:  # () while probing: no shape yet
@@ -260,6 +271,7 @@ class SampleDecoder:
                 ("--image_size", cfg.image_size),
                 ("--channels", cfg.channels),
                 ("--random_flip", cfg.random_flip),
+                ("--image_decode=gpu", cfg.image_decode == "gpu"),
             )
             if on
         ]

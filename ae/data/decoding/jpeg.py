@@ -11,9 +11,14 @@ Only what is known to match Pillow takes this path (`tests/data/decoding/test_jp
 it): baseline or progressive JPEGs in YCbCr or grayscale, to RGB or L. CMYK/YCCK and Adobe RGB
 JPEGs, and a colour JPEG to L at native size (Pillow converts RGB -> L by its own luma formula
 there; TurboJPEG would take the Y channel), are left to Pillow: `drafted` returns None.
+
+With `--image_decode=gpu` the colour JPEGs are not decoded here at all: `encoded_jpeg` reads the
+header alone and the bytes go on to the rank's GPU (`ae.data.decoding.gpu_jpeg`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import simplejpeg
@@ -48,3 +53,40 @@ def drafted(data: bytes, mode: str, size: int) -> tuple[np.ndarray, tuple[float,
     if pixels.shape[:2] != want:  # TurboJPEG chose another of its scales (M/8): not Pillow's
         return None
     return (pixels[:, :, 0] if mode == "L" else pixels), (width / s, height / s)
+
+
+_GPU_SOURCES = frozenset({"YCbCr"})  # source colorspaces nvJPEG decodes to the RGB ae trains on
+
+
+@dataclass(frozen=True)
+class EncodedJpeg:
+    """One sample on its way to the GPU: its JPEG bytes and what to do with the decoded picture.
+    `box`: (x0, y0, side) of the square crop in source pixels (side 0: no crop, native size)."""
+
+    data: bytes
+    shape: tuple[int, int, int]  # (3, H, W) after decode, crop and resize: the run's shape
+    box: tuple[int, int, int]
+    flip: bool
+    source: tuple[str, str]  # (url, key): named in the log if the GPU cannot decode it
+
+
+def encoded_jpeg(
+    data: bytes,
+    mode: str,
+    size: int,
+    at: tuple[float, float],
+    flip: bool,
+    source: tuple[str, str],
+) -> EncodedJpeg | None:
+    """The sample as bytes for the GPU, from its header alone; None when the GPU path does not
+    take it (the worker decodes it). Raises ValueError on bytes whose JPEG header is damaged."""
+    if mode != "RGB" or not data.startswith(JPEG_MAGIC):
+        return None
+    height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    if colorspace not in _GPU_SOURCES:
+        return None
+    if not size:
+        return EncodedJpeg(data, (3, height, width), (0, 0, 0), flip, source)
+    side = min(width, height)
+    x0, y0 = round((width - side) * at[0]), round((height - side) * at[1])
+    return EncodedJpeg(data, (3, size, size), (x0, y0, side), flip, source)

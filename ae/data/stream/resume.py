@@ -167,7 +167,8 @@ class ResumableLoader(PreemptibleLoader):
         # batches): the step only queues kernels, so reading on the training thread idles the
         # GPU (`ae.data.stream.read_ahead`; bench/README.md has the figures).
         self.reads_ahead = self.num_workers == 0 and self.pin_memory
-        if self.num_workers > 0:  # before the workers fork: they reuse their batch buffers
+        # Before the workers fork: they reuse their batch buffers.
+        if self.num_workers > 0 and dataset.reuses_buffers:
             dataset.released = release_table(self.num_workers)
 
     def resuming(self) -> int | None:

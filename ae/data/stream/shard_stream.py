@@ -21,7 +21,7 @@ import itertools
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,7 @@ from ae.data.stream.resampled import ResampledPlan, read_resampled, resampled_pl
 from ae.data.stream.resume_arithmetic import resumed_slot, slot_rng, worker_skip
 from ae.data.stream.stages import (
     REPLACEMENT_POOL,
+    batch_encoded,
     batch_samples,
     decode_samples,
     fill_quota,
@@ -116,6 +117,12 @@ class ShardStream(IterableDataset):
     @property
     def spec(self) -> InputSpec:
         return self.decoder.spec
+
+    @property
+    def reuses_buffers(self) -> bool:
+        """Whether its workers can hand batches over in reused buffers: not batches of JPEG
+        bytes for the GPU, whose size changes from batch to batch."""
+        return not self.decoder.gpu_jpeg
 
     def _augment(self) -> Augment | None:
         return Augment(self.seed, self.epoch) if self.augment else None
@@ -195,7 +202,8 @@ class ShardStream(IterableDataset):
         that own the slot report it)."""
         errors = SlotErrors(ErrorCounts.create(1), 0)
         raw, _, _ = self._slot_samples(self.plan(), rank, 0, errors, None, debug=False)
-        return list(itertools.islice(decode_samples(raw, self.decoder, errors), n))
+        decoder = replace(self.decoder, gpu_jpeg=False)  # pixels here, not bytes for the GPU
+        return list(itertools.islice(decode_samples(raw, decoder, errors), n))
 
     def _slot_samples(
         self,
@@ -242,9 +250,10 @@ class ShardStream(IterableDataset):
             lambda: self._fallback_pool(slot, own),
             errors,
         )
-        return batch_samples(stream, self.batch_size, self.spec)
+        batch = batch_encoded if self.decoder.gpu_jpeg else batch_samples
+        return batch(stream, self.batch_size, self.spec)
 
-    def _hand_over(self, info: Any) -> Callable[[torch.Tensor], Any]:
+    def _hand_over(self, info: Any) -> Callable[[Any], Any]:
         """How a batch leaves this process: as it is in the rank's own process; in a worker, in
         shared memory (`into_shared_memory` tells the two apart), in one of the worker's reused
         buffers with its tag when the loader asked for them (`released`). The buffers last the

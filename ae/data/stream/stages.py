@@ -31,6 +31,8 @@ import torch
 from loguru import logger
 
 from ae.data.decoding.decode import Augment, InputSpec, SampleDecoder
+from ae.data.decoding.gpu_jpeg import EncodedBatch
+from ae.data.decoding.jpeg import EncodedJpeg
 from ae.data.planning.plan import ShardSlice
 from ae.data.shards.errors import SlotErrors
 from ae.data.shards.index import sample_offset
@@ -103,9 +105,10 @@ def decode_samples(
     decoder: SampleDecoder,
     errors: SlotErrors,
     augment: Augment | None = None,
-) -> Iterator[np.ndarray]:
+) -> Iterator[np.ndarray | EncodedJpeg]:
     """Decode (and check the shape); a bad sample is reported (ERROR line) and dropped.
-    `augment`: training's random crops and flips; None: center crops."""
+    `augment`: training's random crops and flips; None: center crops. With the decoder's
+    `gpu_jpeg`, most JPEGs come out still encoded, for the GPU."""
     for sample in samples:
         try:
             array = decoder.decode(sample, augment)
@@ -190,3 +193,16 @@ def batch_samples(items: Iterable[np.ndarray], batch_size: int, spec: InputSpec)
             yield torch.from_numpy(out)
             out = np.empty_like(out)
             i = 0
+
+
+def batch_encoded(
+    items: Iterable[np.ndarray | EncodedJpeg], batch_size: int, spec: InputSpec
+) -> Iterator[EncodedBatch]:
+    """`batch_samples` for `--image_decode=gpu`: batches of JPEG bytes (and of the arrays the
+    worker decoded), which the rank decodes on its GPU (`ae.data.decoding.gpu_jpeg`)."""
+    batch: list[np.ndarray | EncodedJpeg] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == batch_size:
+            yield EncodedBatch.of(batch, spec.shape)
+            batch = []

@@ -69,7 +69,7 @@ def test_a_consumer_that_leaves_stops_the_thread() -> None:
 
 def test_the_train_loader_reads_ahead_only_in_process_and_pinned() -> None:
     def loader(workers: int, pin: bool) -> ResumableLoader:
-        stream = SimpleNamespace(released=None)  # never iterated
+        stream = SimpleNamespace(released=None, reuses_buffers=True)  # never iterated
         return ResumableLoader(stream, batch_size=None, num_workers=workers, pin_memory=pin)
 
     assert loader(0, True).reads_ahead
