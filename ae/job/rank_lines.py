@@ -35,7 +35,7 @@ from ae.log_lines import DATA_ERRORS, NONFINITE, RECORD_PATTERN, RESOURCE_TIGHT,
 # A line reaches the console at most this long after it is written: a run that goes on after
 # an ERROR of another rank (a NONFINITE line under --on_nonfinite=skip) can end within a second.
 POLL_S = 0.2
-BURST = 3  # ERROR lines shown per source and window
+BURST = 3  # ERROR records shown per source and window
 WINDOW_S = 60.0
 HOLD_S = 2.0  # an ERROR of another rank waits this long for the same text from rank 0
 # Lines of an ERROR record said on the console at most (a traceback can run to hundreds); the
@@ -47,7 +47,7 @@ RECORD_LINES = 10
 class _Source:
     window_start: float = 0.0
     shown: int = 0
-    held: int = 0  # ERROR lines not shown in this window
+    held: int = 0  # ERROR records not shown in this window
 
 
 @dataclass
@@ -156,7 +156,8 @@ class RankLines:
             if not final and now - src.window_start < WINDOW_S:
                 continue
             if src.held:
-                logger.error(f"{who}: {src.held} more ERROR lines (all in {self.train_log.name})")
+                more = f"{src.held} more error{'s' * (src.held != 1)}"
+                logger.error(f"{who}: {more} (all in {self.train_log.name})")
             src.window_start, src.shown, src.held = now, 0, 0
 
 

@@ -59,7 +59,7 @@ def test_other_ranks_errors_summaries_and_stalls(tmp_path: Path, said: list[str]
     assert said == [
         f"WARNING rank 1: {summary}",
         f"WARNING rank 1: {_stall(9, 3)}",
-        "ERROR rank 1 worker 0: 2 more ERROR lines (all in train_TS.log)",
+        "ERROR rank 1 worker 0: 2 more errors (all in train_TS.log)",
     ]
     said.clear()
     follower.finish()
