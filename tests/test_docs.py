@@ -82,6 +82,7 @@ TOOL_FLAGS = {
     "nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "job-name", "output",
     "signal", "full", "kill-on-bad-exit", "requeue",
     "logdir", "backend-store-uri",  # tensorboard's and `mlflow ui`'s, to open a run's metrics
+    "no-index", "no-deps", "target",  # pip's, installing wheels carried to a GPU lease (bench/)
 }  # fmt: skip
 
 

@@ -76,3 +76,54 @@ def test_rfid_is_refused_for_data_it_cannot_measure(
     with pytest.raises(ModelError) as e:
         load_fid(ObjectiveConfig(fid_weights=str(tmp_path / "x.pth")), spec)
     assert said in str(e.value)
+
+
+class CountingProjection(Projection):
+    """`Projection`, counting the images it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.images += len(x)
+        return super().forward(x)
+
+
+def _by_hand_rfid(m: AutoEncoder, images: torch.Tensor) -> float:
+    net = Projection()
+    with torch.no_grad():
+        real = net(images).double()
+        fake = net(m(images).clamp(0, 1)).double()
+    n = len(images)
+    return frechet_distance(
+        *moments(real.sum(0), real.T @ real, n), *moments(fake.sum(0), fake.T @ fake, n)
+    )
+
+
+def test_the_validation_images_features_are_computed_once() -> None:
+    """The second validation of the same images passes only the reconstructions through the
+    feature network, and gives the distance of a fresh computation; other images are computed."""
+    torch.manual_seed(0)
+    m = AutoEncoder(SPEC, ModelConfig(model="conv", hidden_dim=8, latent_dim=4))
+    net = CountingProjection()
+    m.attach_fid(net, features=6)
+    gen = torch.Generator().manual_seed(1)
+    images, others = torch.rand(24, *SPEC.shape, generator=gen), torch.rand(10, *SPEC.shape)
+    t = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+                  enable_model_summary=False)  # fmt: skip
+
+    def validate(data: torch.Tensor) -> float:
+        (metrics,) = t.validate(m, DataLoader(data, batch_size=5), verbose=False)
+        return metrics["val/rfid"]
+
+    first = validate(images)
+    assert net.images == 48  # images and reconstructions
+    with torch.no_grad():  # the model moves on between validations
+        for p in m.parameters():
+            p.add_(0.01)
+    second = validate(images)
+    assert net.images == 48 + 24  # the reconstructions only
+    assert second != first and second == pytest.approx(_by_hand_rfid(m, images), rel=1e-5)
+    assert validate(others) == pytest.approx(_by_hand_rfid(m, others), rel=1e-5)
+    assert net.images == 48 + 24 + 20
