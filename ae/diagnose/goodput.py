@@ -56,6 +56,7 @@ from ae.log_lines import (
     TRAIN_STEP,
     TRAINING_FINISHED,
     VAL_STEP,
+    saves_step_file,
 )
 
 PARTS = ("training", "data_wait", "checkpoint", "validation", "recompute", "detection",
@@ -131,7 +132,8 @@ def _read_markers(attempt: Attempt, files: list[Path]) -> None:
                         opened[part] = t
                     elif part in opened:
                         attempt.busy.append((part, opened.pop(part), t))
-                    if (saved := CHECKPOINT_END.parse(message)) is not None:
+                    saved = CHECKPOINT_END.parse(message)
+                    if saved is not None and saves_step_file(saved):  # a point to resume from
                         attempt.saved[int(saved["step"])] = t
     attempt.busy += [(part, t, attempt.end) for part, t in opened.items()]  # never closed
 

@@ -48,6 +48,7 @@ from ae.log_lines import (
     TRAIN_STEP,
     TRAINING_FINISHED,
     VAL_STEP,
+    saves_step_file,
 )
 
 # STALL RESOLVED `now` (ae.forensics.watchdog: `phase <phase>, step <n>`): a rank gone to teardown.
@@ -231,8 +232,8 @@ class _Scanner:
         if rec := self._last(log, TRAINING_FINISHED.prefix):
             s.training_finished = rec
         for start in log.find_records(_needle(CHECKPOINT_END.prefix)):
-            # `best` lines name no step file (their reason has a space: no parse)
-            if (rec := log.record(start)) is not None and CHECKPOINT_END.parse(rec.message):
+            rec = log.record(start)
+            if rec is not None and (m := CHECKPOINT_END.parse(rec.message)) and saves_step_file(m):
                 s.saved = rec
         if (start := log.last_level_record("ERROR")) is not None:
             s.last_error = log.evidence(start)

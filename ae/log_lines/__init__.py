@@ -211,16 +211,26 @@ NODES_CHANGED = LineFormat(
 
 # --- checkpoints, sampling, preemption (every rank's debug log) -------------------------------
 # `========== CHECKPOINT SAVE START ========== step 100 (periodic) -> /run/checkpoints/...`
+# `reason`: periodic, timed, final, preemption (a step file a run resumes from), or
+# `best, val/loss=0.123456` (best.ckpt: `BEST_SAVE`, never a resume point).
 CHECKPOINT_START = LineFormat(
     MARKER.template.format(name="CHECKPOINT SAVE", edge="START")
     + " step {step} ({reason}) -> {path}",
-    {"step": "int", "path": "text"},
+    {"step": "int", "reason": "text", "path": "text"},
 )
 CHECKPOINT_END = LineFormat(
     MARKER.template.format(name="CHECKPOINT SAVE", edge="END")
     + " step {step} ({reason}): {path}, {size}, {seconds}s",
-    {"step": "int", "path": "text", "size": "text", "seconds": "float"},
+    {"step": "int", "reason": "text", "path": "text", "size": "text", "seconds": "float"},
 )
+BEST_SAVE = "best, val/loss={value:.6f}"  # the reason of a best.ckpt save
+
+
+def saves_step_file(fields: dict[str, str]) -> bool:
+    """Whether a parsed CHECKPOINT_START/END line saves a step file (not best.ckpt)."""
+    return not fields["reason"].startswith(BEST_SAVE.partition(",")[0])
+
+
 SAMPLING_START = LineFormat(
     MARKER.template.format(name="SAMPLING", edge="START")
     + " step {step}: {batches} batch(es) x {batch_size} per device, memory {memory}",

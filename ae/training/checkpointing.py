@@ -34,7 +34,14 @@ from ae.atomic_files import human_size
 from ae.config import CheckpointConfig
 from ae.forensics.faults import fault_point
 from ae.forensics.progress import in_phase, progress
-from ae.log_lines import CHECKPOINT_END, CHECKPOINT_REFUSED, CHECKPOINT_START, RESUMED, main_log
+from ae.log_lines import (
+    BEST_SAVE,
+    CHECKPOINT_END,
+    CHECKPOINT_REFUSED,
+    CHECKPOINT_START,
+    RESUMED,
+    main_log,
+)
 from ae.run_paths import RunDir
 from ae.training.checkpoint_files import CheckpointStore
 from ae.training.model import AutoEncoder
@@ -202,7 +209,7 @@ class Checkpointing(L.Callback):
         # val/loss is synced across ranks, but the save below is collective: one decision.
         if not trainer.strategy.broadcast(value < self.best_loss, src=0):
             return
-        if self._save(trainer, self.store.best, f"best, val/loss={value:.6f}"):
+        if self._save(trainer, self.store.best, BEST_SAVE.format(value=value)):
             self.best_loss, self.best_step = value, trainer.global_step
 
     # --- saving -----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from rich.console import Console
 from ae.diagnose.log_files import find_run
 from ae.diagnose.report import diagnose, render, verdict_lines
 from ae.log_lines import (
+    BEST_SAVE,
     CHECKPOINT_END,
     CHECKPOINT_START,
     LAUNCHER_LOG_FILE,
@@ -22,6 +23,7 @@ from bench.synthetic_logs import T0, TS, RankWriter, write_heartbeat, write_trai
 from tests.diagnose.test_verdict import dead_pid
 
 CKPT = "/runs/ae/checkpoints/step-00000023.ckpt"
+BEST = "/runs/ae/checkpoints/best.ckpt"
 # torchrun's report as it wrote it in the walkthrough: rank 1's SIGKILL its first end, rank 0
 # SIGTERMed by it after that.
 REPORT = """\
@@ -50,6 +52,11 @@ def killed_in_teardown(logs: Path, rank0_finished: bool = True, rank0_exit: bool
         w.epoch(0, 1, 23)
         w.log(CHECKPOINT_START.format(step=23, reason="final", path=CKPT))
         w.log(CHECKPOINT_END.format(step=23, reason="final", path=CKPT, size="225.6 KB",
+                                    seconds=0.01))  # fmt: skip
+        # the last validation's best.ckpt, saved after the step file: not the one to name
+        best = BEST_SAVE.format(value=0.0123)
+        w.log(CHECKPOINT_START.format(step=23, reason=best, path=BEST))
+        w.log(CHECKPOINT_END.format(step=23, reason=best, path=BEST, size="225.6 KB",
                                     seconds=0.01))  # fmt: skip
         w.log("========== SAMPLING START ========== step 23")
         w.log("========== SAMPLING END ========== step 23")
