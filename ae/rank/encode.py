@@ -18,7 +18,6 @@ from loguru import logger
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
-from ae.config import Config
 from ae.data.input_probe import probe_decoder
 from ae.data.planning.counts import count_cache_dir, shared_counts
 from ae.data.planning.plan import assign_shards
@@ -33,6 +32,7 @@ from ae.rank.exit import run_to_exit
 from ae.training.encoding import (
     OutputShards,
     encode_all,
+    input_config,
     load_checkpoint,
     model_from_checkpoint,
     uses_ema,
@@ -93,8 +93,7 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
         )  # fmt: skip
     with in_phase("shard planning"):
         # Inputs decoded as the training run decoded them (its field, mode, image size).
-        data_cfg = Config.from_flat(ckpt["ae_config"]).data
-        decoder = probe_decoder("input", urls, data_cfg)
+        decoder = probe_decoder("input", urls, input_config(ckpt))
         spec = decoder.spec
     module, latent = model_from_checkpoint(ckpt, spec, args.ckpt)
     weights = "EMA weights" if uses_ema(ckpt) else "weights"

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from loguru import logger
 
-from ae.config import Config
+from ae.config import Config, DataConfig
 from ae.data.decoding.decode import InputSpec
 from ae.data.shards.writer import ShardWriter, npy_bytes
 from ae.errors import UserError
@@ -38,6 +38,18 @@ def load_checkpoint(path: Path, trust: bool = False) -> dict[str, Any]:
     """The checkpoint of an ae run, read by the safe reader (`ae.training.position.
     checkpoint_read`; `trust`: the old way, `--trust_checkpoint`)."""
     return checkpoint_read.read_ae_checkpoint(path, trust=trust)
+
+
+def input_config(ckpt: dict[str, Any]) -> DataConfig:
+    """The data settings the inputs are decoded with: the training run's (its field, image size,
+    scale), with the channels its model was trained on where that run took them from its first
+    image (`--channels=0`): the first image of the shards to encode may be grayscale where the
+    run's was colour, or the other way round."""
+    data = Config.from_flat(ckpt["ae_config"]).data
+    trained_on = checkpoint_read.spec_from_record(ckpt.get("hyper_parameters", {}).get("spec"))
+    if data.channels == 0 and trained_on is not None and trained_on.kind == "image":
+        data = dataclasses.replace(data, channels=trained_on.shape[0])
+    return data
 
 
 def model_from_checkpoint(

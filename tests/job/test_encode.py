@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from ae.config import ModelConfig
 from ae.data.decoding.decode import InputSpec
+from ae.data.input_probe import probe_decoder
+from ae.data.shards.writer import png_bytes, write_shard
 from ae.job.encode import (
     EncodeArgsError,
     check_checkpoint,
@@ -20,7 +23,12 @@ from ae.job.encode import (
     output_paths,
     parse_args,
 )
-from ae.training.encoding import EncodeError, load_checkpoint, model_from_checkpoint
+from ae.training.encoding import (
+    EncodeError,
+    input_config,
+    load_checkpoint,
+    model_from_checkpoint,
+)
 from ae.training.model import AutoEncoder
 from ae.training.position.checkpoint_read import DamagedCheckpoint, NotAnAeCheckpoint
 from tests.support.encode_checkpoint import encode_checkpoint
@@ -74,6 +82,24 @@ def test_the_model_is_rebuilt_from_the_checkpoint(tmp_path: Path) -> None:
     assert torch.equal(model.encode(x), reference.encode(x))
     with pytest.raises(EncodeError, match=r"samples have shape \(12,\), but m\.ckpt was trained"):
         model_from_checkpoint(ckpt, InputSpec("vector", (12,)), "m.ckpt")
+
+
+def test_images_are_decoded_with_the_channels_the_model_was_trained_on(tmp_path: Path) -> None:
+    """A colour-trained run (`--channels=0`: from its first image) encoding shards whose first
+    image is grayscale: was `SPEC: samples have shape (1, 8, 8), but m.ckpt was trained on (3, 8,
+    8)`; their images are taken to RGB, as the run took its own."""
+    ckpt = load_checkpoint(encode_checkpoint(tmp_path, InputSpec("image", (3, 8, 8))))
+    gray_first = [
+        {"__key__": f"{i}".encode(), "png": png_bytes(np.full((8, 8) if i == 0 else (8, 8, 3), i,
+                                                              np.uint8))}
+        for i in range(3)
+    ]  # fmt: skip
+    write_shard(tmp_path / "in.tar", gray_first)
+    cfg = input_config(ckpt)
+    assert cfg.channels == 3
+    decoder = probe_decoder("input", [str(tmp_path / "in.tar")], cfg)
+    assert decoder.spec == InputSpec("image", (3, 8, 8))
+    model_from_checkpoint(ckpt, decoder.spec, "m.ckpt")  # no shape error
 
 
 def test_a_file_that_is_no_ae_checkpoint_is_named(tmp_path: Path) -> None:
