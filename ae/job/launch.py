@@ -148,7 +148,7 @@ def launch(argv: list[str]) -> int:
     try:
         cfg = parse_config(argv)
         topo = topology(cfg.run)
-        nproc, problems = processes_per_node(cfg.run, topo)
+        nproc, problems = processes_per_node(cfg.run, topo, cfg.data.image_decode)
         problems += min_nodes_problems(cfg.run, topo)
         if problems:
             raise ConfigError(problems)

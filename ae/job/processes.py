@@ -54,13 +54,23 @@ def visible_gpus() -> int:
     return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
 
 
-def processes_per_node(run: RunConfig, topo: Topology) -> tuple[int, list[str]]:
+def processes_per_node(
+    run: RunConfig, topo: Topology, image_decode: str = "cpu"
+) -> tuple[int, list[str]]:
+    """Processes to start on this node, and the problems of the flags with this node's GPUs
+    (`image_decode`: the data's `--image_decode`, which the GPU decode needs one for)."""
     problems = []
     gpus = visible_gpus() if run.accelerator != "cpu" else 0
     if run.accelerator == "gpu" and gpus == 0:
         problems.append("accelerator: gpu requested but no GPU is visible")
     elif run.precision == "16-mixed" and gpus == 0:
         problems.append(f"precision: {CPU_16_MIXED}")
+    if image_decode == "gpu" and gpus == 0 and run.accelerator != "gpu":
+        why = "--accelerator=cpu" if run.accelerator == "cpu" else "no GPU is visible"
+        problems.append(
+            f"image_decode: gpu decodes JPEGs on each rank's GPU, and this run has none ({why}); "
+            "use --image_decode=cpu"
+        )
     if topo.task is not None:  # SLURM, one task per process: SLURM decided
         n = topo.task.per_node
         if run.devices not in ("auto", str(n)):

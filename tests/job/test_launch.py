@@ -104,6 +104,30 @@ def test_16_mixed_without_a_gpu_is_refused_up_front(
     assert "--precision=bf16-mixed" in text and "Traceback" not in text
 
 
+@pytest.mark.parametrize("accelerator", ["auto", "cpu"])
+def test_the_gpu_decode_without_a_gpu_is_refused_up_front(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    accelerator: str,
+) -> None:
+    """Was: the ranks started, built the model, and stopped at the data's setup."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU visible
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    flags = [
+        f"--output_dir={tmp_path / 'run'}",
+        "--image_decode=gpu",
+        f"--accelerator={accelerator}",
+    ]
+    assert main(flags) == 2
+    text = "".join(capsys.readouterr())
+    why = "--accelerator=cpu" if accelerator == "cpu" else "no GPU is visible"
+    assert (
+        f"image_decode: gpu decodes JPEGs on each rank's GPU, and this run has none ({why})" in text
+    )
+    assert "--image_decode=cpu" in text and "Traceback" not in text
+
+
 def test_a_missing_fid_weights_file_stops_the_launcher_before_any_rank(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
