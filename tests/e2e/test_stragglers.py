@@ -164,7 +164,14 @@ def test_slow_data_on_rank_1_is_named_live_then_resolved(make_shards, tmp_path: 
             return own if len(own) == 2 else []
 
         assert wait_for("rank 1's copies", copied, timeout=15) == ["STRAGGLER 1", "RESOLVED 1"]
-        beat = json.loads(next(logs.glob("heartbeat_rank1_*.json")).read_text())
+
+        def timed_beat() -> dict | None:
+            # A heartbeat written as an epoch begins (validation, the next epoch's first step)
+            # has no timing of the epoch yet: the next one, a few seconds later, has.
+            beat = json.loads(next(logs.glob("heartbeat_rank1_*.json")).read_text())
+            return beat if beat["timing"]["recent"] and beat["timing"]["epoch"] else None
+
+        beat = wait_for("rank 1's heartbeat with its epoch's timing", timed_beat, timeout=30)
         assert beat["timing"]["recent"]["steps"] > 0 and beat["timing"]["epoch"]["data_ms"] > 0
         assert {w["worker"] for w in beat["data_workers"]} == {0}
         assert all(w["shard"].endswith(".tar") and w["mb_per_s"] > 0 for w in beat["data_workers"])
