@@ -42,8 +42,8 @@ from ae.log_lines import BAD_SAMPLE
 @dataclass
 class EncodedBatch:
     """A batch some of whose samples are JPEG bytes for the GPU (`encoded`) and the rest already
-    decoded arrays (`decoded`, at batch positions `decoded_at`). Tensors only, so that it travels
-    from a worker through shared memory like any batch."""
+    decoded arrays (`decoded`, at batch positions `decoded_at`). Tensors, so that it travels from
+    a worker through shared memory like any batch, and the encoded samples' names."""
 
     shape: tuple[int, ...]  # (N, C, H, W) once decoded
     data: torch.Tensor  # uint8: every encoded sample's bytes, end to end
