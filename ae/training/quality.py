@@ -66,7 +66,7 @@ class QualityMetrics(nn.Module):
             self.cosine = MeanMetric()
         self.lpips_net: SharedNet | None = None
         self.fid_net: SharedNet | None = None
-        # The validation images' Inception features by their batch's digest (`_real_features`).
+        # The validation images' Inception features by their batch's digest (`_update_rfid`).
         self._kept_real: dict[bytes, torch.Tensor] = {}
         self._kept_images = 0
 
@@ -103,7 +103,7 @@ class QualityMetrics(nn.Module):
         the batch is the same to the last bit (its digest: one host copy of the batch, at
         validation only), else computed with the reconstructions' in one pass and kept."""
         assert self.fid_net is not None
-        key = hashlib.blake2b(x.detach().cpu().numpy().tobytes(), digest_size=16).digest()
+        key = hashlib.blake2b(x.detach().cpu().numpy(), digest_size=16).digest()  # contiguous
         real = self._kept_real.get(key)
         if real is not None:
             fake = self.fid_net(clamped)

@@ -61,11 +61,12 @@ class EncodedBatch:
         encoded = [(i, x) for i, x in enumerate(items) if isinstance(x, EncodedJpeg)]
         decoded = [(i, x) for i, x in enumerate(items) if not isinstance(x, EncodedJpeg)]
         sizes = [len(x.data) for _, x in encoded]
-        data = np.frombuffer(b"".join(x.data for _, x in encoded), dtype=np.uint8)
+        # joined straight into a writable buffer: one copy of the bytes, which torch shares
+        data = np.frombuffer(bytearray().join(x.data for _, x in encoded), dtype=np.uint8)
         arrays = np.stack([x for _, x in decoded]) if decoded else np.empty((0, *shape), np.float32)
         return cls(
             shape=(len(items), *shape),
-            data=torch.from_numpy(data.copy()),
+            data=torch.from_numpy(data),
             offsets=torch.tensor([0, *itertools.accumulate(sizes)], dtype=torch.int64),
             encoded_at=torch.tensor([i for i, _ in encoded], dtype=torch.int64),
             boxes=torch.tensor([x.box for _, x in encoded], dtype=torch.int64).reshape(-1, 3),
