@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 
 import lightning as L
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
-from ae.config import PREFETCH_FACTOR, Config, help_text, parse_config
+from ae.config import PREFETCH_FACTOR, Config, parse_config
 from ae.data.datamodule import ShardDataModule
 from ae.data.shards.demo import with_demo_defaults
 from ae.data.shards.spec import resolve_shards
@@ -140,8 +139,5 @@ def preflight(cfg: Config, ctx: RankContext, *, batch_bytes: int, model: torch.n
 
 @record  # the traceback goes into torchrun's error file, so its failure report shows it
 def main(argv: list[str]) -> int:
-    if "--help" in argv or "-h" in argv:
-        sys.stdout.write(help_text() + "\n")  # text to read, not a log line: no clock time
-        return 0
     ctx = RankContext.from_env()
     return run_to_exit(lambda: fit(parse_config(argv), ctx))
