@@ -146,18 +146,6 @@ def test_rank_sigkilled_mid_epoch(make_shards, tmp_path: Path) -> None:
     assert [v["rank"] for v in doc["victims"]] == [1]
 
 
-def test_clean_run_has_no_culprit(make_shards, tmp_path: Path) -> None:
-    res = run_launcher(shard_args(make_shards, 1), tmp_path / "run")
-    assert res.returncode == 0, res.output
-    doc, _ = diagnose_json(res.logs)
-    assert doc["culprits"] == [] and doc["victims"] == [] and doc["status"] == "finished"
-    assert doc["stragglers"] == []
-    assert [(r["rank"], r["state"], r["step"]) for r in doc["ranks"]] == [
-        (0, "exited", 15),
-        (1, "exited", 15),
-    ]
-
-
 def test_rank_stuck_in_checkpoint_save(make_shards, tmp_path: Path) -> None:
     """Rank 0 (the rank that writes checkpoints) sleeps in its first save at step 4; rank 1
     waits in the save's barrier."""

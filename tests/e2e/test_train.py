@@ -14,6 +14,7 @@ import pytest
 
 from ae.job.folder_lock import read_lock
 from ae.log_lines import EPOCH_STEP_TIMES
+from tests.support.live import diagnose_json
 from tests.support.runs import ROOT, SERIAL, run_launcher
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,7 @@ SPEC_GREPS = {  # SPEC grep table (but STALL and ERROR): pattern -> files it mus
 }
 
 
-def test_two_rank_debug_run_writes_every_spec_line(launch, make_shards) -> None:
+def test_debug_run_writes_every_spec_line_and_diagnoses_clean(launch, make_shards) -> None:
     train = make_shards([40, 40, 30, 20], name="train")
     val = make_shards([24], name="val")
     res = launch(
@@ -79,18 +80,15 @@ def test_two_rank_debug_run_writes_every_spec_line(launch, make_shards) -> None:
     # ae rank are kept out: logging_cfg.stdlib.IDLE_WARNINGS, e.g. srun's, 8 batches an epoch.)
     assert [line for line in main.splitlines() if "| WARNING" in line] == []
     assert "tail -f" in res.output
-
-
-def test_demo_run_without_shards(launch) -> None:
-    res = launch(["--max_epochs=1", "--num_workers=1", "--debug=true"])
-    assert res.returncode == 0, res.output
-    text = res.text("debug_rank1_*.log")
-    assert re.search(r"\[Rank 1/2 Worker 0/1\] Processing [1-4]/4 files from train_shards", text)
-    assert "EPOCH 0 VALIDATION END" in text
-    # A calm console with --debug: c10d's C++ lines (`[I1123 ... TCPStore.cpp...]`) of every
-    # rank, the run-timestamp handshake's included, are in the native logs.
-    assert not re.search(r"^\[?[IWE]\d{4} \d\d:\d\d", res.output, re.M), res.output
-    assert "[c10d" in res.text("native_rank0_*.log") and "[c10d" in res.text("native_rank1_*.log")
+    # ae-diagnose of a clean run: no culprit, no victim, no straggler, both ranks exited at the
+    # last step (this launch stands for a clean run in tests/e2e/test_diagnose.py too)
+    doc = diagnose_json(res.logs)
+    assert doc["culprits"] == [] and doc["victims"] == [] and doc["status"] == "finished"
+    assert doc["stragglers"] == []
+    assert [(r["rank"], r["state"], r["step"]) for r in doc["ranks"]] == [
+        (0, "exited", 16),
+        (1, "exited", 16),
+    ]
 
 
 @SERIAL  # refused within 10 s
