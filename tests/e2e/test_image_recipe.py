@@ -9,6 +9,7 @@ heads, a random FID Inception in pytorch-fid's)."""
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from ae.cli.shards import main as ae_shards
 from ae.config.weight_files import FID_FILE, HEADS_FILE, VGG16_FILE
 from bench.real_images import mixed_collection
 from tests.support.inception_weights import random_inception
+from tests.support.resumes import assert_resumed
 from tests.support.runs import ROOT, RunResult, run_launcher
 from tests.support.weights import random_heads, random_vgg16, save
 
@@ -109,6 +111,22 @@ def _state(path: Path) -> dict:
 
 def test_resumes_exactly_with_both_parameter_groups(runs: Runs) -> None:
     assert "Resumed from" in runs.resumed.text("train_*.log")
+    # the conv model's own lines, trained then resumed (tests/e2e/test_models.py has the others)
+    first = runs.first.text("train_*.log")
+    assert re.search(r"Model: conv, [\d,]+ parameters, latent ", first)
+    (summary,) = re.findall(r"Epoch 0 done: .*", first)
+    assert all(re.search(rf"val/{m}=-?[\d.]+", summary) for m in ("mse", "psnr", "ssim"))
+    assert_resumed(runs.resumed, at=3, to=6)
+    psnr = []
+    for path in sorted((runs.split_dir / "metrics").glob("*/metrics.csv")):  # one per launch
+        with open(path, newline="") as f:
+            psnr += [float(r["val/psnr"]) for r in csv.DictReader(f) if r.get("val/psnr")]
+    assert len(psnr) == 2 and all(0 < p < 100 for p in psnr)  # one per epoch, both launches
+    # the epoch-end grids, without --sample_period
+    assert sorted(p.name for p in (runs.split_dir / "samples").glob("*.png")) == [
+        "step_00000003.png",
+        "step_00000006.png",
+    ]
     a = _state(runs.whole_dir / "checkpoints" / "last.ckpt")
     b = _state(runs.split_dir / "checkpoints" / "last.ckpt")
     assert a["global_step"] == b["global_step"] == 6

@@ -1,5 +1,6 @@
-"""End-to-end: each built-in model and a user class train on 2 ranks and resume from their
-checkpoint; ae-encode writes latents on 2 ranks and a second run trains on them.
+"""End-to-end: the built-in models and a user class train on 2 ranks and resume from their
+checkpoint (the conv model in tests/e2e/test_image_recipe.py); ae-encode writes latents on 2
+ranks and a second run trains on them.
 
 Each test reuses its launches: a first run of one epoch, then a resumed run to the second epoch;
 no dataloader workers (startup time: the data pipeline has tests of its own).
@@ -22,6 +23,7 @@ import torch
 from ae.data.shards.index import read_index
 from ae.data.shards.tar_samples import iter_samples
 from ae.data.shards.writer import write_shard
+from tests.support.resumes import assert_resumed
 from tests.support.runs import ROOT, RunResult, run_launcher
 from tests.support.shards import vector_samples
 
@@ -48,35 +50,22 @@ def train_then_resume(launch, args: list[str]) -> tuple[RunResult, RunResult]:
     return first, resumed
 
 
-def assert_resumed(res: RunResult, at: int, to: int) -> None:
-    (log,) = [p for p in res.log("train_*.log") if "Resumed" in p.read_text()]
-    text = log.read_text()
-    assert re.search(rf"Resumed from \S+last\.ckpt at step {at} ", text), text
-    assert f"Training finished at step {to}" in text
-    assert "not created with WeightAveraging" not in text  # the EMA state came back too
+# One resnet run covers its options together (a launch is ~14 CPU s, mostly imports: the suite's
+# time): downsampling by 4, the L1 loss, the VAE's KL term and EMA weights. The conv model trains
+# and resumes in tests/e2e/test_image_recipe.py, the mlp below.
+RESNET = ["--model=resnet", "--downsample=4", "--base_channels=8", "--channel_mult=1,2,2",
+          "--res_blocks=1", "--loss=l1", "--kl_weight=0.01", "--ema_decay=0.9"]  # fmt: skip
 
 
-IMAGE_MODELS = {
-    "conv": ["--model=conv", "--hidden_dim=16", "--latent_dim=8"],
-    # One resnet run covers its options together (a launch is ~14 CPU s, mostly imports: the
-    # suite's time): downsampling by 4, the L1 loss, the VAE's KL term and EMA weights.
-    "resnet_l1_vae_ema": ["--model=resnet", "--downsample=4", "--base_channels=8",
-                          "--channel_mult=1,2,2", "--res_blocks=1", "--loss=l1",
-                          "--kl_weight=0.01", "--ema_decay=0.9"],
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("name", list(IMAGE_MODELS))
-def test_image_model_trains_and_resumes(name: str, launch, make_shards, tmp_path: Path) -> None:
+def test_resnet_trains_and_resumes_with_l1_kl_and_ema(launch, make_shards, tmp_path: Path) -> None:
     train = make_shards([16, 16], kind="png", name="train")  # 8x8 gray: 4 steps an epoch
     val = make_shards([12], kind="png", name="val")
     args = [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=4",
-            "--num_workers=0", "--checkpointing_period=2", *IMAGE_MODELS[name]]  # fmt: skip
+            "--num_workers=0", "--checkpointing_period=2", *RESNET]  # fmt: skip
     first, resumed = train_then_resume(launch, args)
     out = tmp_path / "run"
     text = first.text("train_*.log")
-    model = "conv" if name == "conv" else "resnet"
-    assert re.search(rf"Model: {model}, [\d,]+ parameters, latent ", text)
+    assert re.search(r"Model: resnet, [\d,]+ parameters, latent ", text)
     (summary,) = re.findall(r"Epoch 0 done: .*", text)
     assert all(re.search(rf"val/{m}=-?[\d.]+", summary) for m in ("mse", "psnr", "ssim"))
     assert_resumed(resumed, at=4, to=8)
@@ -90,11 +79,10 @@ def test_image_model_trains_and_resumes(name: str, launch, make_shards, tmp_path
     ]
     last = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 8
-    if name == "resnet_l1_vae_ema":
-        assert any(r.get("val/kl") for r in rows) and "val/kl=" in text
-        assert "current_model_state" in last  # the live weights beside the EMA's
-        ema, live = last["state_dict"], last["current_model_state"]
-        assert any(not torch.equal(ema[k], live[k]) for k in ema)
+    assert any(r.get("val/kl") for r in rows) and "val/kl=" in text
+    assert "current_model_state" in last  # the live weights beside the EMA's
+    ema, live = last["state_dict"], last["current_model_state"]
+    assert any(not torch.equal(ema[k], live[k]) for k in ema)
 
 
 def _vector_shards(root: Path, sizes: list[int], name: str) -> str:
