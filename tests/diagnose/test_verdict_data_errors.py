@@ -6,15 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ae.log_lines import (
-    FAULT_INJECTED,
-    NONFINITE,
-    NONFINITE_INPUT,
-)
-from tests.diagnose.synthetic_runs import (
-    run_diagnose,
-    writers,
-)
+from ae.log_lines import FAULT_INJECTED, NONFINITE, NONFINITE_INPUT
+from tests.diagnose.synthetic_runs import run_diagnose, writers
 
 
 def test_shard_plan_mismatch_and_data_errors(tmp_path: Path) -> None:

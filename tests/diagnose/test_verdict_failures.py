@@ -10,9 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ae.diagnose.report import render
-from ae.log_lines import (
-    PREEMPTED,
-)
+from ae.log_lines import PREEMPTED
 from tests.diagnose.synthetic_runs import (
     BACKWARD_FRAMES,
     GLOO,

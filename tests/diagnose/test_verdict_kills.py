@@ -9,11 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ae.log_lines import (
-    MARKER,
-    STOP_SIGNAL,
-    STOP_SIGNAL_STUCK,
-)
+from ae.log_lines import MARKER, STOP_SIGNAL, STOP_SIGNAL_STUCK
 from bench.synthetic_logs import TS, RankWriter, write_heartbeat
 from tests.diagnose.synthetic_runs import (
     BACKWARD_FRAMES,

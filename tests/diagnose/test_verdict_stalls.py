@@ -12,9 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ae.log_lines import (
-    STOP_SIGNAL_STUCK,
-)
+from ae.log_lines import STOP_SIGNAL_STUCK
 from bench.synthetic_logs import write_heartbeat, write_train_log
 from tests.diagnose.synthetic_runs import (
     BACKWARD_FRAMES,
