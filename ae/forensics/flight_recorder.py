@@ -11,7 +11,7 @@ reads the files and aligns the ranks.
 
 torch has no public function for the dump (torch.distributed.debug serves the same buffers over
 HTTP, with extra packages): this module is the one place in ae that reaches into
-`torch._C._distributed_c10d` (allowed by name in tests/test_architecture.py).
+`torch._C._distributed_c10d` (allowed by name in tests/test_architecture_public_api.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ae.log_lines import DISK_FULL
 from bench.synthetic_logs import write_heartbeat
-from tests.diagnose.test_verdict import (
+from tests.diagnose.synthetic_runs import (
     BACKWARD_FRAMES,
     GLOO,
     culprits,

@@ -20,7 +20,7 @@ from ae.log_lines import (
     TRAINING_FINISHED,
 )
 from bench.synthetic_logs import T0, TS, RankWriter, write_heartbeat, write_train_log
-from tests.diagnose.test_verdict import dead_pid
+from tests.diagnose.synthetic_runs import dead_pid
 
 CKPT = "/runs/ae/checkpoints/step-00000023.ckpt"
 BEST = "/runs/ae/checkpoints/best.ckpt"

@@ -83,7 +83,7 @@ def test_the_all_reduce_wait_is_timed_from_the_last_ready_bucket(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """DDP's comm hook calls `gradients_ready` as each bucket is launched (the hook itself:
-    tests/training/test_nonfinite.py); backward's end closes the wait from the last one."""
+    tests/training/test_nonfinite_ddp.py); backward's end closes the wait from the last one."""
     times = StepTimes()
     monkeypatch.setattr(st, "step_times", times)
     times.fetched(0.0, 0.0)

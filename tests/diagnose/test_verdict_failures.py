@@ -1,0 +1,204 @@
+"""ae-diagnose verdict rules for ranks that failed with a trace: an exception, a fatal signal,
+an error exit, and which failure is a peer's (the culprit, its victims), on synthetic logs
+written with the real line formats (bench/synthetic_logs.py); a clean or signal-stopped run
+has no culprit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from ae.diagnose.report import render
+from ae.log_lines import PREEMPTED
+from tests.diagnose.synthetic_runs import (
+    BACKWARD_FRAMES,
+    GLOO,
+    SEGV_FRAMES,
+    STEP_FRAMES,
+    culprits,
+    run_diagnose,
+    writers,
+)
+
+
+def test_clean_run_has_no_culprit(tmp_path: Path) -> None:
+    for w in writers(tmp_path):
+        w.epoch(0, 1, 15)
+        w.epoch(1, 16, 30)
+        w.exit()
+        w.flush()
+    doc = run_diagnose(tmp_path)
+    assert doc["culprits"] == [] and doc["victims"] == [] and doc["status"] == "finished"
+    assert doc["stopped_by"] is None
+    assert [(r["rank"], r["state"], r["step"]) for r in doc["ranks"]] == [
+        (0, "exited", 30),
+        (1, "exited", 30),
+    ]
+    assert doc["ranks"][0]["last_marker"] == "EPOCH 1 VALIDATION END"
+    assert doc["ranks"][0]["memory"] == "rss=400MB workers=1x300MB"
+
+
+def test_a_run_stopped_by_a_signal_after_its_save_is_stopped_not_finished(tmp_path, capsys):
+    """Ctrl-C, scancel, a preemption: every rank saves and exits 0, but training did not end."""
+    ckpt = "/runs/ae/checkpoints/step-00000020.ckpt"
+    for w in writers(tmp_path):
+        w.epoch(0, 1, 15)
+        w.steps(16, 20, epoch=1)
+        w.log(PREEMPTED.format(signal="SIGINT", step=20, path=ckpt, lr=0.001), "WARNING")
+        w.exit(why="preempted at step 20; resume with --resume_from_checkpoint=last")
+        w.flush()
+    doc = run_diagnose(tmp_path)
+    assert doc["status"] == "stopped" and doc["culprits"] == []
+    assert doc["stopped_by"] == {"signal": "SIGINT", "step": 20, "checkpoint": ckpt}
+    render(doc, Console(width=300))
+    said = capsys.readouterr().out
+    assert ": 2 ranks, STOPPED;" in said
+    assert f"(stopped by SIGINT at step 20; checkpoint {ckpt} saved; resume with" in said
+
+
+def test_exception_is_the_culprit_and_the_peer_failure_a_victim(tmp_path: Path) -> None:
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.log("========== EPOCH 0 TRAINING START ==========")
+        w.steps(1, 3)
+    w1.fatal("ValueError", "bad value", STEP_FRAMES)
+    w0.t = w1.t + 0.5
+    w0.fatal("RuntimeError", GLOO, BACKWARD_FRAMES)
+    for w in (w0, w1):
+        w.flush()
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(1, "training step", "exception: ValueError")]
+    (culprit,) = doc["culprits"]
+    texts = [e["text"] for e in culprit["evidence"]]
+    assert "FATAL uncaught exception ValueError" in texts[0]
+    assert any("in training_step" in t for t in texts) and texts[-1] == "ValueError: bad value"
+    assert culprit["evidence"][0]["file"].startswith("debug_rank1_")
+    assert culprit["evidence"][0]["line"] == 9  # 2 header lines, 2 plans, marker, 3 steps, FATAL
+    assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(0, "peer failure: RuntimeError")]
+    assert doc["status"] == "failed"
+
+
+def test_exception_in_a_dataloader_worker_is_data_loading(tmp_path: Path) -> None:
+    w0, w1 = writers(tmp_path)
+    frames = [("/x/torch/utils/data/_utils/worker.py", "_worker_loop"),
+              ("/x/ae/data/shards/tar_samples.py", "read_slices")]  # fmt: skip
+    w0.fatal("OSError", "truncated tar", frames, where="dataloader worker 1/2", worker="1/2")
+    w0.fatal("OSError", "Caught OSError in DataLoader worker process 1", frames)
+    w0.flush()
+    w1.flush()
+    assert culprits(run_diagnose(tmp_path)) == [(0, "data loading", "exception: OSError")]
+
+
+def test_fatal_signal(tmp_path: Path) -> None:
+    w0, w1 = writers(tmp_path)
+    w1.log("========== EPOCH 0 TRAINING START ==========")
+    w1.segfault(SEGV_FRAMES)
+    w0.fatal("RuntimeError", GLOO, BACKWARD_FRAMES)
+    w0.flush()
+    w1.flush()
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(1, "training step", "fatal signal: SIGSEGV")]
+    assert doc["culprits"][0]["evidence"][0]["text"] == "Fatal Python error: Segmentation fault"
+
+
+def test_error_exit(tmp_path: Path) -> None:
+    w0, w1 = writers(tmp_path)
+    w1.log("train_shards: shard /d/a-000001.tar vanished", "ERROR")
+    w1.exit(2, "DataError")
+    w0.epoch(0, 1, 15)
+    w0.flush()
+    w1.flush()
+    doc = run_diagnose(tmp_path)
+    assert [(c["rank"], c["cause"]) for c in doc["culprits"]] == [(1, "error exit: DataError")]
+    assert "vanished" in doc["culprits"][0]["evidence"][0]["text"]
+
+
+def test_error_exit_keeps_every_line_of_the_message(tmp_path: Path) -> None:
+    """A user error's message can span lines (ConfigError): the evidence holds all of them."""
+    w0, w1 = writers(tmp_path)
+    w1.log("1 problem in the configuration:", "ERROR")
+    w1.raw("  - precision: bf16-mixed needs a GPU with bfloat16")
+    w1.exit(2, "ConfigError")
+    w0.epoch(0, 1, 15)
+    w0.flush()
+    w1.flush()
+    (culprit,) = run_diagnose(tmp_path)["culprits"]
+    texts = [e["text"] for e in culprit["evidence"]]
+    assert texts[0].endswith("1 problem in the configuration:")
+    assert texts[1] == "  - precision: bf16-mixed needs a GPU with bfloat16"
+    assert "Rank exiting with code 2: ConfigError" in texts[2]
+
+
+def test_a_crash_before_the_first_marker_is_in_setup(tmp_path: Path) -> None:
+    """The console verdict said `phase ?` for a rank that failed while it set up (a GPU node
+    where the rank header could not read ae's version)."""
+    (w0,) = writers(tmp_path, world=1)
+    w0.fatal("PackageNotFoundError", "No package metadata was found for ae",
+             [("/x/ae/rank/train.py", "main"), ("/usr/lib/python3.12/importlib/metadata.py",
+               "version")])  # fmt: skip
+    w0.flush()
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(0, "setup", "exception: PackageNotFoundError")]
+
+
+def test_every_failure_names_a_peer_then_the_first_is_blamed(tmp_path: Path) -> None:
+    w0, w1 = writers(tmp_path)
+    w1.fatal("DistBackendError", "NCCL error: remote process exited", BACKWARD_FRAMES)
+    w0.t = w1.t + 1
+    w0.fatal("DistBackendError", "NCCL error: remote process exited", BACKWARD_FRAMES)
+    w0.flush()
+    w1.flush()
+    doc = run_diagnose(tmp_path)
+    assert [c[0::2] for c in culprits(doc)] == [(1, "exception: DistBackendError")]
+    assert "first rank to fail" in doc["culprits"][0]["rule"]
+
+
+def test_a_chained_exception_that_started_with_a_peer_failure_is_a_victim(tmp_path: Path) -> None:
+    w0, w1 = writers(tmp_path)
+    w1.fatal("ValueError", "bad value", STEP_FRAMES)
+    w0.t = w1.t + 0.2
+    w0.fatal("KeyError", "'state'", BACKWARD_FRAMES)
+    during = "During handling of the above exception, another exception occurred:"
+    w0.lines[-1:-1] = ["", f"RuntimeError: {GLOO}", "", during]
+    w0.flush()
+    w1.flush()
+    doc = run_diagnose(tmp_path)
+    assert [c[0::2] for c in culprits(doc)] == [(1, "exception: ValueError")]
+    assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(0, "peer failure: KeyError")]
+
+
+def test_gloos_pair_timeout_through_a_comm_hook_is_a_peer_failure() -> None:
+    """A link down, seen through DDP's comm hook (ae's non-finite hook wraps its all-reduce):
+    gloo's timeout comes without its file path, and is still the network's, not the rank's."""
+    from ae.diagnose.rank_status import is_peer_failure
+    from ae.diagnose.tracebacks import Crash
+
+    message = (
+        "Got the following error when running the callback: RuntimeError: Application timeout "
+        "caused pair closure"
+    )
+    assert is_peer_failure(Crash([], 0.0, "RuntimeError", "backward", message, "training step"))
+    assert not is_peer_failure(Crash([], 0.0, "RuntimeError", "x", "shape mismatch", None))
+
+
+def test_a_worker_killed_while_handing_over_a_batch_is_the_ranks_own_failure() -> None:
+    """Seen in a fresh-clone run: the OOM killer took rank 1's dataloader worker while the rank
+    fetched the batch's descriptor from it; the chain starts with that connection's reset, but
+    the rank's failure is its worker's death, not a peer's."""
+    from ae.diagnose.rank_status import is_peer_failure
+    from ae.diagnose.tracebacks import Crash
+
+    killed = "DataLoader worker (pid 10819) is killed by signal: Killed."
+    chain = [
+        "ConnectionResetError: [Errno 104] Connection reset by peer",
+        f"RuntimeError: {killed}",
+    ]
+    assert not is_peer_failure(
+        Crash([], 0.0, "RuntimeError", "x", killed, "data loading", chain=chain)
+    )
+    stopped = "DataLoader worker (pid 9) is killed by signal: Terminated."  # torchrun's SIGTERM
+    chain = [chain[0], f"RuntimeError: {stopped}"]
+    assert is_peer_failure(
+        Crash([], 0.0, "RuntimeError", "x", stopped, "data loading", chain=chain)
+    )
