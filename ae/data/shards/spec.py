@@ -10,6 +10,7 @@ matches nothing fails before any worker process starts. No torch import: the lau
 from __future__ import annotations
 
 import glob
+import os
 from pathlib import Path
 
 import braceexpand
@@ -72,10 +73,16 @@ def expand_shards(spec: str, key: str = "train_shards") -> list[str]:
         raise ShardSpecError(f"{key}: {spec!r} matches no shard files{_sources_hint(spec)}")
     sources = [u for u in urls if u.lower().endswith(IMAGE_SUFFIXES + ARRAY_SUFFIXES)]
     if sources and not is_remote(sources[0]):
+        # ae-shards write takes an array file itself, but images as the folder that holds them
+        # (`--train_shards='photos/*.jpg'`: the folder)
+        images = [u for u in sources if u.lower().endswith(IMAGE_SUFFIXES)]
+        source = os.path.commonpath([str(Path(u).parent) for u in images]) if images else None
         raise ShardSpecError(
             f"{key}: {sources[0]} is {Path(sources[0]).suffix} data, not a shard; make shards of "
-            f"it first: ae-shards write {sources[0]} DIR, then --{key}=DIR"
-        )
+            + (f"the images first: ae-shards write {source} DIR" if source else
+               f"it first: ae-shards write {sources[0]} DIR")
+            + f", then --{key}=DIR"
+        )  # fmt: skip
     missing = [u for u in urls if not is_remote(u) and not Path(u).is_file()]
     if missing:
         shown = ", ".join(missing[:3]) + (

@@ -40,6 +40,13 @@ def test_what_ae_shards_write_takes_gets_its_hint(tmp_path: Path) -> None:
         f"train_shards: {tmp_path / 'emb.npy'} is .npy data, not a shard; make shards of it "
         f"first: ae-shards write {tmp_path / 'emb.npy'} DIR, then --train_shards=DIR"
     )
+    # a glob of the photos themselves: ae-shards write takes their folder, not a photo
+    with pytest.raises(ShardSpecError) as err:
+        expand_shards(f"{photos}/*/*.jpg")
+    assert str(err.value) == (
+        f"train_shards: {photos / 'sub' / 'cat.jpg'} is .jpg data, not a shard; make shards of "
+        f"the images first: ae-shards write {photos / 'sub'} DIR, then --train_shards=DIR"
+    )
     (tmp_path / "empty").mkdir()
     with pytest.raises(ShardSpecError, match=r"'\S+empty' matches no shard files$"):
         expand_shards(str(tmp_path / "empty"))  # nothing to suggest
