@@ -26,12 +26,14 @@ SLICE = 10
 SIDES = ("manual", "lightning", "ae")
 DATA = Path("/tmp/ae-bench-data")
 COUNT_CALLS = "AE_BENCH_COUNT_CALLS"  # set: the worker counts Python calls, not time
-# The modules the sides import inside their functions (`preload`)
+# The modules the sides import inside their functions, and those their runs import on first use
+# (the TensorBoard writer, the shard reader, the loss curve's plot): `preload`
 PRELOAD = (
     *("lightning.pytorch.loggers", "lightning.pytorch.strategies", "logging_cfg", "ae.config"),
     *("ae.data.datamodule", "ae.data.decoding.decode", "ae.forensics.flight_recorder"),
     *("ae.forensics.step_times", "ae.forensics.watchdog", "ae.stragglers", "ae.training.lr"),
-    *("ae.training.model", "ae.training.trainer"),
+    *("ae.training.model", "ae.training.trainer", "torch.utils.tensorboard", "webdataset"),
+    "matplotlib.backends.backend_agg",
 )
 
 
