@@ -128,7 +128,14 @@ def _forked(side: str, world: int, steps: int, out: Path) -> Callable[[], int]:
             Forked(rank, {**env, "RANK": str(r), "LOCAL_RANK": str(r)}, sys.stderr)
             for r in range(world)
         ]
-        return max(abs(r.wait()) for r in ranks)
+        while None in (codes := [r.poll() for r in ranks]):
+            if any(codes):  # as torchrun's agent: a rank failed, the others (waiting for it) go
+                for r in ranks:
+                    r.kill()
+                    r.wait()
+                return 1
+            time.sleep(0.1)
+        return 1 if any(codes) else 0
 
     return agent
 
