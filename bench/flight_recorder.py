@@ -18,8 +18,9 @@ steps, rank 0 of each `on` job dumps its buffer (full: 2,000 entries) twice thro
 the second is what later dumps cost.
 
 `--quick` (the suite's smoke run): one pair of 100 steps after 10 warm-up steps, the processes
-forked from this one (which has imported torch already) instead of spawned: the same jobs,
-without a fresh interpreter importing torch for each of the six processes.
+forked from this one (which has imported torch already, and what DDP imports when first built)
+instead of spawned: the same jobs, without a fresh interpreter importing torch for each of the
+six processes.
 
 Writes bench/results/flight_recorder.json (`_quick` with --quick).
 """
@@ -27,6 +28,7 @@ Writes bench/results/flight_recorder.json (`_quick` with --quick).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import socket
@@ -151,6 +153,8 @@ def main() -> None:
     pairs, steps, warmup, start = (
         (1, *QUICK) if args.quick else (args.pairs, args.steps, WARMUP, "spawn")
     )
+    if args.quick:  # DDP's first construction imports torch._dynamo (and sympy): ~2 s of CPU, paid
+        importlib.import_module("torch._dynamo")  # here once instead of in each forked rank
     runs, micro = [], []
     for _ in range(pairs):
         off, on = run_job(False, steps, warmup, start), run_job(True, steps, warmup, start)

@@ -15,7 +15,7 @@ WebDataset's `TarWriter`, indexed (`bench.common.tarwriter_shards`).
 
     python -m bench.gpu_throughput            # 8 x 250k samples (4 GB of shards, written once:
                                               # a few minutes), then 20 s per way
-    python -m bench.gpu_throughput --quick    # a smoke run: 2 x 4k samples, batch 512, 0.5 s
+    python -m bench.gpu_throughput --quick    # a smoke run: 2 x 4k samples, batch 512, 0.1 s
                                               # per way, one thread
     python -m bench.gpu_throughput --accelerator=cpu   # the same on the CPU (no figure of note)
 
@@ -161,7 +161,7 @@ def _ae_batches(urls: list[str], dim: int, batch: int, workers: int) -> Iterator
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small data, 0.5 s per way")
+    ap.add_argument("--quick", action="store_true", help="small data, 0.1 s per way")
     ap.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
     ap.add_argument("--data", default="/tmp/ae-bench-data")
     ap.add_argument("--batch_size", type=int, help="4096 (--quick: 512)")
@@ -177,7 +177,7 @@ def main() -> None:
     device = torch.device("cuda" if cuda and args.accelerator != "cpu" else "cpu")
     print(f"device: {device}", flush=True)
     shards, per_shard = (2, 4096) if args.quick else (8, 250_000)
-    seconds = 0.5 if args.quick else args.seconds
+    seconds = 0.1 if args.quick else args.seconds
     if args.quick:  # on a shared 2-core CPU, torch's second thread spins against other processes
         torch.set_num_threads(1)
     dim = 64

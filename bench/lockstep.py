@@ -12,17 +12,30 @@ hello with its side's name, then, at the end of each slice, `ready` (or `done` a
 one) and waits for `go`. Every side first runs its warm-up to its first `ready`, so that no
 side's start-up (imports, setup) overlaps another's slice; after every side is `done`, all are
 let go together, so that no side's teardown overlaps another's slice either.
+
+A side's command is an argv (a new interpreter: what a measurement wants) or a function to run
+in a process forked from the coordinator's (`Forked`: a smoke run's way to spare every process
+the seconds of importing torch and Lightning that the coordinator has paid once).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
+
+# A side's command: an argv, or a function run in a forked process (its return: the exit code)
+Command = list[str] | Callable[[], int]
 
 ENV = "AE_BENCH_TURNS"  # the coordinator's socket, in the environment of every measured process
 
@@ -49,6 +62,63 @@ class Turns:
             raise RuntimeError("the lockstep coordinator went away")
 
 
+class Forked:
+    """`fn()` in a child forked from this process, with `env` as its environment, stdout to
+    /dev/null and stderr to `stderr`; the exit code is what `fn` returns (1 if it raises, the
+    traceback on stderr). What `run_in_turns` uses of `subprocess.Popen`: poll, wait, kill,
+    returncode. The child leaves by `os._exit`: none of the parent's cleanup (its temporary
+    folders, its open sockets' owners) runs twice."""
+
+    def __init__(self, fn: Callable[[], int], env: dict[str, str], stderr: IO[str]) -> None:
+        self.returncode: int | None = None
+        sys.stdout.flush()
+        sys.stderr.flush()  # what the parent buffered must not be written by the child too
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                os.environ.clear()
+                os.environ.update(env)
+                # The descriptors for C's writes, Python's streams on them as in a new process
+                # (the parent's may be another's: pytest's capture)
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (os._exit closes it)
+                os.dup2(sys.stdout.fileno(), 1)
+                os.dup2(stderr.fileno(), 2)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+                code = fn()
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(f"forked {self.pid}", timeout or 0)
+            time.sleep(0.02)
+        return code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _start(command: Command, env: dict[str, str], stderr: IO[str]) -> subprocess.Popen | Forked:
+    if callable(command):
+        return Forked(command, env, stderr)
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
 @dataclass
 class SideResult:
     returncode: int
@@ -70,11 +140,12 @@ class _Peer:
 
 
 def run_in_turns(
-    commands: dict[str, tuple[list[str], int]], env: dict[str, str], timeout: float = 300
+    commands: dict[str, tuple[Command, int]], env: dict[str, str], timeout: float = 300
 ) -> dict[str, SideResult]:
-    """Run each side's command (`side -> (argv, its processes that take turns)`) at once, in turns
-    as the module's docstring says, to the end; each side's exit code and stderr. A process that
-    dies or stops answering ends the round: every side is killed, and their stderr says why."""
+    """Run each side's command (`side -> (command, its processes that take turns)`) at once, in
+    turns as the module's docstring says, to the end; each side's exit code and stderr. A process
+    that dies or stops answering ends the round: every side is killed, and their stderr says
+    why."""
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as files:
         path = str(Path(tmp) / "turns.sock")
         server = files.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
@@ -86,10 +157,8 @@ def run_in_turns(
             for i, side in enumerate(commands)
         }
         procs = {
-            side: subprocess.Popen(
-                argv, env={**env, ENV: path}, stdout=subprocess.DEVNULL, stderr=logs[side]
-            )
-            for side, (argv, _) in commands.items()
+            side: _start(command, {**env, ENV: path}, logs[side])
+            for side, (command, _) in commands.items()
         }
         try:
             _take_turns(server, procs, commands, timeout)
@@ -109,8 +178,8 @@ def run_in_turns(
 
 def _take_turns(
     server: socket.socket,
-    procs: dict[str, subprocess.Popen],
-    commands: dict[str, tuple[list[str], int]],
+    procs: dict[str, subprocess.Popen | Forked],
+    commands: dict[str, tuple[Command, int]],
     timeout: float,
 ) -> None:
     peers: dict[str, list[_Peer]] = {side: [] for side in commands}
@@ -141,7 +210,7 @@ def _take_turns(
 
 
 def _accept(
-    server: socket.socket, procs: dict[str, subprocess.Popen], timeout: float
+    server: socket.socket, procs: dict[str, subprocess.Popen | Forked], timeout: float
 ) -> socket.socket:
     """The next process's connection; an error as soon as a side's process has ended instead."""
     for _ in range(int(timeout)):

@@ -26,8 +26,12 @@ others wait, blocked, so that the drift of a shared machine's speed (this VM's r
 side swung up to 2x, run one after another) falls on every side alike. The ratios are the
 medians of the rounds' own ratios (each a pair measured in the same seconds); the rates, the
 medians of each side's. Then each side runs once more, alone, to count its Python function calls
-a step in the same window (`calls_per_step`): a figure no load moves (`--quick`, a smoke run,
-counts them in its one round instead).
+a step in the same window (`calls_per_step`): a figure no load moves.
+
+`--quick`, a smoke run whose figures mean nothing, runs 60 steps in one round and counts the calls
+in it; its sides' processes are forked from the bench's (which imports what they import first),
+the 2 ranks of a side with the environment torchrun gives its ranks: the same workers, without
+the ~6 s of CPU that an interpreter importing torch and Lightning costs each of 12 processes.
 
 Usage: python -m bench.trainer_overhead [--steps 600] [--repeats 5] [--worlds 1,2]
            [--variants no_vote,old_stop_check,...|all] [--quick]
@@ -40,17 +44,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from bench.common import write_record
-from bench.lockstep import run_in_turns
-from bench.trainer_sides import COUNT_CALLS, SIDES, run_ae, run_lightning, run_manual, timed_steps
+from bench.lockstep import Command, Forked, run_in_turns
+from bench.trainer_sides import (
+    COUNT_CALLS,
+    SIDES,
+    preload,
+    run_ae,
+    run_lightning,
+    run_manual,
+    timed_steps,
+)
 from bench.trainer_variants import VARIANTS
 
 
@@ -82,21 +98,67 @@ def _command(side: str, world: int, steps: int, out: Path) -> list[str]:
     return [sys.executable, *(launch if world > 1 else []), *worker]
 
 
+def _forked(side: str, world: int, steps: int, out: Path) -> Callable[[], int]:
+    """--quick's side: the worker `_command` starts, run in this process's forks; 2 processes as
+    torchrun's agent would start them (its ranks' environment, one run TS for both)."""
+    args = argparse.Namespace(side=side, steps=steps, out=str(out))
+
+    def rank() -> int:
+        _worker(args)
+        return 0
+
+    def agent() -> int:
+        if world == 1:
+            return rank()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = dict(
+            os.environ,
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            GROUP_RANK="0",
+            GROUP_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            TORCHELASTIC_RUN_ID="bench",
+            AE_RUN_TS=time.strftime("%Y%m%d_%H%M%S"),
+        )
+        ranks = [
+            Forked(rank, {**env, "RANK": str(r), "LOCAL_RANK": str(r)}, sys.stderr)
+            for r in range(world)
+        ]
+        while None in (codes := [r.poll() for r in ranks]):
+            if any(codes):  # as torchrun's agent: a rank failed, the others (waiting for it) go
+                for r in ranks:
+                    r.kill()
+                    r.wait()
+                return 1
+            time.sleep(0.1)
+        return 1 if any(codes) else 0
+
+    return agent
+
+
 def _env(count_calls: bool) -> dict[str, str]:
     # One thread per process: the math of a 256 x 64 batch gains nothing from a second one on a
     # shared machine, and the CPU time then counts the step's work, not idle spinning.
     return {**os.environ, "OMP_NUM_THREADS": "1", **({COUNT_CALLS: "1"} if count_calls else {})}
 
 
-def _round(sides: list[str], world: int, steps: int, count_calls: bool) -> dict[str, dict]:
-    """One round: every side at once, taking turns (bench/lockstep.py); each side's rates."""
+def _round(sides: list[str], world: int, steps: int, quick: bool) -> dict[str, dict]:
+    """One round: every side at once, taking turns (bench/lockstep.py); each side's rates. Quick:
+    the sides forked, and their Python calls counted."""
     with tempfile.TemporaryDirectory() as tmp:
         outs = {side: Path(tmp) / f"{i}" / "result.json" for i, side in enumerate(sides)}
         for out in outs.values():
             out.parent.mkdir()
-        commands = {side: (_command(side, world, steps, outs[side]), world) for side in sides}
+        start = _forked if quick else _command
+        commands: dict[str, tuple[Command, int]] = {
+            side: (start(side, world, steps, outs[side]), world) for side in sides
+        }
         for attempt in (1, 2):  # one more try: a crash on a loaded machine costs the whole run
-            done = run_in_turns(commands, _env(count_calls))
+            done = run_in_turns(commands, _env(quick))
             if all(r.returncode == 0 for r in done.values()):
                 return {side: json.loads(outs[side].read_text()) for side in sides}
             for side, r in done.items():
@@ -202,16 +264,19 @@ def main() -> None:
     if unknown := set(variants) - set(VARIANTS):
         sys.exit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     sides = [*SIDES, *(f"ae:{v}" for v in variants)]
+    if args.quick:  # before the forks: each side's process inherits these
+        preload()
+        torch.set_num_threads(1)  # what _env's OMP_NUM_THREADS gives a new interpreter
     rows = []
     for world in map(int, args.worlds.split(",")):
         rates: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
         for _ in range(repeats):
-            for side, rate in _round(sides, world, steps, count_calls=args.quick).items():
+            for side, rate in _round(sides, world, steps, quick=args.quick).items():
                 rates[side].append(rate)
         row = _row(world, rates)
         # Python calls a step, rank 0's, counted in a run of their own per side (the profiler
         # slows every call). --quick, a smoke run of every path whose figures mean nothing,
-        # counts them in its one timed round: half the processes (each costs ~5 s of imports).
+        # counts them in its one timed round: half the processes.
         row["calls_per_step"] = {
             side: rates[side][0]["calls"] if args.quick else _count_calls(side, world, steps)
             for side in sides

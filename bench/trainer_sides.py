@@ -5,6 +5,7 @@ which counts only the process's own turns (bench/lockstep.py)."""
 from __future__ import annotations
 
 import cProfile
+import importlib
 import os
 import pstats
 import time
@@ -25,6 +26,22 @@ SLICE = 10
 SIDES = ("manual", "lightning", "ae")
 DATA = Path("/tmp/ae-bench-data")
 COUNT_CALLS = "AE_BENCH_COUNT_CALLS"  # set: the worker counts Python calls, not time
+# The modules the sides import inside their functions, and those their runs import on first use
+# (the TensorBoard writer, the shard reader, the loss curve's plot): `preload`
+PRELOAD = (
+    *("lightning.pytorch.loggers", "lightning.pytorch.strategies", "logging_cfg", "ae.config"),
+    *("ae.data.datamodule", "ae.data.decoding.decode", "ae.forensics.flight_recorder"),
+    *("ae.forensics.step_times", "ae.forensics.watchdog", "ae.stragglers", "ae.training.lr"),
+    *("ae.training.model", "ae.training.trainer", "torch.utils.tensorboard", "webdataset"),
+    "matplotlib.backends.backend_agg",
+)
+
+
+def preload() -> None:
+    """Import what the sides import when they run: for a process that forks them (`--quick`),
+    which then pays the seconds of importing Lightning and ae once instead of once a process."""
+    for name in PRELOAD:
+        importlib.import_module(name)
 
 
 def _batches(steps: int, rank: int) -> list[torch.Tensor]:

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.watchdog_overhead [--pairs 2] [--batches 1500] [--segments 200]
     .venv/bin/python -m bench.watchdog_overhead --quick   # 20 warm-up batches (not 300), then
-                                                          # 1 pair of 100 batches, 4 segments
+                                                          # 1 pair of 40 batches, 2 segments
 
 On: `--debug=true --stall_timeout=300`: the watchdog thread and its heartbeat file, and a
 `Training step` line per batch (loss, LR, samples/s, RSS of rank and workers).
@@ -163,7 +163,8 @@ def main() -> int:
     args = parser.parse_args()
     skip = QUICK_SKIP if args.quick else SKIP
     if args.quick:
-        args.pairs, args.batches, args.segments = 1, skip + 100, 4
+        # 2 segments: 3 timed (off, on, off), so both orders of an adjacent pair
+        args.pairs, args.batches, args.segments = 1, skip + 40, 2
     torch.set_num_threads(1)  # as the launcher does for 2 ranks on 2 cores: no spinning threads
     t_start = time.monotonic()
     rate: dict[str, list[float]] = {m: [] for m in MODES}
