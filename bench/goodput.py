@@ -1,5 +1,5 @@
 """Goodput of a self-healing job on two hosts (issue 38): two network-namespace hosts (the
-multi-node tests' harness, tests/support/two_hosts.py), one rank each, `--max_restarts` on
+multi-node tests' harness, bench/two_hosts.py), one rank each, `--max_restarts` on
 torchrun's elastic agent; the rank on node1 SIGKILLed (as the OOM killer would) K seconds after
 each attempt's first step, with and without `--checkpoint_minutes`, against the same job without
 faults, measured in the same run of this bench. `--quick` (the suite's smoke run) runs one job:
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ae.log_lines import FAULT_INJECTED, RESTART
 from bench.common import one_thread_per_process, tiny_shard_set, write_record
-from tests.support.two_hosts import TwoHosts, available, cleanup_stale
+from bench.two_hosts import TwoHosts, available, cleanup_stale
 
 DATA = Path("/tmp/ae-bench-data")
 ROOT = Path(__file__).resolve().parent.parent

@@ -52,7 +52,7 @@ BENCHES: dict[str, tuple[str, set[str]]] = {
 # Modules of bench/ that are not benchmarks: shared helpers and data.
 HELPERS = {
     *("__init__", "common", "peer_data", "real_images", "synthetic_logs", "trainer_variants"),
-    *("lockstep", "trainer_sides", "peer_readers"),
+    *("lockstep", "trainer_sides", "peer_readers", "two_hosts"),
     # bench.gpu_proof's modules
     *(
         "gpu_correctness",

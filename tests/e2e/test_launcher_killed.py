@@ -22,10 +22,10 @@ import pytest
 
 from ae.data.decoding.decode import InputSpec
 from ae.job.restarts import newest_checkpoint
+from bench.two_hosts import TwoHosts, available, cleanup_stale
 from tests.support.encode_checkpoint import encode_checkpoint
 from tests.support.live import wait_for
 from tests.support.runs import ROOT, TWO_HOSTS, run_processes
-from tests.support.two_hosts import TwoHosts, available, cleanup_stale
 
 pytestmark = [
     pytest.mark.slow,

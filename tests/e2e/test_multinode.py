@@ -1,5 +1,5 @@
 """Two nodes for real: two network namespaces joined by a veth pair, each with its own hostname
-(tests/support/two_hosts.py), the output folder shared as it would be on NFS. Each node runs the
+(bench/two_hosts.py), the output folder shared as it would be on NFS. Each node runs the
 real launcher, as `NNODES=2 NODE_RANK=i MASTER_ADDR=192.168.77.1 ./train_ae.sh` would.
 
 The hosts' hostnames resolve to 127.0.1.1 (Debian's default), the setting in which gloo, left
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.two_hosts import TwoHosts, available, cleanup_stale
 from tests.support.runs import ROOT, TWO_HOSTS
-from tests.support.two_hosts import TwoHosts, available, cleanup_stale
 
 pytestmark = [pytest.mark.slow, TWO_HOSTS]  # network namespaces, pg timeouts
 

@@ -1,4 +1,4 @@
-"""Healing across nodes on two real hosts (network namespaces, tests/support/two_hosts.py): each
+"""Healing across nodes on two real hosts (network namespaces, bench/two_hosts.py): each
 node's launcher starts torchrun's elastic agent (c10d rendezvous, `--max_restarts`), and a rank
 SIGKILLed on host 1 (AE_FAULT `attempt=0`) restarts the job on both hosts from the newest
 checkpoint (`ae.job.elastic`). One launch per scenario, several assertions on it."""
@@ -12,6 +12,7 @@ import pytest
 
 from ae.data.shards.writer import write_shard
 from ae.log_lines import GOODPUT, RESTART
+from bench.two_hosts import TwoHosts
 from tests.e2e.test_multinode import (
     _two_hosts_possible,
     console,
@@ -22,7 +23,6 @@ from tests.e2e.test_multinode import (
 from tests.support.log_span import log_span
 from tests.support.runs import TWO_HOSTS
 from tests.support.shards import vector_samples
-from tests.support.two_hosts import TwoHosts
 
 pytestmark = [pytest.mark.slow, TWO_HOSTS]  # network namespaces, rendezvous and pg timeouts
 __all__ = ["_two_hosts_possible"]  # the module's skip, where namespaces cannot be made

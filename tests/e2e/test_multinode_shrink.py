@@ -1,5 +1,5 @@
 """A job that loses a whole node goes on without it (`--min_nodes`, issue 38), on two real hosts
-(network namespaces, tests/support/two_hosts.py): host 1's rank hangs at step 6 of the first
+(network namespaces, bench/two_hosts.py): host 1's rank hangs at step 6 of the first
 epoch and the test SIGKILLs every process of host 1 (launcher, torchrun, rank). Host 0's rank
 fails in its collective, its torchrun agent re-forms the rendezvous without node1 once node1's
 heartbeats have stopped, and host 0 trains the rest of the epoch alone from the step-4
@@ -20,6 +20,7 @@ import pytest
 from ae.data.shards.writer import write_shard
 from ae.job.elastic import LAST_CALL_S
 from ae.log_lines import GOODPUT, LR_RESCALED, NODES_CHANGED, RECORD_PATTERN, RESTART
+from bench.two_hosts import TwoHosts
 from tests.e2e.test_multinode import (
     _two_hosts_possible,
     console,
@@ -30,7 +31,6 @@ from tests.e2e.test_multinode import (
 from tests.support.log_span import log_span
 from tests.support.runs import TWO_HOSTS
 from tests.support.shards import id_samples
-from tests.support.two_hosts import TwoHosts
 
 pytestmark = [pytest.mark.slow, TWO_HOSTS]  # network namespaces, rendezvous timeouts
 __all__ = ["_two_hosts_possible"]  # the module's skip, where namespaces cannot be made

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Tests that share one launch (tests/e2e/conftest.py) are in it too, so that their session
 # fixture runs once.
 SERIAL = pytest.mark.xdist_group("serial")
-# The two-host tests (network namespaces, tests/support/two_hosts.py) and the SLURM tests (the
+# The two-host tests (network namespaces, bench/two_hosts.py) and the SLURM tests (the
 # one-node cluster): one at a time within each group, each group beside the others -- they mostly
 # wait on their timeouts, and one long chain of every such test was the suite's critical path.
 TWO_HOSTS = pytest.mark.xdist_group("two_hosts")

@@ -1,4 +1,4 @@
-"""Two fake "hosts" on one Linux machine, for multi-node tests.
+"""Two fake "hosts" on one Linux machine, for the multi-node tests and bench.goodput.
 
     with TwoHosts() as h:                       # root only; see available()
         p = h.popen(1, [sys.executable, "-c", "import socket; print(socket.gethostname())"],
