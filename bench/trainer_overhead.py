@@ -18,7 +18,7 @@ left out alike: what is left is the cost of a step.
 The ae side is a rank as `ae/rank/train.py` starts it, the watchdog thread and the Flight
 Recorder included. `--variants` adds sides that are ae with one piece taken out (or, for
 `old_stop_check` and `with_ema`, put in): each is timed in the same interleaved rounds, and its
-cost per step is 1 / rate(ae) - 1 / rate(ae without it) (bench/README.md has the table).
+cost per step is 1 / rate(ae) - 1 / rate(ae without it) (docs/BENCHMARKS.md has the table).
 
 The figures are medians over `--repeats` rounds. In a round every side's processes run at once,
 in lockstep (`bench/lockstep.py`): each side runs SLICE optimizer steps of its window while the

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 # The ae side with one piece of ours taken out (`no_*`) or put in: name -> what changes. The
-# pieces are everything of ours that runs per step (bench/README.md lists their costs).
+# pieces are everything of ours that runs per step (docs/BENCHMARKS.md lists their costs).
 VARIANTS = {
     "no_loop_tracer": "without the loop tracer (DebugCallback: markers, progress beats and lines,"
     " the step clock)",

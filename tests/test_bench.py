@@ -82,7 +82,7 @@ RESOURCE_GROUPS = {"goodput": TWO_HOSTS}
 def test_quick_mode_runs_and_writes_its_record(bench: str, tmp_path: Path) -> None:
     name, keys = BENCHES[bench]
     if bench == "peers" and not extra_installed(peer_versions()):  # the bench prints `skipped:`
-        pytest.skip("the peers extra is not installed (bench/README.md: pip install '.[peers]')")
+        pytest.skip("the peers extra is not installed (docs/BENCHMARKS.md: pip install '.[peers]')")
     env = {**os.environ, "AE_BENCH_RESULTS": str(tmp_path)}  # not the full runs' records
     # A few seconds to a minute each (6-8 min in all at a load of 5-9 on 2 cores, trainer_overhead
     # aside); a launch of the real launcher is most of a quick mode's cost (~8 s of CPU a rank),

@@ -165,7 +165,7 @@ class DataConfig:
 BUILTIN_MODELS = ("auto", "mlp", "conv", "resnet")
 # Batches each dataloader worker keeps ready (not a flag): they wait in /dev/shm, so the
 # preflight (ae.job.preflight) counts them. 4 kept two workers' 1 MB batches flowing where 2
-# stalled now and then on a busy machine (bench/README.md).
+# stalled now and then on a busy machine (docs/BENCHMARKS.md).
 PREFETCH_FACTOR = 4
 # `package.module:ClassName`: a class of the user's, imported by path.
 USER_MODEL = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")

@@ -210,7 +210,7 @@ class ShardDataModule(L.LightningDataModule):
             pin_memory=torch.cuda.is_available(),
             # Train workers live across epochs (they read each epoch's position from the
             # stream's shared `position`) and keep their mapped shards: 2.5-4x the samples/s of
-            # workers started every epoch, for short epochs of large batches (bench/README.md).
+            # workers started every epoch, for short epochs of large batches (docs/BENCHMARKS.md).
             # Validation workers start for each validation: no second set of idle processes.
             persistent_workers=persistent,
             prefetch_factor=PREFETCH_FACTOR if workers else None,

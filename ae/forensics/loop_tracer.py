@@ -17,7 +17,7 @@ epoch ends with a `Step times` line in the train log (one all-gather of four num
 `AE_CUDA_SYNC_DEBUG=warn` (or `error`) turns on torch's CUDA sync debug mode in each rank from
 the first training batch on (setup's syncs are left out): every device-to-host sync then warns,
 with its stack, in the rank's logs. It is how a GPU run shows which syncs a step has
-(bench/README.md, issue 37).
+(docs/BENCHMARKS.md, issue 37).
 """
 
 from __future__ import annotations

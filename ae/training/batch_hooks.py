@@ -2,7 +2,7 @@
 
 Lightning dispatches each hook to each callback on its own: a profiler context, the callback's
 state key, its `lightning_module` looked up again, about a dozen Python calls (~4 us here) before
-the hook's first line (bench/README.md). For ae's callbacks, with 13 per-batch hooks doing work
+the hook's first line (docs/BENCHMARKS.md). For ae's callbacks, with 13 per-batch hooks doing work
 a step, that dispatch cost more than most of the work. `BatchHooks` takes the
 per-batch hooks (`PER_BATCH_HOOKS`) of the callbacks it is given off Lightning's dispatch and calls
 them itself, in the callbacks' order: Lightning then dispatches each per-batch hook once, to this

@@ -3,7 +3,7 @@
 A step that the non-finite guard drops (`--on_nonfinite=skip`, and the bad step of `rollback`:
 `ae.training.nonfinite`) stays out of the mean, on the rank that drops it: one NaN would make the
 epoch's mean NaN, and a run that survived its bad step would look diverged. The losses stay on
-the device (no host sync, no collective per step: bench/README.md, "The hot loop"); a step's
+the device (no host sync, no collective per step: docs/BENCHMARKS.md, "The hot loop"); a step's
 batches wait beside the sum until the next step starts (or the mean is taken), by which time the
 guard, which decides before the optimizer step, has dropped them or not.
 

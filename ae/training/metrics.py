@@ -12,7 +12,7 @@ the step metrics (it counts the step only after handing them over), and the logg
 the step from the trainer instead (`StepsDoneNumbering`, wired by `StepsDone`): train, epoch and
 validation metrics, of the built-in models and of a LightningModule of the user's alike. A
 `self.log("step")` with every batch of metrics did the same through Lightning's result
-collection, some 1,000 Python calls each time (bench/README.md). The LR is logged by
+collection, some 1,000 Python calls each time (docs/BENCHMARKS.md). The LR is logged by
 `LearningRates` at the same steps (Lightning's monitor logs it one step earlier).
 
 Resume: each checkpoint records the loggers' run ids (LOGGER_RUNS); a run resumed from it

@@ -225,7 +225,7 @@ class NonFiniteGuard(L.Callback):
         # gloo: reduced on this thread, the one that runs backward. `allreduce_hook`'s future
         # callback would run on gloo's thread, in a Python thread state made and freed each
         # step, and a DataLoader forking its workers meanwhile (validation's) can leave one
-        # deadlocked at birth (bench/README.md, straggler_soak). The price: on gloo, backward
+        # deadlocked at birth (docs/BENCHMARKS.md, straggler_soak). The price: on gloo, backward
         # waits for each bucket's all-reduce instead of overlapping the next buckets with it.
         dist.all_reduce(buf.div_(group.size()), group=group)
         reduced: torch.futures.Future[torch.Tensor] = torch.futures.Future()

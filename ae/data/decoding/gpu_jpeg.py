@@ -3,7 +3,7 @@ at a time, then cropped, resized and flipped there.
 
 On the CPU the decode is ~85-90% of an image's time in the input pipeline (TurboJPEG at 1/4
 scale: ~330 us of CPU per 256 -> 64 image, `ae.data.decoding.jpeg`), and the peers spend the same
-(bench/README.md, `peers`). nvJPEG decodes a batch of such images in ~30 us an image. So with
+(docs/BENCHMARKS.md, `peers`). nvJPEG decodes a batch of such images in ~30 us an image. So with
 this flag the loader's workers do no decode at all for the JPEGs it can take: each sample leaves
 the worker as its bytes (`ae.data.decoding.jpeg.EncodedJpeg`, read from the header only: its
 size and the crop box of its random or center crop), a batch as one `EncodedBatch` (the bytes
@@ -18,7 +18,7 @@ Adobe JPEGs, other formats, and `--channels=1` stay on the CPU.
 The pixels are the same picture as the CPU path's, not the same bits: the CPU decodes at Pillow's
 draft scale and resizes with Pillow's bilinear filter; here the full picture is decoded and
 resized by torch's antialiased bilinear `interpolate`, the crop's corner rounded to a whole
-source pixel. bench/README.md has the measured difference.
+source pixel. docs/BENCHMARKS.md has the measured difference.
 
 A JPEG whose header reads but whose data nvJPEG refuses makes the batch's decode fail: the batch
 is then decoded image by image, and each image that fails is logged (BAD_SAMPLE, naming its shard

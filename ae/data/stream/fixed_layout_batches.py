@@ -224,7 +224,7 @@ MAPPED_SHARDS: dict[tuple[str, int, int], MappedShard] = {}
 MAX_MAPPED_BYTES = 2 << 30
 # Which samples of a shard were checked outlives its map (a byte a sample): a rank reading more
 # than MAX_MAPPED_BYTES of shards itself (0 workers) maps them again every epoch, and checking
-# them again was ~40% of its reading (the H200 lease, bench/README.md).
+# them again was ~40% of its reading (the H200 lease, docs/BENCHMARKS.md).
 CHECKED: dict[tuple[str, int, int], np.ndarray] = {}
 
 

@@ -165,7 +165,7 @@ class ResumableLoader(PreemptibleLoader):
         self._resume: Resume | None = None  # until the resumed epoch's last batch
         # Read on a thread of its own when the rank reads its batches itself for a GPU (pinned
         # batches): the step only queues kernels, so reading on the training thread idles the
-        # GPU (`ae.data.stream.read_ahead`; bench/README.md has the figures).
+        # GPU (`ae.data.stream.read_ahead`; docs/BENCHMARKS.md has the figures).
         self.reads_ahead = self.num_workers == 0 and self.pin_memory
         # Before the workers fork: they reuse their batch buffers.
         if self.num_workers > 0 and dataset.reuses_buffers:

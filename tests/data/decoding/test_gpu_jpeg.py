@@ -5,7 +5,7 @@ samples in the same order, the same crops and flips.
 nvJPEG itself needs a GPU: here torchvision's `decode_jpeg` is stood in for by TurboJPEG's full
 decode on the CPU (`_cpu_decode_jpeg`), so what is checked is ae's part (the bytes' trip, the
 crop boxes, the grouped resize, the flips, a failed decode). The CUDA test at the end runs the
-real nvJPEG where a GPU and torchvision are there (the GPU lease: bench/README.md)."""
+real nvJPEG where a GPU and torchvision are there (the GPU lease: docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
