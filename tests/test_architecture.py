@@ -85,6 +85,19 @@ def test_top_level_of_ae_stays_small() -> None:
     assert len(entries) <= 15, sorted(p.name for p in entries)
 
 
+MAX_MODULE_LINES = 400  # past it, a module holds more than one concern: split it by concern
+
+
+def test_no_module_is_over_400_lines() -> None:
+    modules = [ROOT / "train_ae.py"]
+    for folder in ("ae", "logging_cfg", "bench", "tests"):
+        modules += ROOT.joinpath(folder).rglob("*.py")
+    assert len(modules) > 300, len(modules)  # the tree was found
+    long = {str(p.relative_to(ROOT)): n for p in modules
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}  # fmt: skip
+    assert long == {}, long
+
+
 def module_path(module: str) -> Path:
     path = ROOT.joinpath(*module.split("."))
     return path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"

@@ -12,16 +12,13 @@ worker process exists.
 """
 
 from ae.config.checks import logger_names
+from ae.config.choices import BUILTIN_MODELS, DOWNSAMPLE_FACTORS, LOGGERS, USER_MODEL
 from ae.config.parse import ConfigError, help_text, parse_config
 from ae.config.sections import (
-    BUILTIN_MODELS,
-    DOWNSAMPLE_FACTORS,
     FIELDS,
-    LOGGERS,
     NO_VALIDATION,
     PREFETCH_FACTOR,
     SECTIONS,
-    USER_MODEL,
     CheckpointConfig,
     Config,
     DataConfig,

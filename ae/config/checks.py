@@ -7,13 +7,10 @@ import importlib.util
 import types
 from pathlib import Path
 
+from ae.config.choices import BUILTIN_MODELS, DOWNSAMPLE_FACTORS, LOGGERS, USER_MODEL
 from ae.config.model_path import model_spelling_hint
 from ae.config.sections import (
-    BUILTIN_MODELS,
-    DOWNSAMPLE_FACTORS,
     FIELDS,
-    LOGGERS,
-    USER_MODEL,
     Config,
     show_value,
 )

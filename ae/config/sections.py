@@ -4,7 +4,6 @@ that uses it. `Config` is the whole; each component receives only its section.""
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -162,22 +161,10 @@ class DataConfig:
         return self.val_shards != NO_VALIDATION
 
 
-BUILTIN_MODELS = ("auto", "mlp", "conv", "resnet")
 # Batches each dataloader worker keeps ready (not a flag): they wait in /dev/shm, so the
 # preflight (ae.job.preflight) counts them. 4 kept two workers' 1 MB batches flowing where 2
 # stalled now and then on a busy machine (docs/BENCHMARKS.md).
 PREFETCH_FACTOR = 4
-# `package.module:ClassName`: a class of the user's, imported by path.
-USER_MODEL = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
-DOWNSAMPLE_FACTORS = (2, 4, 8, 16)
-# `--logger` choices -> (the module that must be importable, what `pip install -e` installs it
-# with). csv needs nothing; tensorboard is a dependency of ae; wandb and mlflow are extras.
-LOGGERS: dict[str, tuple[str, str] | None] = {
-    "csv": None,
-    "tensorboard": ("tensorboard", "."),
-    "wandb": ("wandb", ".[wandb]"),
-    "mlflow": ("mlflow", ".[mlflow]"),
-}
 
 
 @dataclass(frozen=True)
