@@ -76,7 +76,7 @@ def expand_shards(spec: str, key: str = "train_shards") -> list[str]:
         # ae-shards write takes an array file itself, but images as the folder that holds them
         # (`--train_shards='photos/*.jpg'`: the folder)
         images = [u for u in sources if u.lower().endswith(IMAGE_SUFFIXES)]
-        source = os.path.commonpath([str(Path(u).parent) for u in images]) if images else None
+        source = _images_folder(images) if images else None
         raise ShardSpecError(
             f"{key}: {sources[0]} is {Path(sources[0]).suffix} data, not a shard; make shards of "
             + (f"the images first: ae-shards write {source} DIR" if source else
@@ -93,6 +93,15 @@ def expand_shards(spec: str, key: str = "train_shards") -> list[str]:
             f"{_brace_hint(missing)}"
         )
     return urls
+
+
+def _images_folder(images: list[str]) -> str:
+    """The folder that holds `images`: their common one, or (relative and absolute paths
+    mixed, which have none) the first one's."""
+    try:
+        return os.path.commonpath([str(Path(u).parent) for u in images])
+    except ValueError:
+        return str(Path(images[0]).parent)
 
 
 def _brace_hint(missing: list[str]) -> str:

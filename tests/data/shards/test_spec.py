@@ -22,7 +22,9 @@ def test_directories_globs_and_braces_find_the_shards(tmp_path: Path) -> None:
         expand_shards(f"{tmp_path}/a-00000{{1..2}}.tar", "val_shards")
 
 
-def test_what_ae_shards_write_takes_gets_its_hint(tmp_path: Path) -> None:
+def test_what_ae_shards_write_takes_gets_its_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A new user's first try: the raw photos folder or the .npy itself, named as shards."""
     photos = tmp_path / "photos"
     (photos / "sub").mkdir(parents=True)
@@ -47,6 +49,12 @@ def test_what_ae_shards_write_takes_gets_its_hint(tmp_path: Path) -> None:
         f"train_shards: {photos / 'sub' / 'cat.jpg'} is .jpg data, not a shard; make shards of "
         f"the images first: ae-shards write {photos / 'sub'} DIR, then --train_shards=DIR"
     )
+    # relative and absolute photos at once (no common folder): the first one's
+    (tmp_path / "rel").mkdir()
+    (tmp_path / "rel" / "dog.png").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ShardSpecError, match=r"ae-shards write rel DIR, then"):
+        expand_shards(f"rel/dog.png::{photos}/sub/cat.jpg")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ShardSpecError, match=r"'\S+empty' matches no shard files$"):
         expand_shards(str(tmp_path / "empty"))  # nothing to suggest
