@@ -21,10 +21,10 @@ import pytest
 
 from ae.data.shards.writer import write_shard
 from ae.training.step_vote import VOTE_EVERY_S
-from tests.support.runs import ROOT
+from tests.support.runs import ROOT, shared_launches
 from tests.support.shards import vector_samples
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, shared_launches(__name__)]
 
 STOP_AT_LEAST = 60  # steps trained before the signal (one epoch is 250)
 _TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) ")

@@ -24,10 +24,10 @@ from ae.config.weight_files import FID_FILE, HEADS_FILE, VGG16_FILE
 from bench.real_images import mixed_collection
 from tests.support.inception_weights import random_inception
 from tests.support.resumes import assert_resumed
-from tests.support.runs import ROOT, RunResult, run_launcher
+from tests.support.runs import ROOT, RunResult, run_launcher, shared_launches
 from tests.support.weights import random_heads, random_vgg16, save
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, shared_launches(__name__)]
 
 RECIPE = ["--image_size=64", "--batch_size=4", "--num_workers=1", "--model=conv",
           "--hidden_dim=64", "--latent_dim=32", "--loss=l1", "--perceptual_weight=1.0",

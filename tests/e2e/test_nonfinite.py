@@ -21,10 +21,10 @@ from ae.data.planning.plan import plan_epoch
 from ae.data.shards.writer import write_shard
 from ae.log_lines import NONFINITE, NONFINITE_SKIPPED, NONFINITE_SUMMARY, ROLLBACK
 from ae.training.position.checkpoint_read import load
-from tests.support.runs import ROOT, RunResult, run_launcher
+from tests.support.runs import ROOT, RunResult, run_launcher, shared_launches
 from tests.support.shards import nan_sample, vector_samples
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, shared_launches(__name__)]
 
 COUNTS = [40, 40, 40, 40]  # 10 batches of 8 per rank and epoch
 BATCH, NAN_BATCH, SEED = 8, 5, 42  # rank 1's 6th batch (step 6) holds the NaN

@@ -27,10 +27,10 @@ import pytest
 
 from ae.data.shards.writer import write_shard
 from ae.training.lr import lr_factor, scale_lr
-from tests.support.runs import ROOT, RunResult, run_launcher
+from tests.support.runs import ROOT, RunResult, run_launcher, shared_launches
 from tests.support.shards import id_samples
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, shared_launches(__name__)]
 SAMPLES = 1200
 LIGHTNING_WARNING = "dataloader is not resumable"
 

@@ -13,9 +13,9 @@ import re
 
 import pytest
 
-from tests.support.runs import RunResult, run_launcher
+from tests.support.runs import RunResult, run_launcher, shared_launches
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, shared_launches(__name__)]
 
 MODEL = "tests.support.unused_param_autoencoder:SkipsAParameter"
 

@@ -33,6 +33,15 @@ SLURM = pytest.mark.xdist_group("slurm")
 LIMITS = pytest.mark.xdist_group("limits")
 
 
+def shared_launches(module: str) -> pytest.MarkDecorator:
+    """The mark of a test module whose tests share its launches (a module-scoped fixture): one
+    group, so that one worker runs them all and launches once. pytest-xdist sets a module
+    fixture up once per worker that draws one of its tests: test_position's four launches ran
+    three times over (~120 s of CPU) before. tests/test_suite_timing.py holds every such module
+    to it."""
+    return pytest.mark.xdist_group(module)
+
+
 @dataclass
 class RunResult:
     returncode: int
