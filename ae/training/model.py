@@ -25,6 +25,7 @@ from torch.nn import functional as F
 from ae.config import ModelConfig, ObjectiveConfig, OptimConfig
 from ae.data.datamodule import ShardDataModule
 from ae.data.decoding.decode import InputSpec
+from ae.data.stream.shard_stream import ShardStream
 from ae.forensics.faults import fault_point, loss_poison
 from ae.log_lines import main_log
 from ae.training.epoch_loss import CHECKPOINT_KEY, EpochLoss
@@ -226,18 +227,29 @@ class AutoEncoder(L.LightningModule):
         # loads only the state dict: the epoch's sum goes on as this process has it.)
         self.epoch_loss.load_state_dict(checkpoint.get(CHECKPOINT_KEY), self.global_rank == 0)
 
-    def evaluate(self, batch: torch.Tensor, quality: QualityMetrics) -> tuple[torch.Tensor, dict]:
+    def evaluate(
+        self, batch: torch.Tensor, quality: QualityMetrics | None
+    ) -> tuple[torch.Tensor, dict]:
         """What validation computes on a batch: (loss, {name: extra loss term}), the quality
-        metrics updated. Also the model check before training (`latent_shape`), on a real batch."""
+        metrics updated (if given). Also the model check before training (`latent_shape`), on
+        a real batch."""
         loss, recon, logs = self._step(batch)
-        quality.update(self(batch) if recon is None else recon, batch)
+        if quality is not None:
+            quality.update(self(batch) if recon is None else recon, batch)
         return loss, logs
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        loss, logs = self.evaluate(batch, self.quality)
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        # Each validation sample counts once: the repeats that fill a batch in pad mode (the
+        # batch's last ones) are left out of the loss and the metrics. A batch of nothing but
+        # repeats (a rank past the end of a small split) is still evaluated, at weight 0: every
+        # rank logs the same names, whose epoch values are reduced together.
+        stream = getattr(self.trainer.datamodule, "val_set", None)
+        repeats = stream.repeats_in(batch_idx) if isinstance(stream, ShardStream) else 0
+        kept = len(batch) - repeats
+        loss, logs = self.evaluate(batch[:kept] if kept else batch, self.quality if kept else None)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=kept)
         for name, value in logs.items():
-            self.log(f"val/{name}", value, sync_dist=True)
+            self.log(f"val/{name}", value, sync_dist=True, batch_size=kept)
         self.quality.log_to(self)
         return loss
 

@@ -1,12 +1,20 @@
 """The model in a real Lightning Trainer on the CPU: no step value becomes a Python number
-(a host sync) without a progress bar, and the injected NaN fault reaches the loss that
-backward gets."""
+(a host sync) without a progress bar, the injected NaN fault reaches the loss that backward
+gets, and validation counts each sample once."""
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
+from ae.config import DataConfig
+from ae.data.datamodule import ShardDataModule
+from ae.data.shards.writer import write_shard
+from tests.support.shards import vector_samples
 from tests.training.model_building import VECTOR, build
 
 
@@ -47,3 +55,32 @@ def test_the_nan_fault_reaches_the_loss_that_backward_gets(monkeypatch: pytest.M
     )  # fmt: skip
     trainer.fit(model, DataLoader(torch.rand(64, 24), batch_size=8))
     assert not all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_validation_counts_each_sample_once_where_pad_mode_repeats_some(
+    tmp_path: Path, workers: int
+) -> None:
+    """5 validation samples in batches of 4 (`--shard_split=pad`): the second batch holds one
+    of them and 3 repeats, which the loss and the metrics leave out (they weighed 4 of the 5
+    samples twice as much as the fifth before)."""
+    import lightning as L
+
+    samples = vector_samples(5, dim=24, start=100)
+    write_shard(tmp_path / "train.tar", vector_samples(16, dim=24))
+    write_shard(tmp_path / "val.tar", samples)
+    cfg = DataConfig(batch_size=4, num_workers=workers, shard_split="pad", count_cache="off")
+    dm = ShardDataModule(cfg, [str(tmp_path / "train.tar")], [str(tmp_path / "val.tar")], seed=0)
+    model, _ = build(VECTOR)
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    (metrics,) = trainer.validate(model, datamodule=dm, verbose=False)
+    x = torch.from_numpy(np.stack([np.load(io.BytesIO(s["npy"])) for s in samples]))
+    with torch.no_grad():
+        recon = model(x)
+    assert metrics["val/mse"] == pytest.approx(torch.mean((recon - x) ** 2).item(), rel=1e-5)
+    assert metrics["val/loss"] == pytest.approx(metrics["val/mse"], rel=1e-5)  # --loss=mse
+    cosine = torch.nn.functional.cosine_similarity(recon, x, dim=1).mean().item()
+    assert metrics["val/cosine"] == pytest.approx(cosine, rel=1e-5)
+    assert len(dm.val_set) == 2 and [dm.val_set.repeats_in(b) for b in (0, 1)] == [0, 3]

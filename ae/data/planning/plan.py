@@ -88,6 +88,13 @@ class EpochPlan:
         )
         return begin, begin + self.worker_batches(worker) * self.batch_size
 
+    def repeats_in_batch(self, rank: int, worker: int, batch: int) -> int:
+        """How many of the slot's batch `batch` (0-based, in the slot's order) repeat samples of
+        the sequence's start to fill it (pad mode: positions past T; the batch's last ones when
+        the slot is not shuffled, as validation is not)."""
+        first = self.slot_range(rank, worker)[0] + batch * self.batch_size
+        return self.batch_size - min(self.batch_size, max(0, self.total_samples - first))
+
     @functools.cached_property
     def _starts(self) -> np.ndarray:
         """Where each shard (in this epoch's order) starts in the virtual sequence; T at the end.

@@ -172,6 +172,16 @@ class ShardStream(IterableDataset):
     def __len__(self) -> int:
         return self.plan().batches_per_rank
 
+    def repeats_in(self, batch: int) -> int:
+        """How many samples of the rank's batch `batch` (0-based, this epoch) repeat one of the
+        epoch's to fill it: in pad mode, the batch's last ones where the split is not shuffled
+        (validation); 0 in the other modes. The DataLoader takes batch i from slot i % K
+        (`ae.data.stream.batch_members`)."""
+        if self.mode != "pad":
+            return 0
+        k = max(1, self.num_workers)
+        return self.plan().repeats_in_batch(self.rank, batch % k, batch // k)
+
     def _fallback_pool(self, slot: int, own: set[int]) -> list[np.ndarray]:
         """Good samples from the shards outside this slot's, for a slot whose shards gave none.
         Their errors are not reported again here: they belong to the slots that own them."""

@@ -88,3 +88,31 @@ def test_assign_shards_gives_every_shard_to_exactly_one_rank_balanced(world_size
 
 def test_assign_shards_with_more_ranks_than_shards() -> None:
     assert assign_shards([5, 9], 4) == [[1], [0], [], []]
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_the_repeats_named_per_batch_are_its_last_and_the_rest_is_each_sample_once(
+    mode: str,
+) -> None:
+    """`repeats_in_batch` (validation leaves them out of its metrics): without them, an unshuffled
+    epoch's batches hold every sample once; they are each batch's last ones."""
+    rng = random.Random(1)
+    for _ in range(300):
+        counts = [rng.randint(0, 30) for _ in range(rng.randint(1, 6))]
+        world, workers, batch = rng.randint(1, 8), rng.randint(1, 4), rng.randint(1, 16)
+        plan = plan_epoch(
+            counts, world_size=world, num_workers=workers, batch_size=batch, mode=mode,
+            shuffle=False,
+        )  # fmt: skip
+        if plan.batches_per_rank == 0:
+            continue
+        kept, repeats = [], 0
+        for r in range(world):
+            for w in range(workers):
+                got = _read(plan, r, w)
+                for b in range(plan.worker_batches(w)):
+                    n = plan.repeats_in_batch(r, w, b)
+                    kept += got[b * batch : (b + 1) * batch - n]
+                    repeats += n
+        assert sorted(kept) == sorted(set(kept))  # no sample twice
+        assert repeats == plan.repeated and len(kept) == sum(counts) - plan.dropped
