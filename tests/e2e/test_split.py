@@ -53,14 +53,12 @@ def _spec(make_shards, sizes: list[int], name: str = "train") -> tuple[str, Path
 @pytest.mark.parametrize(
     ("sizes", "batch_size", "mode", "batches", "plan"),
     [
-        # 43 samples // (2 ranks x 4) = 5 batches per rank; 3 dropped
-        ([10, 10, 10, 10, 3], 4, "drop", 5, "(drop: 3 dropped, 0 repeated)"),
         # 3 shards for 2 ranks x 2 workers: 21 // (2 x 2) = 5 batches; 1 dropped
         ([7, 5, 9], 2, "drop", 5, "(drop: 1 dropped, 0 repeated)"),
         # 1050 samples, ceil(1050 / (2 x 16)) = 33 batches; 6 samples repeated to fill
         ([100] * 10 + [50], 16, "pad", 33, "(pad: 0 dropped, 6 repeated)"),
     ],
-    ids=["10-10-10-10-3", "3-shards-4-slots", "11-shards-pad"],
+    ids=["3-shards-4-slots", "11-shards-pad"],  # drop over indexed shards: test_bad_data_...
 )
 def test_every_rank_runs_the_same_batches(
     launch, make_shards, sizes: list[int], batch_size: int, mode: str, batches: int, plan: str
@@ -107,8 +105,11 @@ def test_bad_data_is_logged_and_replaced(launch, make_shards, tmp_path: Path) ->
         [f"--train_shards={train}::pipe:cat {piped}", f"--val_shards={val}", "--batch_size=4",
          "--num_workers=2", "--max_bad_fraction=0.5", *COMMON],  # repeats wanted here
     )  # fmt: skip
-    # 10 + 10 + 6 (counted) + 10 + 10 (indexed) = 46 -> 46 // 8 = 5 batches per rank
+    # 10 + 10 + 6 (counted) + 10 + 10 (indexed) = 46 -> 46 // 8 = 5 batches per rank, 6 dropped
     _assert_even(res, 5, 4)
+    assert "-> 5 batches x 4 per rank on 2 ranks x 2 workers (drop: 6 dropped, 0 repeated)" in (
+        res.text("train_*.log")
+    )
     logs = res.text("debug_rank*.log")
     errors = "\n".join(line for line in logs.splitlines() if re.search("ERROR.*shard", line))
     shard1 = folder / "train-000001.tar"
