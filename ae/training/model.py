@@ -243,15 +243,21 @@ class AutoEncoder(L.LightningModule):
         # batch's last ones) are left out of the loss and the metrics. A batch of nothing but
         # repeats (a rank past the end of a small split) is still evaluated, at weight 0: every
         # rank logs the same names, whose epoch values are reduced together.
-        stream = getattr(self.trainer.datamodule, "val_set", None)
-        repeats = stream.repeats_in(batch_idx) if isinstance(stream, ShardStream) else 0
-        kept = len(batch) - repeats
+        kept = len(batch) - self._repeats(batch_idx)
         loss, logs = self.evaluate(batch[:kept] if kept else batch, self.quality if kept else None)
         self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=kept)
         for name, value in logs.items():
             self.log(f"val/{name}", value, sync_dist=True, batch_size=kept)
         self.quality.log_to(self)
         return loss
+
+    def _repeats(self, batch_idx: int) -> int:
+        """How many of validation batch `batch_idx` repeat a sample (ae's pad-mode streams)."""
+        try:
+            stream = getattr(self.trainer.datamodule, "val_set", None)
+        except RuntimeError:  # not attached to a Trainer (a validation step called directly)
+            return 0
+        return stream.repeats_in(batch_idx) if isinstance(stream, ShardStream) else 0
 
     # --- optimizer -------------------------------------------------------------------------
     def _param_groups(self) -> list[tuple[str, list[nn.Parameter], float]]:
