@@ -49,6 +49,28 @@ def test_output_names_follow_the_input_names(tmp_path: Path) -> None:
         check_outputs([str(shard)], output_paths([str(shard)], tmp_path))
 
 
+def test_an_out_dir_holding_shards_of_the_output_names_is_refused_without_overwrite(
+    tmp_path: Path,
+) -> None:
+    """`ae-encode CKPT other/ data/emb` where data/emb holds a dataset of the same shard names:
+    its shards were replaced by latents, silently; now refused unless --overwrite."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    urls = [str(tmp_path / "in" / f"train-00000{i}.tar") for i in range(5)]
+    outs = output_paths(urls, tmp_path / "out")
+    for out in outs[:4]:
+        out.write_bytes(b"someone's data")
+    with pytest.raises(EncodeArgsError) as err:
+        check_outputs(urls, outs)
+    assert err.value.render() == (
+        f"OUT_DIR: {tmp_path / 'out'} already holds 4 of the 5 output shards (train-000000.tar, "
+        "train-000001.tar, train-000002.tar, ...); encode into another folder, or pass "
+        "--overwrite to replace them (to redo an earlier ae-encode)"
+    )
+    check_outputs(urls, outs, overwrite=True)
+    assert parse_args([__file__, "s", "o", "--overwrite"]).overwrite
+
+
 def test_argument_problems_all_at_once(tmp_path: Path) -> None:
     with pytest.raises(EncodeArgsError) as err:
         parse_args([str(tmp_path / "no.ckpt"), "x", "out", "--batch_size=0", "--field=latent",
