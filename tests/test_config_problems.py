@@ -71,6 +71,23 @@ def test_wrong_types_and_missing_file(tmp_path: Path) -> None:
         parse_config([f"--config={tmp_path / 'nope.yaml'}"])
 
 
+def test_a_flag_without_its_value_is_named_and_the_next_flag_still_read(tmp_path: Path) -> None:
+    """`--config --output_dir=x` said "config: file not found: --output_dir=x" (the next flag
+    taken as the value); a folder given as the config file, Python's `[Errno 21]`."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--config", "--batch_size=-1", "--seed"])
+    assert err.value.problems == [
+        "config: missing value; the next argument, --batch_size=-1, is a flag (--config=VALUE)",
+        "seed: missing value (--seed=VALUE)",
+        "batch_size: must be >= 1; got -1",
+    ]
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={tmp_path}"])
+    assert err.value.problems == [
+        f"config: {tmp_path} is a folder; give a YAML file (--config=run.yaml)"
+    ]
+
+
 def test_three_problems_of_different_kinds_reported_together(tmp_path: Path) -> None:
     """A range error, a bad choice and a cross-field contradiction: one message, all three."""
     path = tmp_path / "bad.yaml"

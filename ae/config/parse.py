@@ -153,8 +153,11 @@ def _split_argv(argv: list[str], problems: list[str]) -> dict[str, str]:
             nxt = argv[i] if i < len(argv) else None
             if key in FIELDS and _TYPES[key] is bool and (nxt is None or nxt.startswith("--")):
                 value = "true"
-            elif nxt is None:
-                problems.append(f"--{key}: missing value")
+            elif nxt is None or nxt.startswith("--"):
+                # `--config --batch_size=8` read the next flag as the value: "config: file not
+                # found: --batch_size=8". No flag's value starts with `--`.
+                after = "" if nxt is None else f"; the next argument, {nxt}, is a flag"
+                problems.append(f"{key}: missing value{after} (--{key}=VALUE)")
                 continue
             else:
                 value, i = nxt, i + 1
@@ -191,6 +194,9 @@ def _read_yaml(path: str, problems: list[str]) -> tuple[dict[str, Any], dict[str
         data = yaml.safe_load(text)
     except FileNotFoundError:
         problems.append(f"config: file not found: {path}")
+        return {}, {}
+    except IsADirectoryError:
+        problems.append(f"config: {path} is a folder; give a YAML file (--config=run.yaml)")
         return {}, {}
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
