@@ -184,3 +184,18 @@ def test_the_launcher_refuses_an_empty_train_shards_with_exit_2_before_any_rank(
     text = out.stdout + out.stderr
     assert f"train_shards: {EMPTY_PROBLEM}" in text and "Traceback" not in text
     assert not (tmp_path / "r").exists()
+
+
+def test_a_path_flag_starting_with_a_tilde_is_under_home(tmp_path: Path, monkeypatch) -> None:
+    """The shell leaves `--output_dir=~/runs` as it is: a run made a folder named `~` in the
+    working directory (and `rm -rf ~` is how a user would clean it up)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "run.yaml").write_text("val_shards: [~/v.tar, http://h/~x.tar]\n")
+    cfg = parse_config([
+        "--config=~/run.yaml", "--output_dir=~/runs/a",
+        "--train_shards=~/a.tar::pipe:cat ~/b.tar", "--experiment=~x",
+    ])  # fmt: skip
+    assert cfg.run.output_dir == f"{tmp_path}/runs/a"
+    assert cfg.data.train_shards == f"{tmp_path}/a.tar::pipe:cat ~/b.tar"  # a command: its shell
+    assert cfg.data.val_shards == f"{tmp_path}/v.tar::http://h/~x.tar"
+    assert cfg.obs.experiment == "~x"  # a name, not a path

@@ -4,6 +4,7 @@ problem is collected before failing, so a user fixes a bad command in one go."""
 from __future__ import annotations
 
 import difflib
+import os
 import types
 import typing
 from dataclasses import fields
@@ -44,6 +45,13 @@ ALIASES = {
     "size": "image_size", "z_dim": "latent_dim", "latent_size": "latent_dim",
     "mixed_precision": "precision", "save_every": "checkpointing_period",
 }  # fmt: skip
+# Flags holding paths (a shard spec: paths joined by `::`). The shell expands `~` only at the
+# start of a word, never in `--output_dir=~/runs`, nor does YAML: without this a run made a
+# folder named `~` in the working directory.
+PATH_KEYS = frozenset({
+    "config", "output_dir", "train_shards", "val_shards", "resume_from_checkpoint",
+    "count_cache", "perceptual_weights", "fid_weights",
+})  # fmt: skip
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -105,10 +113,10 @@ def _coerce(key: str, raw: Any) -> Any:
     if hint is str:
         joins = FIELDS[key].metadata["joins"]
         if joins and isinstance(raw, list) and raw and all(isinstance(x, str) for x in raw):
-            return joins.join(raw)  # a YAML list of what the flag joins: `logger: [csv, wandb]`
+            raw = joins.join(raw)  # a YAML list of what the flag joins: `logger: [csv, wandb]`
         if isinstance(raw, dict | list):
             raise ValueError(f"must be a string; got {raw!r}")
-        return str(raw)
+        return expand_home(str(raw)) if key in PATH_KEYS else str(raw)
     if typing.get_origin(hint) is tuple:  # tuple[int, ...]: `1,2,4`, or a YAML list
         items = raw if isinstance(raw, list | tuple) else str(raw).strip("[]() ").split(",")
         if isinstance(raw, int) and not isinstance(raw, bool):
@@ -135,6 +143,11 @@ def _coerce(key: str, raw: Any) -> Any:
             raise ValueError(f"must be a mapping of names to values; got {raw!r}")
         return value
     raise TypeError(f"unsupported config type for {key}: {hint}")  # programming error
+
+
+def expand_home(value: str) -> str:
+    """`~/x` and `~user/x` as the shell would have expanded them, in each `::`-joined part."""
+    return "::".join(os.path.expanduser(part) for part in value.split("::"))
 
 
 def _split_argv(argv: list[str], problems: list[str]) -> dict[str, str]:
@@ -239,7 +252,7 @@ def parse_config(argv: list[str]) -> Config:
     merged: dict[str, Any] = {}
     where: dict[str, str] = {}  # a key of the config file: where it is
     if cli.get("config", "").strip():  # an empty one: the problem of an empty value, below
-        data, lines = _read_yaml(cli["config"], problems)
+        data, lines = _read_yaml(expand_home(cli["config"]), problems)
         for key, value in data.items():
             if key == "config":
                 problems.append("config: a config file cannot name another config file")
