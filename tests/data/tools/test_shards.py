@@ -130,6 +130,20 @@ def _npy_shards(tmp_path: Path) -> Path:
     return out
 
 
+def test_write_names_an_output_that_is_a_file_and_a_key_for_a_npy(tmp_path: Path, capsys) -> None:
+    """An OUT_DIR that is a file said Python's "[Errno 17] File exists: ..."; `--key` given for
+    a .npy (one array) was ignored without a word."""
+    src, taken = tmp_path / "x.npy", tmp_path / "notes.txt"
+    np.save(src, np.zeros((4, 3), np.float32))
+    taken.write_text("mine")
+    assert main(["write", str(src), str(taken)]) == 2
+    assert f"{taken}: a file, not a folder; give a folder for the shards" in capsys.readouterr().err
+    assert taken.read_text() == "mine"
+    assert main(["write", str(src), str(tmp_path / "o"), "--key", "b"]) == 2
+    assert f"--key picks an array of a .npz file; {src} is not one" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_bad_input_is_one_line_without_traceback(tmp_path: Path) -> None:
     for args in (
         ["write", str(tmp_path / "missing.npy"), str(tmp_path / "o")],
