@@ -183,6 +183,18 @@ def check_outputs(urls: list[str], outs: list[Path], *, overwrite: bool = False)
         raise EncodeArgsError("\n".join(problems[:5]))
 
 
+def make_out_dir(args: EncodeArgs) -> None:
+    """OUT_DIR and its logs/, made once everything else is checked (bad input leaves no folder):
+    a file in the way or a read-only disk is one message, not torchrun's traceback."""
+    try:
+        args.logs.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EncodeArgsError(
+            f"OUT_DIR: {args.out_dir} cannot be written ({e.strerror}: {e.filename or args.logs});"
+            " encode into a folder you can write"
+        ) from None
+
+
 def check_checkpoint(args: EncodeArgs) -> None:
     """A checkpoint the safe loader refuses stops the job before any rank starts (the ranks
     check again). torch is needed to tell: a short process of its own, not this one."""
@@ -211,6 +223,7 @@ def launch(argv: list[str]) -> int:
         nproc, problems = processes_per_node(run, topo)
         if problems:
             raise EncodeArgsError("\n".join(problems))
+        make_out_dir(args)
     except UserError as e:
         logger.error(e.render())
         return e.exit_code

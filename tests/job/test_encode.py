@@ -20,6 +20,7 @@ from ae.job.encode import (
     check_checkpoint,
     check_outputs,
     help_text,
+    make_out_dir,
     output_paths,
     parse_args,
 )
@@ -91,6 +92,19 @@ def test_bad_arguments_fail_in_the_launcher_without_ranks(tmp_path: Path) -> Non
     )  # fmt: skip
     assert proc.returncode == 2 and "float64" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_an_out_dir_that_cannot_be_made_is_one_message(tmp_path: Path) -> None:
+    """OUT_DIR a file: torchrun's start raised NotADirectoryError, a traceback."""
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    with pytest.raises(EncodeArgsError) as err:
+        make_out_dir(parse_args([__file__, "s", str(taken)]))
+    assert err.value.render() == (
+        f"OUT_DIR: {taken} cannot be written (Not a directory: {taken / 'logs'}); encode into a "
+        "folder you can write"
+    )
+    assert taken.read_text() == "mine"
 
 
 def test_the_model_is_rebuilt_from_the_checkpoint(tmp_path: Path) -> None:
