@@ -88,6 +88,15 @@ def test_a_flag_without_its_value_is_named_and_the_next_flag_still_read(tmp_path
     ]
 
 
+def test_a_key_given_twice_in_a_config_file_is_named_with_both_lines(tmp_path: Path) -> None:
+    """PyYAML keeps the last of `batch_size: 8` ... `batch_size: 16` without a word."""
+    path = tmp_path / "c.yaml"
+    path.write_text("batch_size: 8\nseed: 1\nbatch_size: 16\n")
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={path}"])
+    assert err.value.problems == [f"batch_size: given twice in {path} (lines 1 and 3); keep one"]
+
+
 def test_three_problems_of_different_kinds_reported_together(tmp_path: Path) -> None:
     """A range error, a bad choice and a cross-field contradiction: one message, all three."""
     path = tmp_path / "bad.yaml"

@@ -225,11 +225,16 @@ def _read_yaml(path: str, problems: list[str]) -> tuple[dict[str, Any], dict[str
         problems.append(f"config: {path} must hold a mapping of key: value")
         return {}, {}
     root = yaml.compose(text)
-    lines = {
-        k.value: k.start_mark.line + 1
-        for k, _ in (root.value if isinstance(root, yaml.MappingNode) else [])
-        if isinstance(k, yaml.ScalarNode)
-    }
+    lines: dict[str, int] = {}
+    for k, _ in root.value if isinstance(root, yaml.MappingNode) else []:
+        if not isinstance(k, yaml.ScalarNode):
+            continue
+        line = k.start_mark.line + 1
+        if k.value in lines:  # PyYAML keeps the last without a word: which one was meant?
+            problems.append(
+                f"{k.value}: given twice in {path} (lines {lines[k.value]} and {line}); keep one"
+            )
+        lines.setdefault(k.value, line)
     return data, lines
 
 
