@@ -75,3 +75,17 @@ def test_another_input_is_named_as_the_data_not_as_the_model_flag(tmp_path: Path
     same = nn.Linear(16, 2)
     same.hparams = saved_hp
     assert open_resume(str(path), tmp_path, {"model": "auto"}, same) is not None
+
+
+def test_a_checkpoint_at_max_steps_already_says_nothing_is_left(tmp_path: Path) -> None:
+    """`--resume_from_checkpoint=last` with the --max_steps the run had reached: the console said
+    only `Training finished at step 10`."""
+    path = tmp_path / "last.ckpt"
+    torch.save({"global_step": 10, "state_dict": nn.Linear(4, 2).state_dict()}, path)
+    source = open_resume(str(path), tmp_path, {}, nn.Linear(4, 2))
+    assert source is not None
+    assert source.nothing_left(10) == (
+        f"Nothing left to train: {path} is at step 10, --max_steps=10; raise --max_steps to "
+        "train on"
+    )
+    assert source.nothing_left(11) is None and source.nothing_left(-1) is None
