@@ -208,3 +208,19 @@ def test_a_path_flag_starting_with_a_tilde_is_under_home(tmp_path: Path, monkeyp
     assert cfg.data.train_shards == f"{tmp_path}/a.tar::pipe:cat ~/b.tar"  # a command: its shell
     assert cfg.data.val_shards == f"{tmp_path}/v.tar::http://h/~x.tar"
     assert cfg.obs.experiment == "~x"  # a name, not a path
+
+
+def test_a_shard_spec_split_by_the_shell_is_refused_on_the_users_command_line() -> None:
+    """`--train_shards=d/a-{000000..000002}.tar` unquoted: bash makes it three flags, and the
+    run trained on the last shard alone ("1 train shards"). A rank's argv repeats the flags its
+    launcher appends, the later winning: not refused there."""
+    argv = [f"--train_shards=d/a-00000{i}.tar" for i in range(3)] + ["--val_shards=none"]
+    with pytest.raises(ConfigError) as err:
+        parse_config(argv, user=True)
+    assert err.value.problems == [
+        "train_shards: given 3 times (d/a-000000.tar, d/a-000001.tar and 1 more): the shell "
+        "expands an unquoted {a..b} pattern into one flag per file; quote the spec "
+        "(--train_shards='data/train-{000000..000099}.tar'), or join several with ::"
+    ]
+    assert parse_config(argv).data.train_shards == "d/a-000002.tar"
+    assert parse_config(["--batch_size=8", "--batch_size=16"], user=True).data.batch_size == 16

@@ -150,9 +150,24 @@ def expand_home(value: str) -> str:
     return "::".join(os.path.expanduser(part) for part in value.split("::"))
 
 
-def _split_argv(argv: list[str], problems: list[str]) -> dict[str, str]:
-    """`--key=value`, `--key value`, and a bare `--flag` (true) for booleans."""
+def _given_again(key: str, values: list[str]) -> str:
+    """A shard spec given several times: the shell expands an unquoted brace pattern
+    (`--train_shards=a-{000000..000099}.tar`) into one flag per shard, and the last one alone
+    would train."""
+    shown = ", ".join(values[:2]) + (f" and {len(values) - 2} more" if len(values) > 2 else "")
+    return (
+        f"{key}: given {len(values)} times ({shown}): the shell expands an unquoted "
+        f"{{a..b}} pattern into one flag per file; quote the spec "
+        f"(--{key}='data/train-{{000000..000099}}.tar'), or join several with ::"
+    )
+
+
+def _split_argv(argv: list[str], problems: list[str], user: bool = False) -> dict[str, str]:
+    """`--key=value`, `--key value`, and a bare `--flag` (true) for booleans. `user`: argv as
+    typed, where a shard spec given twice is refused (a rank's argv repeats the flags its
+    launcher appends, the later winning)."""
     out: dict[str, str] = {}
+    specs: dict[str, list[str]] = {"train_shards": [], "val_shards": []}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -175,6 +190,9 @@ def _split_argv(argv: list[str], problems: list[str]) -> dict[str, str]:
             else:
                 value, i = nxt, i + 1
         out[key] = value
+        specs.get(key, []).append(value)
+    if user:
+        problems += [_given_again(k, v) for k, v in specs.items() if len(v) > 1]
     return out
 
 
@@ -250,10 +268,11 @@ def _check_range(key: str, value: Any) -> str | None:
     return None
 
 
-def parse_config(argv: list[str]) -> Config:
-    """Build a Config from command-line args (and the YAML file they name); collect all problems."""
+def parse_config(argv: list[str], *, user: bool = False) -> Config:
+    """Build a Config from command-line args (and the YAML file they name); collect all problems.
+    `user`: `argv` is the command line as the user typed it (the launcher's)."""
     problems: list[str] = []
-    cli = _split_argv(argv, problems)
+    cli = _split_argv(argv, problems, user)
     merged: dict[str, Any] = {}
     where: dict[str, str] = {}  # a key of the config file: where it is
     if cli.get("config", "").strip():  # an empty one: the problem of an empty value, below

@@ -146,7 +146,7 @@ def launch(argv: list[str]) -> int:
     """The whole job on this node, from its flags to its exit code (logging to the console)."""
     lock = None
     try:
-        cfg = parse_config(argv)
+        cfg = parse_config(argv, user=True)
         topo = topology(cfg.run)
         nproc, problems = processes_per_node(cfg.run, topo, cfg.data.image_decode)
         problems += min_nodes_problems(cfg.run, topo)
