@@ -71,6 +71,32 @@ def test_wrong_types_and_missing_file(tmp_path: Path) -> None:
         parse_config([f"--config={tmp_path / 'nope.yaml'}"])
 
 
+def test_a_flag_without_its_value_is_named_and_the_next_flag_still_read(tmp_path: Path) -> None:
+    """`--config --output_dir=x` said "config: file not found: --output_dir=x" (the next flag
+    taken as the value); a folder given as the config file, Python's `[Errno 21]`."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--config", "--batch_size=-1", "--seed"])
+    assert err.value.problems == [
+        "config: missing value; the next argument, --batch_size=-1, is a flag (--config=VALUE)",
+        "seed: missing value (--seed=VALUE)",
+        "batch_size: must be >= 1; got -1",
+    ]
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={tmp_path}"])
+    assert err.value.problems == [
+        f"config: {tmp_path} is a folder; give a YAML file (--config=run.yaml)"
+    ]
+
+
+def test_a_key_given_twice_in_a_config_file_is_named_with_both_lines(tmp_path: Path) -> None:
+    """PyYAML keeps the last of `batch_size: 8` ... `batch_size: 16` without a word."""
+    path = tmp_path / "c.yaml"
+    path.write_text("batch_size: 8\nseed: 1\nbatch_size: 16\n")
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={path}"])
+    assert err.value.problems == [f"batch_size: given twice in {path} (lines 1 and 3); keep one"]
+
+
 def test_three_problems_of_different_kinds_reported_together(tmp_path: Path) -> None:
     """A range error, a bad choice and a cross-field contradiction: one message, all three."""
     path = tmp_path / "bad.yaml"
@@ -167,3 +193,34 @@ def test_the_launcher_refuses_an_empty_train_shards_with_exit_2_before_any_rank(
     text = out.stdout + out.stderr
     assert f"train_shards: {EMPTY_PROBLEM}" in text and "Traceback" not in text
     assert not (tmp_path / "r").exists()
+
+
+def test_a_path_flag_starting_with_a_tilde_is_under_home(tmp_path: Path, monkeypatch) -> None:
+    """The shell leaves `--output_dir=~/runs` as it is: a run made a folder named `~` in the
+    working directory (and `rm -rf ~` is how a user would clean it up)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "run.yaml").write_text("val_shards: [~/v.tar, http://h/~x.tar]\n")
+    cfg = parse_config([
+        "--config=~/run.yaml", "--output_dir=~/runs/a",
+        "--train_shards=~/a.tar::pipe:cat ~/b.tar", "--experiment=~x",
+    ])  # fmt: skip
+    assert cfg.run.output_dir == f"{tmp_path}/runs/a"
+    assert cfg.data.train_shards == f"{tmp_path}/a.tar::pipe:cat ~/b.tar"  # a command: its shell
+    assert cfg.data.val_shards == f"{tmp_path}/v.tar::http://h/~x.tar"
+    assert cfg.obs.experiment == "~x"  # a name, not a path
+
+
+def test_a_shard_spec_split_by_the_shell_is_refused_on_the_users_command_line() -> None:
+    """`--train_shards=d/a-{000000..000002}.tar` unquoted: bash makes it three flags, and the
+    run trained on the last shard alone ("1 train shards"). A rank's argv repeats the flags its
+    launcher appends, the later winning: not refused there."""
+    argv = [f"--train_shards=d/a-00000{i}.tar" for i in range(3)] + ["--val_shards=none"]
+    with pytest.raises(ConfigError) as err:
+        parse_config(argv, user=True)
+    assert err.value.problems == [
+        "train_shards: given 3 times (d/a-000000.tar, d/a-000001.tar and 1 more): the shell "
+        "expands an unquoted {a..b} pattern into one flag per file; quote the spec "
+        "(--train_shards='data/train-{000000..000099}.tar'), or join several with ::"
+    ]
+    assert parse_config(argv).data.train_shards == "d/a-000002.tar"
+    assert parse_config(["--batch_size=8", "--batch_size=16"], user=True).data.batch_size == 16

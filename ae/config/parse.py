@@ -4,6 +4,7 @@ problem is collected before failing, so a user fixes a bad command in one go."""
 from __future__ import annotations
 
 import difflib
+import os
 import types
 import typing
 from dataclasses import fields
@@ -44,6 +45,13 @@ ALIASES = {
     "size": "image_size", "z_dim": "latent_dim", "latent_size": "latent_dim",
     "mixed_precision": "precision", "save_every": "checkpointing_period",
 }  # fmt: skip
+# Flags holding paths (a shard spec: paths joined by `::`). The shell expands `~` only at the
+# start of a word, never in `--output_dir=~/runs`, nor does YAML: without this a run made a
+# folder named `~` in the working directory.
+PATH_KEYS = frozenset({
+    "config", "output_dir", "train_shards", "val_shards", "resume_from_checkpoint",
+    "count_cache", "perceptual_weights", "fid_weights",
+})  # fmt: skip
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -105,10 +113,10 @@ def _coerce(key: str, raw: Any) -> Any:
     if hint is str:
         joins = FIELDS[key].metadata["joins"]
         if joins and isinstance(raw, list) and raw and all(isinstance(x, str) for x in raw):
-            return joins.join(raw)  # a YAML list of what the flag joins: `logger: [csv, wandb]`
+            raw = joins.join(raw)  # a YAML list of what the flag joins: `logger: [csv, wandb]`
         if isinstance(raw, dict | list):
             raise ValueError(f"must be a string; got {raw!r}")
-        return str(raw)
+        return expand_home(str(raw)) if key in PATH_KEYS else str(raw)
     if typing.get_origin(hint) is tuple:  # tuple[int, ...]: `1,2,4`, or a YAML list
         items = raw if isinstance(raw, list | tuple) else str(raw).strip("[]() ").split(",")
         if isinstance(raw, int) and not isinstance(raw, bool):
@@ -137,9 +145,29 @@ def _coerce(key: str, raw: Any) -> Any:
     raise TypeError(f"unsupported config type for {key}: {hint}")  # programming error
 
 
-def _split_argv(argv: list[str], problems: list[str]) -> dict[str, str]:
-    """`--key=value`, `--key value`, and a bare `--flag` (true) for booleans."""
+def expand_home(value: str) -> str:
+    """`~/x` and `~user/x` as the shell would have expanded them, in each `::`-joined part."""
+    return "::".join(os.path.expanduser(part) for part in value.split("::"))
+
+
+def _given_again(key: str, values: list[str]) -> str:
+    """A shard spec given several times: the shell expands an unquoted brace pattern
+    (`--train_shards=a-{000000..000099}.tar`) into one flag per shard, and the last one alone
+    would train."""
+    shown = ", ".join(values[:2]) + (f" and {len(values) - 2} more" if len(values) > 2 else "")
+    return (
+        f"{key}: given {len(values)} times ({shown}): the shell expands an unquoted "
+        f"{{a..b}} pattern into one flag per file; quote the spec "
+        f"(--{key}='data/train-{{000000..000099}}.tar'), or join several with ::"
+    )
+
+
+def _split_argv(argv: list[str], problems: list[str], user: bool = False) -> dict[str, str]:
+    """`--key=value`, `--key value`, and a bare `--flag` (true) for booleans. `user`: argv as
+    typed, where a shard spec given twice is refused (a rank's argv repeats the flags its
+    launcher appends, the later winning)."""
     out: dict[str, str] = {}
+    specs: dict[str, list[str]] = {"train_shards": [], "val_shards": []}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -153,12 +181,18 @@ def _split_argv(argv: list[str], problems: list[str]) -> dict[str, str]:
             nxt = argv[i] if i < len(argv) else None
             if key in FIELDS and _TYPES[key] is bool and (nxt is None or nxt.startswith("--")):
                 value = "true"
-            elif nxt is None:
-                problems.append(f"--{key}: missing value")
+            elif nxt is None or nxt.startswith("--"):
+                # `--config --batch_size=8` read the next flag as the value: "config: file not
+                # found: --batch_size=8". No flag's value starts with `--`.
+                after = "" if nxt is None else f"; the next argument, {nxt}, is a flag"
+                problems.append(f"{key}: missing value{after} (--{key}=VALUE)")
                 continue
             else:
                 value, i = nxt, i + 1
         out[key] = value
+        specs.get(key, []).append(value)
+    if user:
+        problems += [_given_again(k, v) for k, v in specs.items() if len(v) > 1]
     return out
 
 
@@ -192,6 +226,9 @@ def _read_yaml(path: str, problems: list[str]) -> tuple[dict[str, Any], dict[str
     except FileNotFoundError:
         problems.append(f"config: file not found: {path}")
         return {}, {}
+    except IsADirectoryError:
+        problems.append(f"config: {path} is a folder; give a YAML file (--config=run.yaml)")
+        return {}, {}
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         at = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -206,11 +243,16 @@ def _read_yaml(path: str, problems: list[str]) -> tuple[dict[str, Any], dict[str
         problems.append(f"config: {path} must hold a mapping of key: value")
         return {}, {}
     root = yaml.compose(text)
-    lines = {
-        k.value: k.start_mark.line + 1
-        for k, _ in (root.value if isinstance(root, yaml.MappingNode) else [])
-        if isinstance(k, yaml.ScalarNode)
-    }
+    lines: dict[str, int] = {}
+    for k, _ in root.value if isinstance(root, yaml.MappingNode) else []:
+        if not isinstance(k, yaml.ScalarNode):
+            continue
+        line = k.start_mark.line + 1
+        if k.value in lines:  # PyYAML keeps the last without a word: which one was meant?
+            problems.append(
+                f"{k.value}: given twice in {path} (lines {lines[k.value]} and {line}); keep one"
+            )
+        lines.setdefault(k.value, line)
     return data, lines
 
 
@@ -226,14 +268,15 @@ def _check_range(key: str, value: Any) -> str | None:
     return None
 
 
-def parse_config(argv: list[str]) -> Config:
-    """Build a Config from command-line args (and the YAML file they name); collect all problems."""
+def parse_config(argv: list[str], *, user: bool = False) -> Config:
+    """Build a Config from command-line args (and the YAML file they name); collect all problems.
+    `user`: `argv` is the command line as the user typed it (the launcher's)."""
     problems: list[str] = []
-    cli = _split_argv(argv, problems)
+    cli = _split_argv(argv, problems, user)
     merged: dict[str, Any] = {}
     where: dict[str, str] = {}  # a key of the config file: where it is
     if cli.get("config", "").strip():  # an empty one: the problem of an empty value, below
-        data, lines = _read_yaml(cli["config"], problems)
+        data, lines = _read_yaml(expand_home(cli["config"]), problems)
         for key, value in data.items():
             if key == "config":
                 problems.append("config: a config file cannot name another config file")

@@ -54,6 +54,7 @@ class EncodeArgs:
     stall_timeout: float = 300.0
     pg_timeout: float = 600.0
     trust_checkpoint: bool = False
+    overwrite: bool = False
 
     @property
     def keep(self) -> frozenset[str]:
@@ -113,6 +114,12 @@ def _parser() -> argparse.ArgumentParser:
         help="load a checkpoint the safe loader refuses; runs code from the file: only for "
         "files you made",
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the output shards OUT_DIR already holds (to redo a stopped or failed "
+        "ae-encode); without it such a folder is refused",
+    )
     return p
 
 
@@ -152,7 +159,10 @@ def output_paths(urls: list[str], out_dir: Path) -> list[Path]:
     return [out_dir / name for name in names]
 
 
-def check_outputs(urls: list[str], outs: list[Path]) -> None:
+def check_outputs(urls: list[str], outs: list[Path], *, overwrite: bool = False) -> None:
+    """Refuse outputs that would collide or replace an input shard, and, without `overwrite`,
+    files OUT_DIR already holds under an output's name: an earlier encoding, or a dataset of the
+    same shard names (ae-encode into the folder of other shards would replace them silently)."""
     problems = []
     seen: dict[Path, str] = {}
     for url, out in zip(urls, outs, strict=True):
@@ -161,8 +171,28 @@ def check_outputs(urls: list[str], outs: list[Path]) -> None:
         seen[out] = url
         if not is_remote(url) and out.resolve() == Path(url).resolve():
             problems.append(f"OUT_DIR: would overwrite the input shard {url}")
+    existing = [out for out in seen if out.exists()]
+    if existing and not overwrite and not problems:
+        names = ", ".join(out.name for out in existing[:3]) + (", ..." if len(existing) > 3 else "")
+        problems.append(
+            f"OUT_DIR: {existing[0].parent} already holds {len(existing)} of the "
+            f"{len(outs)} output shards ({names}); encode into another folder, or pass "
+            "--overwrite to replace them (to redo an earlier ae-encode)"
+        )
     if problems:
         raise EncodeArgsError("\n".join(problems[:5]))
+
+
+def make_out_dir(args: EncodeArgs) -> None:
+    """OUT_DIR and its logs/, made once everything else is checked (bad input leaves no folder):
+    a file in the way or a read-only disk is one message, not torchrun's traceback."""
+    try:
+        args.logs.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EncodeArgsError(
+            f"OUT_DIR: {args.out_dir} cannot be written ({e.strerror}: {e.filename or args.logs});"
+            " encode into a folder you can write"
+        ) from None
 
 
 def check_checkpoint(args: EncodeArgs) -> None:
@@ -186,13 +216,14 @@ def launch(argv: list[str]) -> int:
     try:
         args = parse_args(argv)
         urls = expand_shards(args.spec, "SPEC")
-        check_outputs(urls, output_paths(urls, Path(args.out_dir)))
+        check_outputs(urls, output_paths(urls, Path(args.out_dir)), overwrite=args.overwrite)
         check_checkpoint(args)
         run = RunConfig(devices=args.devices, accelerator=args.accelerator)
         topo = topology(run)
         nproc, problems = processes_per_node(run, topo)
         if problems:
             raise EncodeArgsError("\n".join(problems))
+        make_out_dir(args)
     except UserError as e:
         logger.error(e.render())
         return e.exit_code
@@ -210,7 +241,9 @@ def launch(argv: list[str]) -> int:
         topo=topo, env=env, launcher_log=launcher_log,
     )  # fmt: skip
     if stopped is not None:
-        logger.warning(f"Stopped by {stopped.name}: finished shards are in place; run again")
+        logger.warning(
+            f"Stopped by {stopped.name}: finished shards are in place; run again with --overwrite"
+        )
         return stop_exit_code(stopped)
     if rc == 0:
         logger.info(f"Done. Shards in {args.out_dir}/, logs in {args.logs}/ (run {ts})")

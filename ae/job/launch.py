@@ -146,7 +146,7 @@ def launch(argv: list[str]) -> int:
     """The whole job on this node, from its flags to its exit code (logging to the console)."""
     lock = None
     try:
-        cfg = parse_config(argv)
+        cfg = parse_config(argv, user=True)
         topo = topology(cfg.run)
         nproc, problems = processes_per_node(cfg.run, topo, cfg.data.image_decode)
         problems += min_nodes_problems(cfg.run, topo)
@@ -265,7 +265,7 @@ def attempts(
 def attempt(
     cfg: Config, topo: Topology, nproc: int, ts: str, argv: list[str], specs: list[str],
     restart: Restart | None, number: int, n_train: int, lock: RunLock | None = None,
-) -> tuple[int, Stops, set[str]]:  # fmt: skip
+) -> tuple[int, Stops, set[str] | None]:  # fmt: skip
     """One attempt of the job, as run TS `ts`: this node's child (torchrun, or a SLURM task's
     rank), to its end; its exit code, the stops that came, and the ERROR messages the console
     said meanwhile (`ae.job.rank_lines`: the report of a failure says none again). The child
@@ -312,7 +312,7 @@ def attempt(
             rc, stops = wait(proc, None, peers.stopped_elsewhere)
         else:
             rc, stops = wait(proc, peers.check, peers.stopped_elsewhere)
-    return rc, stops, relay.said if relay is not None else set()
+    return rc, stops, relay.last_words_said if relay is not None else None
 
 
 def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int | None:

@@ -5,7 +5,8 @@ On a failure the console gets the verdict: per culprit its rank, phase and cause
 lines, and the `ae-diagnose` command for more; torchrun's own report stays in
 `launcher_<TS>.log`. A user error inside the ranks (bad data, a non-finite value under
 `--on_nonfinite=stop`) is its messages instead, each once and whole: what rank 0 or the relay
-of the other ranks' lines (`ae.job.rank_lines`) already put on the console is not said again.
+of the other ranks' lines (`ae.job.rank_lines`) already put on the console is not said again,
+except rank 0's message when relayed lines came after it (it would no longer be the last word).
 Then, after any failure, the `ae-diagnose` command.
 """
 
@@ -121,11 +122,12 @@ def user_errors(doc: dict[str, Any], culprits: tuple[Finding, ...]) -> dict[int,
 
 
 def report_failure(
-    logs: Path, ts: str, rc: int, said: Collection[str] = (), job: str = "Training"
+    logs: Path, ts: str, rc: int, said: Collection[str] | None = None, job: str = "Training"
 ) -> int:
     """The diagnosis of a failed run on the console; returns the launcher's exit code. `said`:
-    the messages on the console already (`ae.job.rank_lines`); `job`: what failed, as the
-    console names it (`Training`, `Encoding`)."""
+    the messages on the console already that need not be said again (`ae.job.rank_lines`;
+    None: no relay followed the run, and rank 0's own are taken as said); `job`: what failed,
+    as the console names it (`Training`, `Encoding`)."""
     launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
     more = f"More: ae-diagnose {logs} --run {ts}"
     if launcher_log.is_file():
@@ -145,9 +147,10 @@ def report_failure(
     doc = to_json(run, verdict)
     if (messages := user_errors(doc, verdict.culprits)) is not None:
         # Rank 0 said its own on the console already, and the relay each other rank's ERROR
-        # record, whole unless it ran past RECORD_LINES (`said` holds only those it said whole):
-        # say each message once, whole.
-        shown = {*said, *messages.get(0, [])}
+        # record, whole unless it ran past RECORD_LINES (`said` holds only those it said whole,
+        # and rank 0's only while no relayed line came after them): say each message whole,
+        # and last.
+        shown = set(said) if said is not None else set(messages.get(0, []))
         for _, found in sorted(messages.items()):
             if left := [m for m in found if m not in shown]:
                 logger.error("\n".join(left))

@@ -64,6 +64,11 @@ class RankLines:
     # RECORD_LINES); the launcher's last words leave them out
     said: set[str] = field(default_factory=set)
     cut: set[str] = field(default_factory=set)  # said here, but only their first lines
+    # Rank 0's ERROR messages read so far, and those of them this relay said lines after: held
+    # lines (a worker's bad samples) come out after rank 0's stop message, which is then no
+    # longer the console's last word, so the launcher's last words say it again.
+    rank0: set[str] = field(default_factory=set)
+    buried: set[str] = field(default_factory=set)
     held: list[tuple[float, str, str]] = field(default_factory=list)  # (due, who, message)
 
     def poll(self, now: float | None = None) -> None:
@@ -125,31 +130,42 @@ class RankLines:
         if worker is None and rank == 0:
             if level == "ERROR":
                 self.said.add(whole)
+                self.rank0.add(whole)
             return  # rank 0's own lines: on the console already
         if level == "ERROR" and message.startswith(NONFINITE.prefix):
             self._say(who, whole, now)
         elif level == "ERROR":
             self.held.append((now + HOLD_S, who, whole))
         elif worker is None and DATA_ERRORS.parse(message):
-            logger.warning(f"{who}: {message}")
+            self._out("WARNING", f"{who}: {message}")
         elif worker is None and RESOURCE_TIGHT.parse(message):
             # Another node's local rank 0 reckons that node's limits: no console of its own.
-            logger.warning(f"{who}: {message}")
+            self._out("WARNING", f"{who}: {message}")
         elif worker is None and (s := STALL.parse(message)):
             episode = (s["phase"], s["epoch"], s["step"])
             if self.stalls.get(rank) != episode:  # its first report; the repeats stay in files
                 self.stalls[rank] = episode
-                logger.warning(f"{who}: {message}")
+                self._out("WARNING", f"{who}: {message}")
 
     def _error(self, who: str, message: str, now: float) -> bool:
         """Whether the line was said (else counted, over the source's burst)."""
         src = self.sources.setdefault(who, _Source(window_start=now))
         if src.shown < BURST:
             src.shown += 1
-            logger.error(f"{who}: {message}")
+            self._out("ERROR", f"{who}: {message}")
             return True
         src.held += 1
         return False
+
+    def _out(self, level: str, text: str) -> None:
+        logger.log(level, text)
+        self.buried |= self.rank0
+
+    @property
+    def last_words_said(self) -> set[str]:
+        """The ERROR messages on the console that the launcher's last words need not repeat:
+        those said whole, less rank 0's that lines of this relay came after."""
+        return self.said - self.buried
 
     def _close_windows(self, now: float, final: bool) -> None:
         for who, src in self.sources.items():
@@ -157,7 +173,7 @@ class RankLines:
                 continue
             if src.held:
                 more = f"{src.held} more error{'s' * (src.held != 1)}"
-                logger.error(f"{who}: {more} (all in {self.train_log.name})")
+                self._out("ERROR", f"{who}: {more} (all in {self.train_log.name})")
             src.window_start, src.shown, src.held = now, 0, 0
 
 

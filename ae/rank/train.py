@@ -103,6 +103,7 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     if source is not None:
         # Before the data is planned (in `trainer.fit`): the resumed run's hold-out, kept.
         datamodule.resume_plan(source.data_state(datamodule))
+    done = source.nothing_left(cfg.run.max_steps) if source is not None else None
     # Rank 0 alone writes metrics: it continues the logger runs of the checkpoint it resumes.
     runs = source.logger_runs() if source is not None and ctx.rank == 0 else {}
     trainer = build_trainer(cfg, ctx, run_ts, runs, source.step if source is not None else None)
@@ -114,6 +115,8 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     if (step := preempted_at(trainer)) is not None:
         return f"preempted at step {step}; resume with --resume_from_checkpoint=last"
     main_log.info(TRAINING_FINISHED.format(step=trainer.global_step))
+    if done is not None and ctx.rank == 0:
+        main_log.info(done)
     return "training finished"
 
 

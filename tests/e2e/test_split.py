@@ -133,7 +133,8 @@ def test_bad_data_is_logged_and_replaced(launch, make_shards, tmp_path: Path) ->
 
 def test_an_epoch_past_max_bad_fraction_stops_with_every_ranks_count(launch, make_shards) -> None:
     """Half of one shard is bad (not seen by the probe): the first epoch trains on repeats, then
-    every rank stops alike, exit 2, with each rank's count on the console; no second epoch."""
+    every rank stops alike, exit 2, with each rank's count on the console, last; no second
+    epoch."""
     train, folder = _spec(make_shards, [16, 16])
     bad = vector_samples(16, 16, start=16)
     for i in range(1, 16, 2):
@@ -150,7 +151,11 @@ def test_an_epoch_past_max_bad_fraction_stops_with_every_ranks_count(launch, mak
         r"replaced by repeats of good ones \(rank 0: (\d+) of 16, rank 1: (\d+) of 16\)",
         res.output,
     )
-    assert len(found) == 1 and sum(map(int, found[0])) == 8, res.output
+    assert found and set(found) == {found[0]} and sum(map(int, found[0])) == 8, res.output
+    # The console's last word before the command for more: said again there when the workers'
+    # relayed `Bad sample` lines came after rank 0's own (`RankLines.last_words_said`).
+    *_, last, more = res.output.rstrip("\n").splitlines()
+    assert "more than --max_bad_fraction=0.01" in last and "More: ae-diagnose" in more, res.output
     assert "Traceback" not in res.output and "EPOCH 1 TRAINING" not in res.text("debug_rank0*")
 
 

@@ -20,6 +20,7 @@ from ae.job.encode import (
     check_checkpoint,
     check_outputs,
     help_text,
+    make_out_dir,
     output_paths,
     parse_args,
 )
@@ -49,6 +50,28 @@ def test_output_names_follow_the_input_names(tmp_path: Path) -> None:
         check_outputs([str(shard)], output_paths([str(shard)], tmp_path))
 
 
+def test_an_out_dir_holding_shards_of_the_output_names_is_refused_without_overwrite(
+    tmp_path: Path,
+) -> None:
+    """`ae-encode CKPT other/ data/emb` where data/emb holds a dataset of the same shard names:
+    its shards were replaced by latents, silently; now refused unless --overwrite."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    urls = [str(tmp_path / "in" / f"train-00000{i}.tar") for i in range(5)]
+    outs = output_paths(urls, tmp_path / "out")
+    for out in outs[:4]:
+        out.write_bytes(b"someone's data")
+    with pytest.raises(EncodeArgsError) as err:
+        check_outputs(urls, outs)
+    assert err.value.render() == (
+        f"OUT_DIR: {tmp_path / 'out'} already holds 4 of the 5 output shards (train-000000.tar, "
+        "train-000001.tar, train-000002.tar, ...); encode into another folder, or pass "
+        "--overwrite to replace them (to redo an earlier ae-encode)"
+    )
+    check_outputs(urls, outs, overwrite=True)
+    assert parse_args([__file__, "s", "o", "--overwrite"]).overwrite
+
+
 def test_argument_problems_all_at_once(tmp_path: Path) -> None:
     with pytest.raises(EncodeArgsError) as err:
         parse_args([str(tmp_path / "no.ckpt"), "x", "out", "--batch_size=0", "--field=latent",
@@ -69,6 +92,19 @@ def test_bad_arguments_fail_in_the_launcher_without_ranks(tmp_path: Path) -> Non
     )  # fmt: skip
     assert proc.returncode == 2 and "float64" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_an_out_dir_that_cannot_be_made_is_one_message(tmp_path: Path) -> None:
+    """OUT_DIR a file: torchrun's start raised NotADirectoryError, a traceback."""
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    with pytest.raises(EncodeArgsError) as err:
+        make_out_dir(parse_args([__file__, "s", str(taken)]))
+    assert err.value.render() == (
+        f"OUT_DIR: {taken} cannot be written (Not a directory: {taken / 'logs'}); encode into a "
+        "folder you can write"
+    )
+    assert taken.read_text() == "mine"
 
 
 def test_the_model_is_rebuilt_from_the_checkpoint(tmp_path: Path) -> None:

@@ -73,6 +73,27 @@ def test_a_user_error_in_a_rank_is_one_message(tmp_path: Path, said: list[str]) 
     assert said == [more]
 
 
+def test_rank_0s_message_buried_by_relayed_lines_is_said_again_last(
+    tmp_path: Path, said: list[str]
+) -> None:
+    """Rank 0 stopped on bad data; its workers' `Bad sample` lines, held by the relay, came out
+    after rank 0's message: the console's last lines were bad samples and `More:`. The relay
+    no longer counts rank 0's message as said (`RankLines.last_words_said`): it is said again,
+    last; with no relay (None) rank 0's own console said it."""
+    w0, w1 = two_ranks(tmp_path)
+    rank0 = "train_shards: more than --max_bad_fraction=0.01 of epoch 0's samples were bad"
+    for w in (w0, w1):
+        w.log(rank0, "ERROR")
+        w.exit(2, "DataError")
+        w.flush()
+    more = f"More: ae-diagnose {tmp_path} --run {TS}"
+    assert report_failure(tmp_path, TS, 1, said=set()) == 2
+    assert said == [rank0, more]
+    said.clear()
+    assert report_failure(tmp_path, TS, 1) == 2
+    assert said == [more]
+
+
 def test_a_nonfinite_stop_is_said_once_whole_then_more(tmp_path: Path, said: list[str]) -> None:
     """`--on_nonfinite=stop`: rank 1's NONFINITE line (longer than the JSON keeps of a line) and
     the error every rank raised. The relay said the one, rank 0 the other: nothing of them twice,

@@ -148,3 +148,27 @@ def test_another_nodes_tight_limit_is_said(tmp_path: Path, said: list[str]) -> N
     follower = RankLines(log)
     follower.finish()
     assert said == [f"WARNING rank 2: {tight}"]
+
+
+def test_rank_0s_message_is_not_the_last_word_after_relayed_lines(
+    tmp_path: Path, said: list[str]
+) -> None:
+    """Rank 0's workers' bad samples, written before rank 0's stop message, wait HOLD_S and
+    come out after it: the launcher's last words must say rank 0's message again; another
+    rank's copy of it is still not said."""
+    bad = BAD_SAMPLE.format(key="00000001", url="/d/a-000000.tar", reason="no field x.npy")
+    stop = "train_shards: more than --max_bad_fraction=0.01 of epoch 0's samples were bad"
+    log = tmp_path / "train_TS.log"
+    log.write_text(
+        "\n".join([
+            record(T0, "ERROR", 0, 2, bad, worker="0/1"),
+            record(T0, "ERROR", 0, 2, stop),
+            record(T0, "ERROR", 1, 2, stop),
+        ]) + "\n"
+    )  # fmt: skip
+    follower = RankLines(log)
+    follower.poll(now=0.0)
+    assert said == [] and follower.last_words_said == {stop}
+    follower.finish()
+    assert said == [f"ERROR rank 0 worker 0: {bad}"]
+    assert follower.last_words_said == {bad}

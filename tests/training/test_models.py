@@ -25,6 +25,8 @@ from tests.training.model_building import IMAGE, VECTOR, build
         (VECTOR, {}, (16,)),  # auto -> mlp
         (VECTOR, {"hidden_dims": (32, 16, 8), "latent_dim": 4}, (4,)),
         (IMAGE, {}, (16,)),  # auto -> conv
+        (InputSpec("image", (3, 7, 7)), {"model": "conv"}, (16,)),  # odd: no stride-2 stage
+        (InputSpec("image", (1, 4, 6)), {"model": "conv"}, (16,)),  # tiny: none either
         (IMAGE, {"model": "resnet", "base_channels": 8}, (4, 4, 4)),  # f=8
         (IMAGE, {"model": "resnet", "base_channels": 8, "downsample": 2, "latent_channels": 3},
          (3, 16, 16)),

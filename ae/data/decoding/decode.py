@@ -276,9 +276,10 @@ class SampleDecoder:
             if on
         ]
         if kind == "vector" and image_flags:
+            one = len(image_flags) == 1
             raise DataError(
-                f"{'/'.join(image_flags)} apply to images; the input field {fields[0][0]} is "
-                "an array (leave them unset)"
+                f"{'/'.join(image_flags)} appl{'ies' if one else 'y'} to images; the input "
+                f"field {fields[0][0]} is an array (leave {'it' if one else 'them'} unset)"
             )
         # Built twice: the first (no shape yet: unchecked) finds the field and decodes it.
         decoder = cls(fields, kind, (), any_image, "RGB", cfg.image_size, cfg.random_flip,

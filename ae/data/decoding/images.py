@@ -102,7 +102,15 @@ def pixels_to_array(pixels: np.ndarray, flip: bool = False) -> np.ndarray:
 
 def open_image(data: bytes) -> Image.Image:
     """The image, opened lazily: format, mode and size are known, no pixel is decoded yet."""
-    return Image.open(io.BytesIO(data))
+    try:
+        return Image.open(io.BytesIO(data))
+    except Image.UnidentifiedImageError:
+        # Pillow's own message names only its buffer (`<_io.BytesIO object at 0x7f...>`), which
+        # tells a user nothing about the file: the same error, with what it means.
+        raise Image.UnidentifiedImageError(
+            f"not an image in any format Pillow reads ({len(data)} bytes: damaged, or another "
+            "kind of file under an image extension)"
+        ) from None
 
 
 def decode_image(

@@ -162,6 +162,11 @@ def cmd_write(args: argparse.Namespace, console: Console) -> int:
     src, out = Path(args.src), Path(args.out_dir)
     if not src.exists():
         raise CliError(f"{src}: no such file or folder")
+    if out.exists() and not out.is_dir():  # was Python's "[Errno 17] File exists"
+        raise CliError(f"{out}: a file, not a folder; give a folder for the shards")
+    if args.key is not None and src.suffix.lower() != ".npz":
+        # a .npy holds one array: a --key meant for another file would pass unnoticed
+        raise CliError(f"--key picks an array of a .npz file; {src} is not one")
     if any(out.glob(f"{args.prefix}-*.tar*")):
         # Fewer new shards than old ones would leave stale shards that a folder spec picks up.
         raise CliError(f"{out} already holds {args.prefix}-*.tar* shards; use another folder")

@@ -34,7 +34,9 @@ def conv_autoencoder(
         nn.GELU(),
         nn.Unflatten(1, (prev, h, w)),
     ]
-    for width in reversed([c, *widths[:-1]]):
+    # One transposed conv per encoder stage: an odd or tiny image (7x7) has none, and a
+    # transposed conv there would double it (the decoder gave 14x14 for 7x7 images).
+    for width in reversed([c, *widths[:-1]]) if widths else []:
         dec += [nn.ConvTranspose2d(prev, width, 4, stride=2, padding=1), nn.GELU()]
         prev = width
     if widths:

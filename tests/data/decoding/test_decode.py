@@ -142,6 +142,8 @@ def test_default_input_is_the_first_decodable_field_of_the_first_sample() -> Non
         _probe(sample, input_key="b.npy;jpg")
     with pytest.raises(DataError, match="--image_size/--random_flip apply to images"):
         _probe(sample, image_size=32, random_flip=True)
+    with pytest.raises(DataError, match=r"--image_size applies to images; .*\(leave it unset\)"):
+        _probe(sample, image_size=64)  # was "--image_size apply to images ... leave them unset"
 
 
 def test_missing_input_field_is_a_bad_sample_and_alternatives_work() -> None:

@@ -71,7 +71,13 @@ def test_image_folder_leaves_out_and_names_what_cannot_train(tmp_path: Path, cap
     out = tmp_path / "out"
     assert main(["write", str(src), str(out), "--per_shard", "3"]) == 0
     text = capsys.readouterr().out
-    assert f"skipped {src / 'broken.png'}: cannot decode" in text
+    # what the file is, not Pillow's "cannot identify image file <_io.BytesIO object at 0x..>"
+    assert (
+        f"skipped {src / 'broken.png'}: cannot decode: UnidentifiedImageError: not an image in "
+        "any format Pillow reads (9 bytes: damaged, or another kind of file under an image "
+        "extension)"
+    ) in " ".join(text.split())
+    assert "BytesIO" not in text
     assert f"skipped {src / 'cut.png'}: cannot decode" in text
     assert "left out 2 files that are not images ((no extension), .txt)" in text
     assert "Wrote 4 samples into 2 shards" in text
@@ -122,6 +128,20 @@ def _npy_shards(tmp_path: Path) -> Path:
     out = tmp_path / "npy-shards"
     main(["write", str(_npy(tmp_path)), str(out)])
     return out
+
+
+def test_write_names_an_output_that_is_a_file_and_a_key_for_a_npy(tmp_path: Path, capsys) -> None:
+    """An OUT_DIR that is a file said Python's "[Errno 17] File exists: ..."; `--key` given for
+    a .npy (one array) was ignored without a word."""
+    src, taken = tmp_path / "x.npy", tmp_path / "notes.txt"
+    np.save(src, np.zeros((4, 3), np.float32))
+    taken.write_text("mine")
+    assert main(["write", str(src), str(taken)]) == 2
+    assert f"{taken}: a file, not a folder; give a folder for the shards" in capsys.readouterr().err
+    assert taken.read_text() == "mine"
+    assert main(["write", str(src), str(tmp_path / "o"), "--key", "b"]) == 2
+    assert f"--key picks an array of a .npz file; {src} is not one" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_bad_input_is_one_line_without_traceback(tmp_path: Path) -> None:

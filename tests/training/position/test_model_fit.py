@@ -50,3 +50,42 @@ def test_another_input_is_refused_even_where_the_weights_fit() -> None:
     assert incompatible(saved, now, weights, nn.Conv2d(3, 4, 3)) == ["image_size: 64 -> 128"]
     # unset in the checkpoint's run: ae chose from the data; nothing to compare
     assert incompatible({"image_size": 0}, now, weights, nn.Conv2d(3, 4, 3)) == []
+
+
+def test_another_input_is_named_as_the_data_not_as_the_model_flag(tmp_path: Path) -> None:
+    """A run of `--model=mlp` on vectors of 16, resumed with `--model` left at `auto` on vectors
+    of 8: `auto` is the same mlp, so the message names the input, not `model: 'mlp' -> 'auto'`."""
+    path = tmp_path / "a.ckpt"
+    saved_hp = {"spec": {"kind": "vector", "shape": (16,)}, "model": "mlp"}
+    torch.save(
+        {
+            "ae_config": {"model": "mlp"},
+            "hyper_parameters": saved_hp,
+            "state_dict": nn.Linear(16, 2).state_dict(),
+        },
+        path,
+    )
+    now = nn.Linear(8, 2)
+    now.hparams = {"spec": {"kind": "vector", "shape": (8,)}, "model": "mlp"}  # as AutoEncoder's
+    with pytest.raises(ResumeRefused) as e:
+        open_resume(str(path), tmp_path, {"model": "auto"}, now)
+    listed = e.value.render().split("(checkpoint -> flags):\n")[1].split("\nResume")[0]
+    assert listed == "  input: vectors of 16 -> vectors of 8 (the samples these flags read)"
+    # `auto` resolved to what the checkpoint's flag named, on the same data: resumed
+    same = nn.Linear(16, 2)
+    same.hparams = saved_hp
+    assert open_resume(str(path), tmp_path, {"model": "auto"}, same) is not None
+
+
+def test_a_checkpoint_at_max_steps_already_says_nothing_is_left(tmp_path: Path) -> None:
+    """`--resume_from_checkpoint=last` with the --max_steps the run had reached: the console said
+    only `Training finished at step 10`."""
+    path = tmp_path / "last.ckpt"
+    torch.save({"global_step": 10, "state_dict": nn.Linear(4, 2).state_dict()}, path)
+    source = open_resume(str(path), tmp_path, {}, nn.Linear(4, 2))
+    assert source is not None
+    assert source.nothing_left(10) == (
+        f"Nothing left to train: {path} is at step 10, --max_steps=10; raise --max_steps to "
+        "train on"
+    )
+    assert source.nothing_left(11) is None and source.nothing_left(-1) is None
