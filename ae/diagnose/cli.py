@@ -102,6 +102,23 @@ def _parser() -> argparse.ArgumentParser:
     return p  # fmt: skip
 
 
+def _one_view(args: argparse.Namespace) -> None:
+    """A run of ae-diagnose shows one view: the flags of another are refused by name rather than
+    ignored (`--watch --json` printed the live table, and no JSON)."""
+    views = [
+        ("--watch", args.watch), ("--bundle", args.bundle is not None),
+        ("--timeline/--trace", args.timeline is not None or args.trace is not None),
+    ]  # fmt: skip
+    chosen = [flag for flag, on in views if on]
+    report = [flag for flag, on in (("--json", args.json), ("--goodput", args.goodput),
+                                    ("--tail", args.tail > 0)) if on]  # fmt: skip
+    if len(chosen) > 1 or (chosen and report):
+        raise DiagnoseError(
+            f"{' and '.join(chosen + report)} are separate views of a run: give one at a time "
+            "(the diagnosis takes --json, --goodput and --tail)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging_cfg.configure_console()
@@ -111,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.tail < 0 or args.interval <= 0 or args.count < 0:
             raise DiagnoseError("--tail and --count must be >= 0, --interval > 0")
+        _one_view(args)
         logs_dir = resolve_logs_dir(Path(args.logs_dir))
         files = find_run(logs_dir, args.run)
         if args.dump:

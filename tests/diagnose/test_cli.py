@@ -60,23 +60,25 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("case", ["no folder", "no run", "unknown run", "bad tail"])
+@pytest.mark.parametrize("case", ["no folder", "no run", "unknown run", "bad tail", "two views"])
 def test_user_mistakes_give_one_message(tmp_path: Path, case: str) -> None:
     if case != "no folder":
         (tmp_path / "logs").mkdir()
-    if case in ("unknown run", "bad tail"):
+    if case in ("unknown run", "bad tail", "two views"):
         finished_run(tmp_path / "logs")
     args = {
         "no folder": [str(tmp_path / "nope")],
         "no run": [str(tmp_path / "logs")],
         "unknown run": [str(tmp_path), "--run", "19990101_000000"],
         "bad tail": [str(tmp_path), "--tail", "-1"],
+        "two views": [str(tmp_path), "--watch", "--json"],
     }[case]
     res = run_cli(*args)
     assert res.returncode == 2, res
     assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1, res.stderr
     expected = {"no folder": "no such folder", "no run": "no run in",
-                "unknown run": f"newest runs: {TS}", "bad tail": "--tail"}[case]  # fmt: skip
+                "unknown run": f"newest runs: {TS}", "bad tail": "--tail",
+                "two views": "--watch and --json are separate views of a run"}[case]  # fmt: skip
     assert expected in res.stderr
 
 
