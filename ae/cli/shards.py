@@ -14,7 +14,8 @@
         Reads every sample: counts, keys, fields and what they decode to, image sizes and modes,
         index state, every bad sample (input field missing, undecodable, or shaped unlike the
         first good one), and the flags a run on these shards needs. Exits 1 when it finds damage.
-    ae-shards bench SPEC [--batch_size B] [--num_workers K] [--seconds S] [--image_size N] [--json]
+    ae-shards bench SPEC [--batch_size B] [--num_workers K] [--seconds S] [--image_size N]
+                    [--shard_split drop|pad] [--json]
         Runs the training input pipeline as a rank of a run would and reports samples/s, MB/s
         of shard bytes, the time to the first batch and the raw read rate of the same files.
 
@@ -81,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--image_size", **_run_flag("image_size", int))
     b.add_argument("--input_key", **_run_flag("input_key", str))
     b.add_argument("--tar_reader", choices=("fast", "tarfile"), **_run_flag("tar_reader", str))
+    # drop and pad only: resampled would time whole shards drawn at random, not the counted plan
+    b.add_argument(
+        "--shard_split", choices=("drop", "pad"), default="drop",
+        help="the run's even split: drop the remainder, or pad by repeating samples (drop)",
+    )  # fmt: skip
     b.add_argument("--seconds", type=float, default=10.0, help="time this long (10)")
     b.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     return p

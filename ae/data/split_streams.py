@@ -97,9 +97,10 @@ class StreamBuilder:
         )
         plan = stream.plan()
         if plan.batches_per_rank == 0:
+            ranks = f"{plan.world_size} rank{'s' * (plan.world_size != 1)}"
             raise DataError(
-                f"{split}_shards: {plan.total_samples} samples cannot give each of "
-                f"{plan.world_size} ranks one batch of {cfg.batch_size}; lower --batch_size,"
+                f"{split}_shards: {plan.total_samples} samples cannot fill one batch of "
+                f"{cfg.batch_size} per rank on {ranks}; lower --batch_size,"
                 + (" raise --epoch_samples" if resampled else " or use --shard_split=pad")
                 + _merged_hint(urls)
             )

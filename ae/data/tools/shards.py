@@ -10,6 +10,7 @@ import collections
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -23,6 +24,7 @@ from rich.progress import Progress
 
 from ae.config import DataConfig
 from ae.data.decoding.images import GRAYSCALE_MODES, decode_image, open_image
+from ae.data.shards.errors import DataError
 from ae.data.shards.index import read_index, write_index
 from ae.data.shards.spec import IMAGE_SUFFIXES, expand_shards, is_remote
 from ae.data.shards.tar_header_count import scan_shard
@@ -265,8 +267,14 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         image_size=args.image_size,
         input_key=args.input_key,
         tar_reader=args.tar_reader,
+        shard_split=args.shard_split,
     )
-    result = run_bench(args.spec, cfg, args.seconds)
+    try:
+        result = run_bench(args.spec, cfg, args.seconds)
+    except DataError as e:
+        # The data module names the shards by a run's flags (`train_shards: ...`); here they are
+        # the SPEC argument, whatever split the message speaks of.
+        raise CliError(re.sub(r"^(train|val)_shards:", "SPEC:", e.render())) from None
     if args.json:
         sys.stdout.write(json.dumps(asdict(result)) + "\n")
     else:

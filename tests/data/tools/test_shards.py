@@ -237,6 +237,17 @@ def test_bench_times_the_training_pipeline_and_names_its_path(tmp_path: Path, ca
     assert main(["bench", str(photos), *args, "--image_size", "8"]) == 0
     assert json.loads(capsys.readouterr().out)["path"] == "general"
     assert main(["bench", str(vectors), *args, "--image_size", "8"]) == 2  # a user error
+    # Too few samples for a batch: named as the command's SPEC (not a run's train_shards), with
+    # the remedies bench itself takes; --shard_split=pad fills the batch
+    one = str(vectors / "train-000000.tar")
+    capsys.readouterr()
+    assert main(["bench", one, *args[:-1], "--batch_size", "128"]) == 2
+    assert capsys.readouterr().err.endswith(
+        " ae-shards bench: SPEC: 100 samples cannot fill one batch of 128 per rank on 1 rank; "
+        "lower --batch_size, or use --shard_split=pad\n"
+    )
+    assert main(["bench", one, *args, "--batch_size", "128", "--shard_split", "pad"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == 100
     assert main(["bench", str(tmp_path / "nothing-*.tar"), *args]) == 2
     out = capsys.readouterr().out
     assert main(["bench", str(vectors), "--seconds", "0.3", "--batch_size", "16"]) == 0
