@@ -35,7 +35,7 @@ from ae.training.metrics import start_loggers
 from ae.training.model import AutoEncoder
 from ae.training.model_build import build_model
 from ae.training.objective import load_perceptual
-from ae.training.position.resume_source import open_resume
+from ae.training.position.resume_source import nothing_left, open_resume
 from ae.training.preemption import preempted_at
 from ae.training.startup_header import describe, log_model_summary, log_rank_header, log_run_setup
 from ae.training.trainer import build_trainer
@@ -103,7 +103,7 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     if source is not None:
         # Before the data is planned (in `trainer.fit`): the resumed run's hold-out, kept.
         datamodule.resume_plan(source.data_state(datamodule))
-    done = source.nothing_left(cfg.run.max_steps) if source is not None else None
+    resumed = (source.path, source.step) if source is not None else None
     # Rank 0 alone writes metrics: it continues the logger runs of the checkpoint it resumes.
     runs = source.logger_runs() if source is not None and ctx.rank == 0 else {}
     trainer = build_trainer(cfg, ctx, run_ts, runs, source.step if source is not None else None)
@@ -115,8 +115,8 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     if (step := preempted_at(trainer)) is not None:
         return f"preempted at step {step}; resume with --resume_from_checkpoint=last"
     main_log.info(TRAINING_FINISHED.format(step=trainer.global_step))
-    if done is not None and ctx.rank == 0:
-        main_log.info(done)
+    if resumed is not None and trainer.global_step == resumed[1] and ctx.rank == 0:
+        main_log.info(nothing_left(*resumed, cfg.run.max_steps, cfg.run.max_epochs))
     return "training finished"
 
 

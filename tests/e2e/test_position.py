@@ -8,7 +8,8 @@ that records every sample it trains on (tests/support/key_recorder.py):
    checkpoint as "batch 37 of 75").
 2. That end-of-epoch checkpoint of 2 ranks resumed on 1 rank (a job that lost a node):
    epoch 4 whole, 150 batches, step 374.
-3. A truncated checkpoint, in the same folder: one message naming it damaged and the newest
+3. The same command again: the run is at --max_epochs already; it says so and trains nothing.
+4. A truncated checkpoint, in the same folder: one message naming it damaged and the newest
    complete one, exit 2; the folder's config.yaml stays that of the run that trained.
 Lightning's "dataloader is not resumable" warning appears in no log of any of them, and
 `ae-diagnose --json` gives each attempt's samples per epoch.
@@ -78,6 +79,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     )
     found["third"], found["third_keys"] = third, _rank_batches(keys)
     found["third_json"] = _diagnose(out)
+    again = run_launcher(  # the same command once more: the run is at its end already
+        [*common, "--devices=1", "--batch_size=8", "--max_epochs=5", *resume], out, env
+    )
+    found["again"], found["again_keys"] = again, _rank_batches(keys)
     # a truncated copy of a complete checkpoint, beside it
     ckpts = tmp / "ckpts"
     ckpts.mkdir()
@@ -141,8 +146,17 @@ def test_end_of_epoch_checkpoint_of_two_ranks_resumed_on_one_trains_the_next_epo
     assert sorted(_epoch_samples(ranks, 0, 150)) == list(range(SAMPLES))
 
 
+def test_a_resume_at_its_max_epochs_already_says_nothing_is_left(runs) -> None:
+    again = runs["again"]
+    assert isinstance(again, RunResult)
+    assert again.returncode == 0, again.output[-3000:]
+    assert "Training finished at step 374" in again.output
+    assert "is at step 374, where --max_epochs=5 ends the run; raise it" in again.output
+    assert not any(runs["again_keys"].values())  # type: ignore[union-attr]
+
+
 def test_lightning_never_decides_the_position_on_its_own(runs) -> None:
-    for name in ("first", "second", "third"):
+    for name in ("first", "second", "third", "again"):
         run = runs[name]
         assert isinstance(run, RunResult)
         assert LIGHTNING_WARNING not in run.output

@@ -45,17 +45,6 @@ class ResumeSource:
         """The optimizer steps done when it was saved."""
         return int(self.checkpoint.get("global_step", 0))
 
-    def nothing_left(self, max_steps: int) -> str | None:
-        """What to say when the checkpoint is at `--max_steps` already: the run ends at once
-        (rightly, for a requeued job that had finished), and "Training finished" alone left a
-        user who meant to train on wondering why nothing trained."""
-        if max_steps < 0 or self.step < max_steps:
-            return None
-        return (
-            f"Nothing left to train: {self.path} is at step {self.step}, --max_steps={max_steps}; "
-            "raise --max_steps to train on"
-        )
-
     def logger_runs(self) -> dict[str, str]:
         """{logger name: run id} recorded in the checkpoint, to continue."""
         runs = self.checkpoint.get(LOGGER_RUNS)
@@ -84,3 +73,11 @@ def open_resume(
         checkpoint = {}
     check_resume(path, checkpoint, now, model)
     return ResumeSource(path, checkpoint)
+
+
+def nothing_left(path: Path, step: int, max_steps: int, max_epochs: int) -> str:
+    """What to say when a resumed run trained no step: the checkpoint is at the run's end already
+    (rightly so for a requeued job that had finished), and "Training finished" alone left a user
+    who meant to train on wondering why nothing trained."""
+    limit = f"--max_steps={max_steps}" if 0 <= max_steps <= step else f"--max_epochs={max_epochs}"
+    return f"Nothing left to train: {path} is at step {step}, where {limit} ends the run; raise it"

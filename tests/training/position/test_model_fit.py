@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ae.training.position.model_fit import ResumeRefused, incompatible
-from ae.training.position.resume_source import open_resume
+from ae.training.position.resume_source import nothing_left, open_resume
 
 
 def test_changed_shape_flags_are_listed_checkpoint_to_flag() -> None:
@@ -77,15 +77,11 @@ def test_another_input_is_named_as_the_data_not_as_the_model_flag(tmp_path: Path
     assert open_resume(str(path), tmp_path, {"model": "auto"}, same) is not None
 
 
-def test_a_checkpoint_at_max_steps_already_says_nothing_is_left(tmp_path: Path) -> None:
-    """`--resume_from_checkpoint=last` with the --max_steps the run had reached: the console said
-    only `Training finished at step 10`."""
+def test_a_resume_that_trains_nothing_names_the_limit_it_is_at(tmp_path: Path) -> None:
+    """`--resume_from_checkpoint=last` with the limit the run had reached: the console said only
+    `Training finished at step 10` (tests/e2e/test_position.py: the --max_epochs case, live)."""
     path = tmp_path / "last.ckpt"
-    torch.save({"global_step": 10, "state_dict": nn.Linear(4, 2).state_dict()}, path)
-    source = open_resume(str(path), tmp_path, {}, nn.Linear(4, 2))
-    assert source is not None
-    assert source.nothing_left(10) == (
-        f"Nothing left to train: {path} is at step 10, --max_steps=10; raise --max_steps to "
-        "train on"
-    )
-    assert source.nothing_left(11) is None and source.nothing_left(-1) is None
+    said = "Nothing left to train: {p} is at step 10, where {limit} ends the run; raise it"
+    assert nothing_left(path, 10, 10, -1) == said.format(p=path, limit="--max_steps=10")
+    assert nothing_left(path, 10, -1, 2) == said.format(p=path, limit="--max_epochs=2")
+    assert nothing_left(path, 10, 20, 2) == said.format(p=path, limit="--max_epochs=2")
