@@ -34,6 +34,7 @@ from rich.console import Console
 
 import logging_cfg
 from ae.config import DataConfig
+from ae.data.shards.spec import split_by_shell
 from ae.data.tools.shards import CliError, cmd_bench, cmd_index, cmd_inspect, cmd_write
 from ae.errors import UserError
 
@@ -96,7 +97,15 @@ COMMANDS = {"write": cmd_write, "index": cmd_index, "inspect": cmd_inspect, "ben
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the shard files of an unquoted pattern, one argument each: say so
+        words = [getattr(args, "spec", None) or getattr(args, "src", ""), *extra]
+        if (hint := split_by_shell(words)) is None:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")  # exits 2
+        logging_cfg.configure_console()
+        logger.error(f"ae-shards {args.command}: {hint}")
+        return 2
     # bench: the pipeline's per-epoch lines would drown the figures; problems still show
     logging_cfg.configure_console("WARNING" if args.command == "bench" else "INFO")
     # Piped output is read by people later too: do not squeeze tables to 80 columns there.

@@ -20,7 +20,7 @@ from typing import NoReturn
 from loguru import logger
 
 from ae.config import RunConfig
-from ae.data.shards.spec import expand_shards, is_remote
+from ae.data.shards.spec import expand_shards, is_remote, split_by_shell
 from ae.errors import UserError
 from ae.job.outcome import report_failure, stop_exit_code
 from ae.job.processes import processes_per_node, rank_command, run_torchrun
@@ -125,7 +125,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str]) -> EncodeArgs:
     """Parse and check everything but the shards; every problem in one EncodeArgsError."""
-    args = EncodeArgs(**vars(_parser().parse_args(argv)))
+    parsed, extra = _parser().parse_known_args(argv)
+    if extra:
+        hint = split_by_shell([parsed.spec, parsed.out_dir, *extra])
+        unknown = f"unrecognized arguments: {' '.join(extra)} (see ae-encode --help)"
+        raise EncodeArgsError(hint or unknown)
+    args = EncodeArgs(**vars(parsed))
     problems = []
     if not Path(args.ckpt).is_file():
         problems.append(f"CKPT: no such checkpoint file: {args.ckpt}")

@@ -94,6 +94,20 @@ def test_bad_arguments_fail_in_the_launcher_without_ranks(tmp_path: Path) -> Non
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
 
 
+def test_a_spec_the_shell_split_into_files_is_named(tmp_path: Path) -> None:
+    """`ae-encode CKPT data/train-{000000..000002}.tar OUT`, unquoted: the shell passed three
+    files, the second read as OUT_DIR, and the message was `unrecognized arguments: OUT`."""
+    files = [f"data/train-{i:06d}.tar" for i in range(3)]
+    with pytest.raises(EncodeArgsError) as err:
+        parse_args([__file__, *files, str(tmp_path / "out")])
+    assert err.value.render().startswith(
+        "SPEC: several shard files came as separate arguments (data/train-000000.tar, "
+        "data/train-000001.tar and 1 more): the shell expanded an unquoted pattern; quote it"
+    )
+    with pytest.raises(EncodeArgsError, match=r"^unrecognized arguments: --bogus \(see ae-enc"):
+        parse_args([__file__, files[0], str(tmp_path / "out"), "--bogus"])
+
+
 def test_an_out_dir_that_cannot_be_made_is_one_message(tmp_path: Path) -> None:
     """OUT_DIR a file: torchrun's start raised NotADirectoryError, a traceback."""
     taken = tmp_path / "notes.txt"

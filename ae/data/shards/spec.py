@@ -41,6 +41,20 @@ def is_shard_name(name: str) -> bool:
     return name.lower().endswith(SHARD_SUFFIXES)
 
 
+def split_by_shell(args: list[str]) -> str | None:
+    """What to say when shard files came as separate arguments (`a-000000.tar a-000001.tar ...`):
+    the shell expanded an unquoted `{a..b}` pattern or glob into one argument per file, and a
+    command taking one SPEC read the second file as its next argument. None for other words."""
+    shards = [a for a in args if is_shard_name(a)]
+    if len(shards) < 2:
+        return None
+    shown = ", ".join(shards[:2]) + (f" and {len(shards) - 2} more" if len(shards) > 2 else "")
+    return (
+        f"SPEC: several shard files came as separate arguments ({shown}): the shell expanded an "
+        "unquoted pattern; quote it ('data/train-{000000..000099}.tar'), or join specs with ::"
+    )
+
+
 def _expand_one(spec: str) -> list[str]:
     if is_remote(spec):
         return list(braceexpand.braceexpand(spec))

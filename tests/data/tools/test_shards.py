@@ -215,6 +215,19 @@ def test_a_failing_pipe_is_named_plainly_by_bench_and_inspect(tmp_path: Path) ->
     assert "--input_key" not in inspect.stdout
 
 
+def test_shard_files_the_shell_split_out_of_a_pattern_are_named(tmp_path: Path) -> None:
+    """`ae-shards inspect data/train-{000000..000002}.tar`, unquoted: argparse's usage and
+    `unrecognized arguments: data/train-000001.tar ...`; now what happened, and to quote it."""
+    run = [sys.executable, "-m", "ae.cli.shards", "inspect"]
+    files = [str(tmp_path / f"train-{i:06d}.tar") for i in range(3)]
+    res = subprocess.run([*run, *files], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res
+    assert "ae-shards inspect: SPEC: several shard files came as separate arguments" in res.stderr
+    assert "usage:" not in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    other = subprocess.run([*run, files[0], "stray"], cwd=ROOT, capture_output=True, text=True)
+    assert other.returncode == 2 and "unrecognized arguments: stray" in other.stderr
+
+
 def test_bench_times_the_training_pipeline_and_names_its_path(tmp_path: Path, capsys) -> None:
     vectors, photos = tmp_path / "vectors", tmp_path / "photos"
     main(["write", str(_npy(tmp_path, rows=400, dim=8)), str(vectors), "--per_shard", "100"])
