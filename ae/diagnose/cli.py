@@ -20,7 +20,7 @@ from ae.diagnose.attempts import diagnose_job, render_attempts
 from ae.diagnose.bundle import write_bundle
 from ae.diagnose.flight_recorder import request_dump
 from ae.diagnose.goodput import render_goodput
-from ae.diagnose.log_files import DiagnoseError, find_run, resolve_logs_dir
+from ae.diagnose.log_files import DiagnoseError, find_run, resolve_logs_dir, run_of_file
 from ae.diagnose.report import render
 from ae.diagnose.timeline import build_timeline, draw_timeline
 from ae.diagnose.trace import write_trace
@@ -129,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.tail < 0 or args.interval <= 0 or args.count < 0:
             raise DiagnoseError("--tail and --count must be >= 0, --interval > 0")
         _one_view(args)
-        logs_dir = resolve_logs_dir(Path(args.logs_dir))
-        files = find_run(logs_dir, args.run)
+        given = Path(args.logs_dir)
+        logs_dir = resolve_logs_dir(given)
+        # One of a run's files given (the log a user was reading): that run, unless --run says
+        files = find_run(logs_dir, args.run or (run_of_file(given) if given.is_file() else None))
         if args.dump:
             done, silent = request_dump(files)
             quiet = f"; no answer from rank {', '.join(map(str, silent))}" if silent else ""

@@ -54,11 +54,17 @@ class RunFiles:
 
 
 def resolve_logs_dir(path: Path) -> Path:
-    """The logs folder itself, or a run's output folder with `logs/` below it."""
+    """The logs folder itself, a run's output folder with `logs/` below it, or the folder of one
+    of a run's files (`run_of_file` says which run)."""
     if not path.exists():
         raise DiagnoseError(f"no such folder: {path} (give a run's logs folder, <output_dir>/logs)")
+    if path.is_file() and run_of_file(path) is not None:
+        return path.parent
     if not path.is_dir():
-        raise DiagnoseError(f"not a folder: {path} (give a run's logs folder, <output_dir>/logs)")
+        raise DiagnoseError(
+            f"not a folder, nor a file of a run: {path} (give a run's logs folder, "
+            "<output_dir>/logs, or one of its log files)"
+        )
     if (path / "logs").is_dir() and not list_runs(path):
         return path / "logs"
     return path
@@ -82,6 +88,12 @@ def _classify(name: str) -> tuple[str, str, int | None, int] | None:
             rank = int(m["rank"]) if "rank" in fmt.types else None
             return kind, m["ts"], rank, rotation
     return None
+
+
+def run_of_file(path: Path) -> str | None:
+    """The run TS of one of a run's files (`debug_rank1_<TS>.log`, a heartbeat, ...), or None."""
+    found = _classify(path.name)
+    return found[1] if found is not None else None
 
 
 def list_runs(logs_dir: Path) -> dict[str, RunFiles]:

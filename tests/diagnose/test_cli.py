@@ -50,6 +50,21 @@ def test_newest_run_is_picked_and_run_selects(tmp_path: Path) -> None:
     assert find_run(tmp_path, OTHER_TS).ts == OTHER_TS
 
 
+def test_one_of_a_runs_files_diagnoses_that_run(tmp_path: Path, capsys) -> None:
+    """`ae-diagnose runs/ae/logs/debug_rank1_<TS>.log` (the log a user was reading) was refused:
+    "not a folder"; it is that file's run now, even where a newer run shares the folder."""
+    finished_run(tmp_path, OTHER_TS)
+    finished_run(tmp_path, TS)  # the newest
+    (log,) = tmp_path.glob(f"debug_rank1_{OTHER_TS}.log")
+    capsys.readouterr()
+    assert main([str(log), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run"] == OTHER_TS
+    stray = tmp_path / "notes.txt"
+    stray.write_text("mine")
+    assert main([str(stray)]) == 2
+    assert "not a folder, nor a file of a run" in capsys.readouterr().err
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ae.diagnose", *args],
