@@ -224,3 +224,8 @@ def test_a_shard_spec_split_by_the_shell_is_refused_on_the_users_command_line() 
     ]
     assert parse_config(argv).data.train_shards == "d/a-000002.tar"
     assert parse_config(["--batch_size=8", "--batch_size=16"], user=True).data.batch_size == 16
+    # A spec given again on purpose (a script's defaults, then the user's): the later one wins
+    for again in (["--val_shards=d/v-{0..3}.tar", "--val_shards=d/w.tar"],
+                  ["--val_shards=d/v.tar", "--val_shards=d/v.tar"],
+                  ["--val_shards=d/v-0.tar", "--val_shards=e/w-1.tar"]):  # fmt: skip
+        assert parse_config(again, user=True).data.val_shards == again[1][len("--val_shards=") :]

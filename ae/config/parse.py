@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import types
 import typing
 from dataclasses import fields
@@ -150,10 +151,16 @@ def expand_home(value: str) -> str:
     return "::".join(os.path.expanduser(part) for part in value.split("::"))
 
 
+def _split_by_the_shell(values: list[str]) -> bool:
+    """Whether a shard spec's repeated values are the files of one unquoted brace pattern: the
+    shell expands `--train_shards=a-{000000..000099}.tar` into one flag per file, and the last
+    one alone would train. Such values are plain names that differ in their digits alone; a spec
+    given again on purpose (a script's later flag overriding its defaults) is not refused."""
+    plain = all(not set(v) & set("{}*?[]:") for v in values)
+    return plain and len(set(values)) > 1 and len({re.sub(r"\d+", "#", v) for v in values}) == 1
+
+
 def _given_again(key: str, values: list[str]) -> str:
-    """A shard spec given several times: the shell expands an unquoted brace pattern
-    (`--train_shards=a-{000000..000099}.tar`) into one flag per shard, and the last one alone
-    would train."""
     shown = ", ".join(values[:2]) + (f" and {len(values) - 2} more" if len(values) > 2 else "")
     return (
         f"{key}: given {len(values)} times ({shown}): the shell expands an unquoted "
@@ -163,9 +170,9 @@ def _given_again(key: str, values: list[str]) -> str:
 
 
 def _split_argv(argv: list[str], problems: list[str], user: bool = False) -> dict[str, str]:
-    """`--key=value`, `--key value`, and a bare `--flag` (true) for booleans. `user`: argv as
-    typed, where a shard spec given twice is refused (a rank's argv repeats the flags its
-    launcher appends, the later winning)."""
+    """`--key=value`, `--key value`, and a bare `--flag` (true) for booleans; a flag given again
+    wins. `user`: argv as typed, where a shard spec split by the shell is refused (a rank's argv
+    repeats the flags its launcher appends, the later winning)."""
     out: dict[str, str] = {}
     specs: dict[str, list[str]] = {"train_shards": [], "val_shards": []}
     i = 0
@@ -192,7 +199,7 @@ def _split_argv(argv: list[str], problems: list[str], user: bool = False) -> dic
         out[key] = value
         specs.get(key, []).append(value)
     if user:
-        problems += [_given_again(k, v) for k, v in specs.items() if len(v) > 1]
+        problems += [_given_again(k, v) for k, v in specs.items() if _split_by_the_shell(v)]
     return out
 
 
