@@ -61,7 +61,7 @@ from ae.job.processes import (
     shared_cores_note,
 )
 from ae.job.rank_lines import rank_lines
-from ae.job.restarts import RESTART_ENV, Restart, Restarts, requeue_job
+from ae.job.restarts import RESTART_ENV, Restart, Restarts, newest_checkpoint, requeue_job
 from ae.job.supervise import Stops, start_child, wait
 from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE, TRAIN_LOG_FILE
@@ -355,7 +355,8 @@ def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int |
             logger.error(f"Training failed (exit {rc}); more: ae-diagnose {logs} --run {ts}")
         return -rc or None
     if sig is not None:
-        return -report_stop(logs, ts, sig, stops.killed)
+        newest = newest_checkpoint(cfg.run.dir.checkpoints)
+        return -report_stop(logs, ts, sig, stops.killed, newest)
     if rc == 0:
         logger.info(f"Done. Logs: {logs}/ (run {ts})")
         return None
