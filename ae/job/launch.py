@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 from loguru import logger
@@ -306,12 +307,14 @@ def attempt(
         # killed: its torchrun follows it) is still a stop, which the other nodes' torchruns
         # would otherwise wait out in their exit barrier (300 s).
         peers = PeerNodes(logs, ts, follow_restarts=elastic(cfg, topo))
+        # torchrun waits for missing nodes without a word: say it, once (first attempt only).
+        not_joined = partial(peers.not_joined, topo.nnodes) if restart is None else None
         if topo.nnodes == 1:
             rc, stops = wait(proc)
         elif elastic(cfg, topo):
-            rc, stops = wait(proc, None, peers.stopped_elsewhere)
+            rc, stops = wait(proc, None, peers.stopped_elsewhere, not_joined)
         else:
-            rc, stops = wait(proc, peers.check, peers.stopped_elsewhere)
+            rc, stops = wait(proc, peers.check, peers.stopped_elsewhere, not_joined)
     return rc, stops, relay.last_words_said if relay is not None else None
 
 
