@@ -349,6 +349,15 @@ def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int |
         # launcher reads the same logs and agrees.
         logger.warning(done)
         rc = 0
+    if rc == 0 and sig is None and (saved := preempted(logs, ts)) is not None:
+        # Every rank saved and stopped on a signal this launcher never got (another node's
+        # launcher killed, where `PeerNodes.stopped_elsewhere` cannot tell the nodes apart: one
+        # host name; a rank signalled directly), and torchrun ended well: a stop, 143, as a
+        # scheduler must read it, never "Done" with exit 0.
+        where = "on another node" if topo.nnodes > 1 else "by a signal to a rank"
+        logger.warning(f"Stopped {where}: every rank saved step {saved['step']}: "
+                       f"{saved['path']}; {RESUME}")  # fmt: skip
+        return -stop_exit_code(signal.SIGTERM)
     # The first node's launcher (SLURM task 0) says how the job ended; each launcher that saw
     # another node lost says it too (that node may be the first).
     if not topo.leader and stops.lost is None:
