@@ -15,7 +15,7 @@ from pathlib import Path
 from ae.diagnose.collectives import Backend, backend_words
 from ae.diagnose.flight_recorder import Dump, read_dump
 from ae.diagnose.heartbeats import read_heartbeat
-from ae.diagnose.launcher_log import LauncherReport, ProcessEnd, read_launcher_logs
+from ae.diagnose.launcher_log import LauncherReport, ProcessEnd, StopSignal, read_launcher_logs
 from ae.diagnose.log_files import RunFiles
 from ae.diagnose.logscan import LogBytes, Record
 from ae.diagnose.rank_log import RankLog, read_rank
@@ -58,6 +58,7 @@ class RunState:
     # rank -> how its process ended after its exit line, when not with that code: killed in its
     # last moments (interpreter shutdown), which its log cannot say (`ae.diagnose.teardown`)
     after_exit: dict[int, ProcessEnd] = field(default_factory=dict)
+    stopped: StopSignal | None = None  # torchrun's own stop signal (Ctrl-C, SIGTERM passed on)
 
     def silent_s(self, rank: RankLog) -> float | None:
         if self.newest_line is None or rank.last_time is None:
@@ -168,4 +169,5 @@ def read_run(files: RunFiles, max_shard_errors: int = 1000) -> RunState:
         backend=backend_words(files.native_logs),
         ends=ends,
         after_exit=ends_after_exit(report, ranks),
+        stopped=report.stopped,
     )

@@ -27,6 +27,8 @@ _FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: \d+ \(pi
 _BLOCK_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+) \(local_rank: \d+\)")
 _BLOCK_EXIT = re.compile(r"^\s*exitcode\s*: (?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
 _ROOT_CAUSE = "Root Cause (first observed failure)"
+# torchrun itself got a stop signal (the launcher passes on Ctrl-C and SIGTERM) and stops its ranks
+_DEATH_SIGNAL = re.compile(r"Received (?P<sig>\d+) death signal, shutting down workers")
 
 
 @dataclass(frozen=True)
@@ -44,20 +46,32 @@ class ProcessEnd:
         return f"killed ({self.signal})" if self.signal else f"exited {self.exit_code}"
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _end(pid: int, code: int, evidence: Evidence, first: bool = False) -> ProcessEnd:
     if code >= 0:
         return ProcessEnd(pid, code, None, evidence, first)
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    return ProcessEnd(pid, None, name, evidence, first)
+    return ProcessEnd(pid, None, _signal_name(-code), evidence, first)
+
+
+@dataclass(frozen=True)
+class StopSignal:
+    """The stop signal torchrun received: the job was stopped from outside, not by a failure."""
+
+    signal: str  # SIGINT, SIGTERM ...
+    evidence: Evidence
 
 
 @dataclass
 class LauncherReport:
     by_pid: dict[int, ProcessEnd]
     by_rank: dict[int, ProcessEnd]  # from the report's blocks (global ranks)
+    stopped: StopSignal | None = None
 
 
 def read_launcher_logs(paths: list[Path]) -> LauncherReport:
@@ -72,6 +86,8 @@ def read_launcher_logs(paths: list[Path]) -> LauncherReport:
         for n, line in enumerate(lines, 1):
             if _ROOT_CAUSE in line:
                 root = True
+            elif (m := _DEATH_SIGNAL.search(line)) and out.stopped is None:
+                out.stopped = StopSignal(_signal_name(int(m["sig"])), Evidence(path, n, line))
             elif m := _FAILED.search(line):
                 pid = int(m["pid"])
                 out.by_pid.setdefault(pid, _end(pid, int(m["code"]), Evidence(path, n, line)))

@@ -174,6 +174,16 @@ class RankLog:
         return None  # Lightning's own `Received SIGTERM` names none
 
     @property
+    def stop_signal(self) -> str | None:
+        """The signal its stop signal line names (SIGTERM, SIGINT), if it got one."""
+        if self.sigterm is None:
+            return None
+        for fmt in (STOP_SIGNAL, STOP_SIGNAL_STUCK):
+            if (m := fmt.parse(self.sigterm.message)) is not None:
+                return m["signal"]
+        return "SIGTERM"  # Lightning's own `Received SIGTERM`
+
+    @property
     def marker_text(self) -> str:
         return f"{self.marker_name} {self.marker_edge}" if self.marker else ""
 

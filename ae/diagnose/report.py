@@ -23,7 +23,7 @@ from ae.diagnose.rank_status import current_phase
 from ae.diagnose.stragglers import StragglerFinding, find_stragglers, rank_scores
 from ae.diagnose.teardown import teardown_line
 from ae.diagnose.verdict import Verdict, judge
-from ae.log_lines import PREEMPTED, RECORD_PATTERN
+from ae.log_lines import LAUNCHER_LOG_FILE, PREEMPTED, RECORD_PATTERN
 
 TEXT_LIMIT = 400  # characters of a log line kept in the JSON (FATAL messages can be huge)
 SHARDS_LISTED = 10
@@ -336,6 +336,15 @@ def render(doc: dict[str, Any], console: Console) -> None:
         for f in doc["teardown"]:
             console.print(f"  rank {f['rank']}: {f['cause']} (phase {f['phase']}; {f['rule']})")
             _print_evidence(console, f["evidence"])
+    elif not doc["ranks"]:
+        why = {
+            "stopped": "torchrun got a stop signal first",
+            "failed": "torchrun failed: its output says why",
+            "running": "torchrun has written nothing yet: it waits for the other nodes, or "
+            "was stopped before it began",
+        }[status]
+        launcher_log = f"{doc['logs_dir']}/{LAUNCHER_LOG_FILE.format(ts=doc['run'])}"
+        console.print(Text(f"Verdict: no rank has started; {why} ({launcher_log}).", style=style))
     elif not culprits and stragglers:
         slowed = ", ".join(f"rank {s['rank']}: {s['cause']}" for s in stragglers)
         console.print(Text(f"Verdict: {status}, slowed by {slowed}", style="bold yellow"))

@@ -101,6 +101,8 @@ def _network_verdict(run: RunState, net: Network) -> Verdict:
 
 
 def _status(run: RunState, found: Findings) -> str:
+    if not run.ranks:  # no rank wrote a line: never "finished"
+        return _status_before_the_ranks(run)
     all_done = not run.missing and all(finished(r) for r in run.ranks.values())
     if (all_done or found.teardown) and not found.culprits:
         # Ended on a stop signal after its save (Ctrl-C, scancel, preemption): not the end of
@@ -113,6 +115,16 @@ def _status(run: RunState, found: Findings) -> str:
     if any(s == "running" for s in found.states.values()):
         return "running"
     return "stopped"
+
+
+def _status_before_the_ranks(run: RunState) -> str:
+    """A run whose ranks never wrote (stopped in startup, its nodes never all joined): `stopped`
+    when torchrun got a stop signal, `failed` when it wrote anything else (its error report),
+    else `running` (torchrun waits for its nodes, silent, or has just begun)."""
+    if run.stopped is not None:
+        return "stopped"
+    wrote = any(p.is_file() and p.stat().st_size for p in run.files.launcher_logs)
+    return "failed" if wrote else "running"
 
 
 def processes_gone(run: RunState) -> bool:

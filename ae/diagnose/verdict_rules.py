@@ -135,8 +135,8 @@ def _gone_without_trace(run: RunState) -> list[tuple[float, RankLog, list[Eviden
 def gone(run: RunState, so_far: Findings) -> Findings:
     """Of the ranks gone without trace, the first to go is the culprit, `killed without trace`
     (the OOM killer, SIGKILL), or `stalled, watchdog blocked` when faulthandler dumped its stacks;
-    a rank that got SIGTERM, or went after (or within GAP_S before) another rank's failure, was
-    stopped by torchrun: a victim."""
+    a rank that got SIGTERM, or went after (or within GAP_S before) another rank's failure or
+    torchrun's own stop signal, was stopped by torchrun (or a second Ctrl-C): a victim."""
     first_failure = so_far.first_failure
     failed = ", ".join(str(f.rank) for f in so_far.culprits)
     culprits: list[Finding] = []
@@ -146,7 +146,13 @@ def gone(run: RunState, so_far: Findings) -> Findings:
     for life, r, evidence in _gone_without_trace(run):
         states[r.rank] = "stopped"
         if r.sigterm is not None:
-            victims.append(_victim(r, "stopped by SIGTERM", [r.sigterm.evidence]))
+            victims.append(_victim(r, f"stopped by {r.stop_signal}", [r.sigterm.evidence]))
+        elif run.stopped is not None and first_failure is None and r.rank not in run.ends:
+            # torchrun itself got the stop (the launcher passed on a Ctrl-C or SIGTERM) and saw
+            # no rank end before it: a rank still on its way to its stop line when a second
+            # Ctrl-C SIGKILLed every process ends without trace, stopped with the job.
+            cause = f"stopped with the job (torchrun got {run.stopped.signal})"
+            victims.append(_victim(r, cause, [*evidence[-1:], run.stopped.evidence]))
         elif first_failure is not None and life >= first_failure - GAP_S:
             victims.append(_victim(r, f"stopped after rank {failed} failed", evidence[-1:]))
         elif first_gone is not None:
@@ -263,7 +269,8 @@ def peers(run: RunState, so_far: Findings) -> Findings:
         c = r.crashes[0]
         if r in stopped:
             assert r.sigterm is not None
-            victims.append(_victim(r, "stopped by SIGTERM", [r.sigterm.evidence, c.evidence[0]]))
+            evidence = [r.sigterm.evidence, c.evidence[0]]
+            victims.append(_victim(r, f"stopped by {r.stop_signal}", evidence))
             states[r.rank] = "stopped"
         else:
             evidence = [c.evidence[0], *c.evidence[-1:]]

@@ -42,6 +42,7 @@ from ae.run_paths import RunDir
 LOCK_RETRY_S = 2.0  # a follower probing the lock holds it (shared) for a moment
 FOLLOW_TIMEOUT_S = 120.0  # NFS may show a new file to other nodes only after its cache timeout
 FOLLOW_POLL_S = 0.2
+FOLLOW_TELL_S = 10.0  # a follower waiting this long says what it waits for
 CHECKPOINTS_LISTED = 5
 
 
@@ -142,9 +143,10 @@ class RunFolderUnwritable(UserError):
 class LeaderMissing(UserError):
     def __init__(self, run_dir: RunDir, job: str, waited: float) -> None:
         super().__init__(
-            f"{job}: the launcher of the first node (SLURM task 0) did not take the lock of "
-            f"{run_dir.root} within {waited:.0f}s: it failed (see its output), or the folder is "
-            f"not on a filesystem that every node shares."
+            f"{job}: the launcher of the first node (NODE_RANK=0, SLURM task 0) did not take "
+            f"the lock of {run_dir.root} within {waited:.0f}s: it was not started (start it "
+            f"with the same NNODES, MASTER_ADDR, MASTER_PORT and --output_dir), it failed (see "
+            f"its output), or the folder is not on a filesystem that every node shares."
         )
 
 
@@ -263,7 +265,9 @@ def follow(run_dir: RunDir, job: str, timeout: float = FOLLOW_TIMEOUT_S) -> Lock
     """For the launchers that do not hold the lock: wait until it names `job`, and return it
     (its run TS is the job's). Raise at once when another live job holds it. A file that no one
     holds is stale (its job's launcher was killed): wait for the leader to take it over."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    told = False
     while True:
         holder = read_lock(run_dir.lock)
         if holder is not None and lock_held(run_dir.lock):
@@ -272,6 +276,14 @@ def follow(run_dir: RunDir, job: str, timeout: float = FOLLOW_TIMEOUT_S) -> Lock
             raise RunFolderBusy(run_dir, holder)
         if time.monotonic() > deadline:
             raise LeaderMissing(run_dir, job, timeout)
+        # Else a node started well before the first one says nothing for two minutes; not at
+        # once, as the nodes of one job (every task, in SLURM) usually start within seconds.
+        if not told and time.monotonic() - start >= FOLLOW_TELL_S:
+            told = True
+            logger.info(
+                f"Waiting for the first node's launcher (NODE_RANK=0) to take the lock of "
+                f"{run_dir.root} (up to {timeout:.0f} s)"
+            )
         time.sleep(FOLLOW_POLL_S)
 
 

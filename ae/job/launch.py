@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 from loguru import logger
@@ -61,7 +62,7 @@ from ae.job.processes import (
     shared_cores_note,
 )
 from ae.job.rank_lines import rank_lines
-from ae.job.restarts import RESTART_ENV, Restart, Restarts, requeue_job
+from ae.job.restarts import RESTART_ENV, Restart, Restarts, newest_checkpoint, requeue_job
 from ae.job.supervise import Stops, start_child, wait
 from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE, TRAIN_LOG_FILE
@@ -306,12 +307,14 @@ def attempt(
         # killed: its torchrun follows it) is still a stop, which the other nodes' torchruns
         # would otherwise wait out in their exit barrier (300 s).
         peers = PeerNodes(logs, ts, follow_restarts=elastic(cfg, topo))
+        # torchrun waits for missing nodes without a word: say it, once (first attempt only).
+        not_joined = partial(peers.not_joined, topo.nnodes) if restart is None else None
         if topo.nnodes == 1:
             rc, stops = wait(proc)
         elif elastic(cfg, topo):
-            rc, stops = wait(proc, None, peers.stopped_elsewhere)
+            rc, stops = wait(proc, None, peers.stopped_elsewhere, not_joined)
         else:
-            rc, stops = wait(proc, peers.check, peers.stopped_elsewhere)
+            rc, stops = wait(proc, peers.check, peers.stopped_elsewhere, not_joined)
     return rc, stops, relay.last_words_said if relay is not None else None
 
 
@@ -346,6 +349,15 @@ def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int |
         # launcher reads the same logs and agrees.
         logger.warning(done)
         rc = 0
+    if rc == 0 and sig is None and (saved := preempted(logs, ts)) is not None:
+        # Every rank saved and stopped on a signal this launcher never got (another node's
+        # launcher killed, where `PeerNodes.stopped_elsewhere` cannot tell the nodes apart: one
+        # host name; a rank signalled directly), and torchrun ended well: a stop, 143, as a
+        # scheduler must read it, never "Done" with exit 0.
+        where = "on another node" if topo.nnodes > 1 else "by a signal to a rank"
+        logger.warning(f"Stopped {where}: every rank saved step {saved['step']}: "
+                       f"{saved['path']}; {RESUME}")  # fmt: skip
+        return -stop_exit_code(signal.SIGTERM)
     # The first node's launcher (SLURM task 0) says how the job ended; each launcher that saw
     # another node lost says it too (that node may be the first).
     if not topo.leader and stops.lost is None:
@@ -355,7 +367,8 @@ def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int |
             logger.error(f"Training failed (exit {rc}); more: ae-diagnose {logs} --run {ts}")
         return -rc or None
     if sig is not None:
-        return -report_stop(logs, ts, sig, stops.killed)
+        newest = newest_checkpoint(cfg.run.dir.checkpoints)
+        return -report_stop(logs, ts, sig, stops.killed, newest)
     if rc == 0:
         logger.info(f"Done. Logs: {logs}/ (run {ts})")
         return None

@@ -75,8 +75,20 @@ def finished_in_teardown(logs: Path, ts: str) -> str | None:
     return teardown_line(to_json(run, judge(run)))
 
 
-def report_stop(logs: Path, ts: str, sig: signal.Signals, killed: bool) -> int:
-    """After a stop signal: where the ranks saved (rank 0's PREEMPTED line in the train log)."""
+def _resume_from(newest: tuple[int, Path] | None) -> str:
+    """What `--resume_from_checkpoint=last` would do now, when this stop saved nothing."""
+    if newest is None:  # requeue-safe `last`: without a checkpoint it starts afresh
+        return "no checkpoint to resume from: --resume_from_checkpoint=last starts from scratch"
+    step, path = newest
+    return f"{RESUME} continues from step {step} ({path})"
+
+
+def report_stop(
+    logs: Path, ts: str, sig: signal.Signals, killed: bool, newest: tuple[int, Path] | None
+) -> int:
+    """After a stop signal: where the ranks saved (rank 0's PREEMPTED line in the train log), or,
+    when they did not, the checkpoint a resume would start from (`newest`: step and file, None
+    without one; `ae.job.restarts.newest_checkpoint`)."""
     train_log = logs / TRAIN_LOG_FILE.format(ts=ts)
     saved = preempted(logs, ts)
     what = "Interrupted" if sig == signal.SIGINT else f"Preempted ({sig.name})"
@@ -88,14 +100,17 @@ def report_stop(logs: Path, ts: str, sig: signal.Signals, killed: bool) -> int:
     elif killed:
         logger.warning(
             f"{what}: stopped at once (second Ctrl-C), without a checkpoint of this moment; "
-            f"{RESUME} continues from the newest one saved"
+            f"{_resume_from(newest)}"
         )
     elif saved:
         logger.warning(
             f"{what} at step {saved['step']}; checkpoint saved at {saved['path']}; {RESUME}"
         )
     else:  # stopped before training began, or rank 0 runs on another node with its own log
-        logger.warning(f"{what} before the ranks saved a checkpoint (none in {train_log})")
+        logger.warning(
+            f"{what} before the ranks saved a checkpoint (none in {train_log}); "
+            f"{_resume_from(newest)}"
+        )
     return stop_exit_code(sig)
 
 

@@ -32,10 +32,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ae.diagnose.heartbeats import read_heartbeat
-from ae.log_lines import HEARTBEAT_FILE, PREEMPTED, RECORD_PATTERN, TRAIN_LOG_FILE
+from ae.log_lines import (
+    DEBUG_LOG_FILE,
+    HEARTBEAT_FILE,
+    PREEMPTED,
+    RECORD_PATTERN,
+    TRAIN_LOG_FILE,
+)
 
 NODE_LOST_S = 20.0  # four missed heartbeats (one every 5 s at most)
 CHECK_S = 1.0
+# Past a loaded host's rank startup (imports: up to ~40 s seen), well before torchrun's join
+# timeout (600 s, static and elastic rendezvous alike), which it waits out without a word.
+NOT_JOINED_NOTE_S = 60.0
 
 
 @dataclass
@@ -53,6 +62,23 @@ class PeerNodes:
     follow_restarts: bool = False
     _next_check: float = 0.0
     _next_stop_check: float = 0.0
+    started: float = field(default_factory=time.monotonic)  # the launch (monotonic clock)
+    _noted: bool = False
+
+    def not_joined(self, nnodes: int, now: float | None = None) -> str | None:
+        """Once, NOT_JOINED_NOTE_S after the launch: a sentence when no rank of the job has
+        started yet (torchrun starts them only when every node has joined), else None."""
+        now = time.monotonic() if now is None else now
+        if self._noted or now - self.started < NOT_JOINED_NOTE_S:
+            return None
+        self._noted = True
+        if any(self.logs.glob(DEBUG_LOG_FILE.format(rank="*", ts=self.run_ts))):
+            return None
+        return (
+            f"No rank has started {now - self.started:.0f} s after the launch: torchrun waits "
+            f"for all {nnodes} nodes to join (600 s at most). Start the launcher on every node, "
+            "each with NNODES, its own NODE_RANK, and the same MASTER_ADDR and MASTER_PORT"
+        )
 
     def check(self, now: float | None = None) -> str | None:
         """A sentence naming the lost host(s) and their ranks, or None while all beat."""

@@ -37,6 +37,7 @@ from ae.log_lines import CHANGE_OF_NODES, RESTART, RESUMED, TRAIN_LOG_FILE
 
 # The RESTART line, for rank 0 of the new attempt to write first into its train log.
 RESTART_ENV = "AE_RESTART"
+AS_THE_FIRST_ATTEMPT = "as the first attempt did"  # a RESTART's checkpoint when there is none
 # The job failed the same way twice in a row: a requeue would fail again (docs/RUNS.md).
 SAME_FAILURE_EXIT = 3
 # Failures no restart can help: the same mistake or the same full disk again.
@@ -85,6 +86,13 @@ def judge(logs: Path, ts: str, rc: int) -> Attempt:
         causes = tuple(sorted(c["cause"] for c in culprits)) if culprits else (f"exit {rc}",)
     codes = tuple(sorted({r["exit_code"] for r in doc["ranks"] if r["exit_code"]}))
     return Attempt(ts, head, step, causes, codes)
+
+
+def restart_checkpoint(line: str | None) -> str | None:
+    """The checkpoint a RESTART line says the attempt resumes from; None for no restart, or one
+    that starts as the first attempt did (no checkpoint then)."""
+    m = RESTART.parse(line) if line else None
+    return m["checkpoint"] if m and m["checkpoint"] != AS_THE_FIRST_ATTEMPT else None
 
 
 def newest_checkpoint(checkpoints: Path) -> tuple[int, Path] | None:
@@ -160,7 +168,7 @@ class Restarts:
     def _next(self, ts: str, n: int, failed: str, step: int, nodes: str) -> Restart:
         found = newest_checkpoint(self.checkpoints)
         if found is None:
-            resume, where, args = _resumed_step(self.logs, ts), "as the first attempt did", []
+            resume, where, args = _resumed_step(self.logs, ts), AS_THE_FIRST_ATTEMPT, []
         else:
             resume, path = found
             where = str(path)

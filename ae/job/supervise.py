@@ -105,12 +105,14 @@ def wait(
     proc: subprocess.Popen,
     peers_lost: Callable[[], str | None] | None = None,
     stopped_elsewhere: Callable[[], str | None] | None = None,
+    note: Callable[[], str | None] | None = None,
 ) -> tuple[int, Stops]:
     """Wait for the child, passing stop signals on; returns its exit code and what came.
     `peers_lost` (multi-node runs) says when another node is gone: the child is then stopped
     with SIGTERM, as a failure rather than a stop the user asked for. `stopped_elsewhere` says
     when the job saved and stopped on another node's stop signal: torchrun, waiting for that
-    node in its exit barrier, is stopped with SIGTERM."""
+    node in its exit barrier, is stopped with SIGTERM. `note`: a warning to say when it returns
+    one (the other nodes not joined yet), nothing done."""
     with stop_signals(proc) as stops:
         told, lost_at = False, 0.0
         while True:
@@ -118,6 +120,8 @@ def wait(
                 return proc.wait(timeout=POLL_S), stops
             except subprocess.TimeoutExpired:
                 pass
+            if note is not None and (said := note()) is not None:
+                logger.warning(said)
             watch = stopped_elsewhere is not None and stops.first is stops.elsewhere is None
             if watch and (said := stopped_elsewhere()) is not None:  # type: ignore[misc]
                 stops.elsewhere = said

@@ -26,7 +26,7 @@ from ae.forensics.step_times import step_times
 from ae.forensics.watchdog import start_watchdog
 from ae.job.launch import LAUNCHER_ENV
 from ae.job.preflight import judge, rank_needs
-from ae.job.restarts import RESTART_ENV
+from ae.job.restarts import RESTART_ENV, restart_checkpoint
 from ae.log_lines import GAN_STATS_FILE, RESOURCE_TIGHT, TRAINING_FINISHED, main_log
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
@@ -98,7 +98,7 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     # Before Lightning loads it: a damaged file or another model is one message, exit 2.
     source = open_resume(
         cfg.checkpoints.resume_from_checkpoint, run_dir.checkpoints, cfg.to_dict(), model,
-        trust=trust,
+        trust=trust, expected=restart_checkpoint(os.environ.get(RESTART_ENV)),
     )  # fmt: skip
     if source is not None:
         # Before the data is planned (in `trainer.fit`): the resumed run's hold-out, kept.

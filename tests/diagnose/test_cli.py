@@ -243,3 +243,22 @@ def test_watch_is_readable_on_a_narrow_terminal(tmp_path: Path, width: int) -> N
     ]
     assert rows[0]["idle s"] == "0" and rows[1]["idle s"] in ("600", "601")
     assert rows[1]["verdict"].startswith("CULPRIT: data")
+
+
+@pytest.mark.parametrize(("launcher_log", "status", "why"), [
+    ("W1128 02:12:35.585000 29511 api.py:753] Received 2 death signal, shutting down workers\n",
+     "STOPPED", "torchrun got a stop signal first"),
+    ("torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients\n",
+     "FAILED", "torchrun failed: its output says why"),
+    ("", "RUNNING", "torchrun has written nothing yet: it waits for the other nodes"),
+])  # fmt: skip
+def test_a_run_whose_ranks_never_started_is_not_finished(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], launcher_log: str, status: str, why: str
+) -> None:
+    """Was: `? ranks, FINISHED ... no rank holds the job back (finished)` for a run stopped by
+    Ctrl-C in its startup, before any rank wrote a line (only torchrun's launcher log)."""
+    (tmp_path / f"launcher_{TS}.log").write_text(launcher_log)
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"? ranks, {status}" in out and "FINISHED" not in out
+    assert f"Verdict: no rank has started; {why}" in " ".join(out.split())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ae.log_lines import MARKER, STOP_SIGNAL, STOP_SIGNAL_STUCK
+from ae.log_lines import LAUNCHER_LOG_FILE, MARKER, STOP_SIGNAL, STOP_SIGNAL_STUCK
 from bench.synthetic_logs import TS, RankWriter, write_heartbeat
 from tests.diagnose.synthetic_runs import (
     BACKWARD_FRAMES,
@@ -103,6 +103,33 @@ def test_sigterm_to_every_rank_is_a_preemption_without_culprit(tmp_path: Path) -
     doc = run_diagnose(tmp_path)
     assert doc["culprits"] == [] and doc["status"] == "stopped"
     assert [v["cause"] for v in doc["victims"]] == ["stopped by SIGTERM"] * 2
+
+
+def test_a_second_ctrl_c_is_a_stop_not_a_kill(tmp_path: Path) -> None:
+    """Was: `FAILED, held back by rank 1: killed without trace` after a second Ctrl-C, which
+    SIGKILLs every process while rank 1 is still on its way to its stop line; and rank 0
+    `stopped by SIGTERM` quoting its SIGINT line. torchrun's log says it got the signal."""
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.steps(1, 4)
+    write_heartbeat(tmp_path, 1, 2, pid=dead_pid(), t=w1.t, phase="training step", step=4)
+    w0.t = w1.t + 0.1
+    w0.log(STOP_SIGNAL.format(signal="SIGINT", phase="training step", step=4))
+    write_heartbeat(tmp_path, 0, 2, pid=dead_pid(), t=w0.t, phase="training step", step=4)
+    w0.flush()
+    w1.flush()
+    doc = run_diagnose(tmp_path)
+    assert [c[0::2] for c in culprits(doc)] == [(1, "killed without trace")]  # without torchrun's
+    (tmp_path / LAUNCHER_LOG_FILE.format(ts=TS)).write_text(
+        "W1128 02:14:25.221000 30279 /x/torch/distributed/elastic/agent/server/api.py:753] "
+        "Received 2 death signal, shutting down workers\n"
+    )
+    doc = run_diagnose(tmp_path)
+    assert doc["culprits"] == [] and doc["status"] == "stopped"
+    assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [
+        (0, "stopped by SIGINT"),
+        (1, "stopped with the job (torchrun got SIGINT)"),
+    ]
 
 
 def test_checkpoint_and_sampling_markers_place_a_killed_rank(tmp_path: Path) -> None:

@@ -90,15 +90,18 @@ def test_the_lock_of_a_killed_launcher_is_taken_over(tmp_path: Path) -> None:
 
 
 def test_followers_adopt_the_leaders_run_ts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, records: list[tuple[str, str]]
 ) -> None:
     run_dir = RunDir(tmp_path / "run")
     with holder(run_dir.root, "SLURM job 7 step 0"):
         info = follow(run_dir, "SLURM job 7 step 0", timeout=5)
         assert info.run_ts == "20261123_101500"
     monkeypatch.setattr(folder_lock, "FOLLOW_POLL_S", 0.05)
-    with pytest.raises(LeaderMissing, match=r"did not take the lock .* within 0s"):
+    monkeypatch.setattr(folder_lock, "FOLLOW_TELL_S", 0.1)
+    with pytest.raises(LeaderMissing, match=r"did not take the lock .* within 0s: it was not st"):
         follow(run_dir, "SLURM job 7 step 0", timeout=0.2)  # its lock file is stale
+    # Was: two minutes of silence before that message, on a node started before the first
+    assert [m for _, m in records if m.startswith("Waiting for the first node's launcher")]
 
 
 def test_a_fresh_run_refuses_earlier_checkpoints(tmp_path: Path) -> None:

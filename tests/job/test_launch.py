@@ -18,7 +18,7 @@ from ae.job import launch
 from ae.job.preflight import MB, Need
 from ae.job.supervise import Stops
 from ae.job.topology import Topology
-from ae.log_lines import TRAIN_LOG_FILE, TRAINING_FINISHED
+from ae.log_lines import PREEMPTED, TRAIN_LOG_FILE, TRAINING_FINISHED
 from bench.synthetic_logs import T0, TS, record
 
 
@@ -159,6 +159,29 @@ def test_a_stop_signal_that_finds_the_run_finished_is_no_stop(
     train_log.write_text("")
     assert launch.ending(cfg, topo, TS, 1, stops) == -143
     assert said[-1].startswith("Preempted (SIGTERM) before the ranks saved a checkpoint")
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "where"), [(2, "on another node"), (1, "by a signal to a rank")]
+)
+def test_a_stop_this_launcher_never_got_is_a_stop(
+    tmp_path: Path, said: list[str], nnodes: int, where: str
+) -> None:
+    """Was: node 1's launcher killed on the same host as node 0 (two "nodes" on one machine):
+    every rank saved, node 0's torchrun waited out its exit barrier and ended well, and node 0
+    said `Done` and exited 0, though training had stopped at step 21 of 300."""
+    cfg = parse_config([f"--output_dir={tmp_path}"])
+    logs = cfg.run.dir.logs
+    logs.mkdir(parents=True)
+    topo = Topology(nnodes=nnodes, node_rank=0, master_addr="127.0.0.1", master_port="1", job="j")
+    ckpt = tmp_path / "checkpoints" / "step-00000021.ckpt"
+    line = PREEMPTED.format(signal="peer", step=21, path=ckpt, lr="0.001")
+    (logs / TRAIN_LOG_FILE.format(ts=TS)).write_text(record(T0, "WARNING", 0, 2, line) + "\n")
+    assert launch.ending(cfg, topo, TS, 0, Stops()) == -143
+    assert said[-1] == (
+        f"Stopped {where}: every rank saved step 21: {ckpt}; "
+        "resume with --resume_from_checkpoint=last"
+    )
 
 
 def test_a_tight_limit_is_left_to_the_ranks(

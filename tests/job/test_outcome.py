@@ -137,12 +137,12 @@ def test_a_stop_names_the_checkpoint(
     ckpt = tmp_path / "checkpoints" / "step-00000012.ckpt"
     line = PREEMPTED.format(signal=sig.name, step=12, path=ckpt, lr="0.001")
     (tmp_path / TRAIN_LOG_FILE.format(ts=TS)).write_text(record(T0, "WARNING", 0, 2, line) + "\n")
-    assert report_stop(tmp_path, TS, sig, killed=False) == code
+    assert report_stop(tmp_path, TS, sig, killed=False, newest=None) == code
     assert said == [
         f"{what} at step 12; checkpoint saved at {ckpt}; resume with --resume_from_checkpoint=last"
     ]
     said.clear()
-    assert report_stop(tmp_path, TS, sig, killed=True) == code
+    assert report_stop(tmp_path, TS, sig, killed=True, newest=None) == code
     # The second Ctrl-C came after the save: the one line says both, never "without a checkpoint"
     assert said == [
         f"{what} at step 12; checkpoint saved at {ckpt}, then stopped at once (second Ctrl-C); "
@@ -150,5 +150,16 @@ def test_a_stop_names_the_checkpoint(
     ]
     said.clear()
     (tmp_path / TRAIN_LOG_FILE.format(ts=TS)).write_text("")  # before any save
-    assert report_stop(tmp_path, TS, sig, killed=True) == code
-    assert "stopped at once (second Ctrl-C), without a checkpoint of this moment" in said[0]
+    older = tmp_path / "checkpoints" / "step-00000008.ckpt"
+    assert report_stop(tmp_path, TS, sig, killed=True, newest=(8, older)) == code
+    assert said[0].endswith(
+        "stopped at once (second Ctrl-C), without a checkpoint of this moment; resume with "
+        f"--resume_from_checkpoint=last continues from step 8 ({older})"
+    )
+    # Was: "... continues from the newest one saved" when there was none
+    said.clear()
+    for killed in (True, False):
+        assert report_stop(tmp_path, TS, sig, killed=killed, newest=None) == code
+        assert said.pop().endswith(
+            "no checkpoint to resume from: --resume_from_checkpoint=last starts from scratch"
+        )

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ae.job.peer_nodes import NODE_LOST_S, PeerNodes
+from ae.job.peer_nodes import NODE_LOST_S, NOT_JOINED_NOTE_S, PeerNodes
+from ae.log_lines import DEBUG_LOG_FILE
 from bench.synthetic_logs import TS, write_heartbeat
 
 
@@ -102,3 +103,20 @@ def test_under_the_elastic_agent_the_watch_follows_the_attempt_that_runs_now(
     lines = [preempted_line(0, "SIGTERM"), preempted_line(1, "SIGTERM")]  # both agents stopped
     (tmp_path / f"train_{ts2}.log").write_text("\n".join(lines) + "\n")
     assert peers.stopped_elsewhere(now=5.0) is None
+
+
+def test_nodes_that_never_joined_are_said_once(tmp_path: Path) -> None:
+    """Was: node 0 started alone printed its banner, then nothing for 600 s (torchrun's join
+    timeout). Now, a minute after the launch with no rank started: one line saying what waits."""
+    peers = PeerNodes(tmp_path, TS, host="node0", started=0.0)
+    assert peers.not_joined(2, now=NOT_JOINED_NOTE_S - 1) is None  # ranks may still be starting
+    said = peers.not_joined(2, now=NOT_JOINED_NOTE_S + 1)
+    assert said is not None and "torchrun waits for all 2 nodes to join" in said
+    assert "NODE_RANK" in said and "MASTER_ADDR" in said
+    assert peers.not_joined(2, now=NOT_JOINED_NOTE_S * 5) is None  # once
+
+
+def test_a_job_whose_ranks_started_is_not_waiting(tmp_path: Path) -> None:
+    peers = PeerNodes(tmp_path, TS, host="node0", started=0.0)
+    (tmp_path / DEBUG_LOG_FILE.format(rank=0, ts=TS)).write_text("")
+    assert peers.not_joined(2, now=NOT_JOINED_NOTE_S + 1) is None

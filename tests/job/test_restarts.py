@@ -13,7 +13,13 @@ from ae.diagnose.attempts import diagnose_job
 from ae.diagnose.cli import main
 from ae.diagnose.log_files import find_run
 from ae.errors import UserError
-from ae.job.restarts import SAME_FAILURE_EXIT, Restart, Restarts, newest_checkpoint
+from ae.job.restarts import (
+    SAME_FAILURE_EXIT,
+    Restart,
+    Restarts,
+    newest_checkpoint,
+    restart_checkpoint,
+)
 from ae.log_lines import RESTART, TRAIN_LOG_FILE
 from bench.synthetic_logs import T0, RankWriter, record, write_train_log
 
@@ -55,6 +61,7 @@ def test_a_failure_restarts_from_the_newest_checkpoint(tmp_path: Path) -> None:
     assert line["failed"].endswith("exception: InjectedFault")
     assert (line["step"], line["resume"], line["redone"]) == ("11", "8", "3")
     assert line["checkpoint"] == str(ckpts / "step-00000008.ckpt") and line["previous"] == TS1
+    assert restart_checkpoint(nxt.line) == str(ckpts / "step-00000008.ckpt")  # the rank's check
 
 
 def test_without_a_checkpoint_the_restart_starts_as_the_first_attempt(tmp_path: Path) -> None:
@@ -63,6 +70,7 @@ def test_without_a_checkpoint_the_restart_starts_as_the_first_attempt(tmp_path: 
     nxt = Restarts(1, logs, tmp_path / "checkpoints").after_failure(TS1, 1)
     assert isinstance(nxt, Restart) and nxt.args == []
     assert "resuming from step 0 (as the first attempt did), 2 steps redone" in nxt.line
+    assert restart_checkpoint(nxt.line) is None and restart_checkpoint(None) is None
 
 
 def test_the_same_failure_twice_stops_another_goes_on(tmp_path: Path) -> None:

@@ -57,9 +57,15 @@ def test_prepare_removes_leftovers_of_a_killed_save(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["step-00000002.ckpt"]
 
 
-def test_resolve_resume(tmp_path: Path) -> None:
+def test_resolve_resume(tmp_path: Path, records: list[tuple[str, str]]) -> None:
     assert resolve_resume(None, tmp_path) is None
     assert resolve_resume("last", tmp_path) is None  # nothing yet: a fresh start
+    assert records[-1][1].endswith("last.ckpt yet; starting from scratch")
+    # Was: the same "no last.ckpt yet" after a RESTART line that promised a checkpoint, when
+    # the folder had been deleted in between: the steps lost without a word of why.
+    promised = str(tmp_path / "step-00000004.ckpt")
+    assert resolve_resume("last", tmp_path, expected=promised) is None
+    assert f"the checkpoint this restart was to resume from ({promised}) is gone" in records[-1][1]
     (tmp_path / "last.ckpt").write_bytes(b"x")
     assert resolve_resume("last", tmp_path) == tmp_path / "last.ckpt"
     assert resolve_resume("/x/step-1.ckpt", tmp_path) == Path("/x/step-1.ckpt")

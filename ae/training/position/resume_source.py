@@ -19,9 +19,12 @@ from ae.training.position.checkpoint_read import read
 from ae.training.position.model_fit import check_resume
 
 
-def resolve_resume(value: str | None, checkpoints_dir: Path) -> Path | None:
+def resolve_resume(
+    value: str | None, checkpoints_dir: Path, expected: str | None = None
+) -> Path | None:
     """`--resume_from_checkpoint`: a path, or `last`. `last` with no checkpoint yet (the first
-    run of a job that is requeued with the same command) starts from scratch."""
+    run of a job that is requeued with the same command) starts from scratch. `expected`: the
+    checkpoint the launcher's RESTART line promised, which someone may have deleted since."""
     if value is None:
         return None
     if value != "last":
@@ -29,7 +32,14 @@ def resolve_resume(value: str | None, checkpoints_dir: Path) -> Path | None:
     last = Path(checkpoints_dir) / LAST
     if last.is_file():
         return last
-    logger.warning(f"--resume_from_checkpoint=last: no {last} yet; starting from scratch")
+    if expected is not None:
+        logger.warning(
+            f"--resume_from_checkpoint=last: no {last}: the checkpoint this restart was to "
+            f"resume from ({expected}) is gone (was {checkpoints_dir} deleted?); starting from "
+            "scratch"
+        )
+    else:
+        logger.warning(f"--resume_from_checkpoint=last: no {last} yet; starting from scratch")
     return None
 
 
@@ -59,13 +69,13 @@ class ResumeSource:
 
 def open_resume(
     value: str | None, checkpoints_dir: Path, now: dict[str, Any], model: nn.Module, *,
-    trust: bool = False,
+    trust: bool = False, expected: str | None = None,
 ) -> ResumeSource | None:  # fmt: skip
     """The checkpoint `--resume_from_checkpoint` names, read and checked before training (None:
     a fresh start). A damaged file (`DamagedCheckpoint`), one that would run code
     (`UntrustedCheckpoint`) and one whose model these flags cannot build (`ResumeRefused`) are one
-    message each, exit 2."""
-    path = resolve_resume(value, checkpoints_dir)
+    message each, exit 2. `expected`: as for `resolve_resume`."""
+    path = resolve_resume(value, checkpoints_dir, expected)
     if path is None:
         return None
     checkpoint = read(path, trust=trust)
