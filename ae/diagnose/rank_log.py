@@ -163,25 +163,29 @@ class RankLog:
             return None
         return phase_after_marker(self.marker_name, self.marker_edge)
 
-    @property
-    def stop_phase(self) -> str | None:
-        """The phase its stop signal line names (`... in phase teardown at step 23`), if any."""
+    def _stop_line(self) -> dict[str, str] | None:
+        """The fields of its stop signal line (ae's own; None for Lightning's `Received SIGTERM`,
+        which names neither a phase nor a signal, and without one)."""
         if self.sigterm is None:
             return None
         for fmt in (STOP_SIGNAL, STOP_SIGNAL_STUCK):
             if (m := fmt.parse(self.sigterm.message)) is not None:
-                return m["phase"]
-        return None  # Lightning's own `Received SIGTERM` names none
+                return m
+        return None
+
+    @property
+    def stop_phase(self) -> str | None:
+        """The phase its stop signal line names (`... in phase teardown at step 23`), if any."""
+        line = self._stop_line()
+        return line["phase"] if line is not None else None
 
     @property
     def stop_signal(self) -> str | None:
         """The signal its stop signal line names (SIGTERM, SIGINT), if it got one."""
         if self.sigterm is None:
             return None
-        for fmt in (STOP_SIGNAL, STOP_SIGNAL_STUCK):
-            if (m := fmt.parse(self.sigterm.message)) is not None:
-                return m["signal"]
-        return "SIGTERM"  # Lightning's own `Received SIGTERM`
+        line = self._stop_line()
+        return line["signal"] if line is not None else "SIGTERM"  # Lightning's: SIGTERM
 
     @property
     def marker_text(self) -> str:
