@@ -14,17 +14,26 @@ from ae.diagnose.rank_status import current_phase, primary_crash
 from ae.diagnose.verdict_rules import MISMATCH_CAUSE
 
 
+def _ended_of_its_peer(run: RunState, rank: int) -> bool:
+    """Whether a victim's end is its peer's doing: torchrun's SIGTERM, or an exit code after an
+    exception of its own (gloo's `Connection reset by peer` when the peer's process died, which
+    can come before torchrun notices that death)."""
+    end, log = run.ends[rank], run.ranks.get(rank)
+    return end.signal == "SIGTERM" or (end.signal is None and log is not None and bool(log.crashes))
+
+
 def _first_ends(run: RunState, so_far: Findings) -> set[int]:
     """The ranks whose end was the first: torchrun's root cause, unless that rank ended on
-    torchrun's SIGTERM as a victim of a peer (its socket closed) while another rank ended of a
-    signal from outside. torchrun stops the others only after it saw an end; it then names the
-    end with the oldest time, and a rank's error file (the victim's exception) can be older than
-    a killed rank's end, which torchrun stamps in whole seconds when it notices it."""
+    torchrun's SIGTERM, or of the exception its peer's closed socket raised, as a victim of that
+    peer while another rank ended of a signal from outside. torchrun stops the others only after
+    it saw an end; it then names the end with the oldest time, and a rank's error file (the
+    victim's exception) can be older than a killed rank's end, which torchrun stamps in whole
+    seconds when it notices it."""
     firsts = {rank for rank, end in run.ends.items() if end.first}
     victims = {v.rank for v in so_far.victims}
     if not firsts or not firsts <= victims:
         return firsts
-    if any(run.ends[rank].signal != "SIGTERM" for rank in firsts):
+    if not all(_ended_of_its_peer(run, rank) for rank in firsts):
         return firsts
     killed = {
         rank for rank, end in run.ends.items() if end.signal not in (None, "SIGTERM", "SIGINT")

@@ -135,22 +135,25 @@ def _gone_without_trace(run: RunState) -> list[tuple[float, RankLog, list[Eviden
 def gone(run: RunState, so_far: Findings) -> Findings:
     """Of the ranks gone without trace, the first to go is the culprit, `killed without trace`
     (the OOM killer, SIGKILL), or `stalled, watchdog blocked` when faulthandler dumped its stacks;
-    a rank that got SIGTERM, or went after (or within GAP_S before) another rank's failure or
-    torchrun's own stop signal, was stopped by torchrun (or a second Ctrl-C): a victim."""
+    a rank that got SIGTERM, or went after (or within GAP_S before) another rank's failure, or
+    after torchrun got a Ctrl-C, was stopped by torchrun (or a second Ctrl-C): a victim."""
     first_failure = so_far.first_failure
     failed = ", ".join(str(f.rank) for f in so_far.culprits)
     culprits: list[Finding] = []
     victims: list[Finding] = []
     states: dict[int, str] = {}
     first_gone: RankLog | None = None
+    ctrl_c = run.stopped is not None and run.stopped.signal == "SIGINT"
     for life, r, evidence in _gone_without_trace(run):
         states[r.rank] = "stopped"
         if r.sigterm is not None:
             victims.append(_victim(r, f"stopped by {r.stop_signal}", [r.sigterm.evidence]))
-        elif run.stopped is not None and first_failure is None and r.rank not in run.ends:
-            # torchrun itself got the stop (the launcher passed on a Ctrl-C or SIGTERM) and saw
-            # no rank end before it: a rank still on its way to its stop line when a second
-            # Ctrl-C SIGKILLed every process ends without trace, stopped with the job.
+        elif ctrl_c and first_failure is None and r.rank not in run.ends:
+            # torchrun itself got the Ctrl-C (the launcher passes it on) and saw no rank end
+            # before it: a rank still on its way to its stop line when a second Ctrl-C SIGKILLed
+            # every process ends without trace, stopped with the job. Not on SIGTERM: the
+            # launcher sends it to torchrun when another node is lost, whose rank is gone
+            # without trace too, and the culprit.
             cause = f"stopped with the job (torchrun got {run.stopped.signal})"
             victims.append(_victim(r, cause, [*evidence[-1:], run.stopped.evidence]))
         elif first_failure is not None and life >= first_failure - GAP_S:

@@ -132,6 +132,24 @@ def test_a_second_ctrl_c_is_a_stop_not_a_kill(tmp_path: Path) -> None:
     ]
 
 
+def test_a_rank_gone_before_the_launcher_stopped_torchrun_stays_the_culprit(tmp_path: Path) -> None:
+    """Another node's host lost (tests/e2e/test_multinode.py): its rank is gone without trace,
+    and this node's launcher then SIGTERMs its torchrun, which says `Received 15 death signal`.
+    That stop is the launcher's answer to the loss, not a second Ctrl-C: rank 1 is the culprit."""
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.steps(1, 4)
+    write_heartbeat(tmp_path, 1, 2, pid=dead_pid(), t=w1.t, phase="training step", step=4)
+    w0.flush()
+    w1.flush()
+    (tmp_path / LAUNCHER_LOG_FILE.format(ts=TS)).write_text(
+        "W1128 02:59:01.251000 22531 /x/torch/distributed/elastic/agent/server/api.py:753] "
+        "Received 15 death signal, shutting down workers\n"
+    )
+    doc = run_diagnose(tmp_path)
+    assert [c[0::2] for c in culprits(doc)] == [(1, "killed without trace")]
+
+
 def test_checkpoint_and_sampling_markers_place_a_killed_rank(tmp_path: Path) -> None:
     """Markers are parsed by name (`CHECKPOINT SAVE START ========== step 4 ...` as the training
     recipe writes them): a rank killed inside a save is placed in `checkpoint save`."""
@@ -202,15 +220,19 @@ def test_a_rank_killed_while_stalled_is_killed(tmp_path: Path, killed_first: boo
         assert culprits(doc) == [(1, "training step", "training step")]
 
 
-def test_a_killed_rank_is_first_though_torchrun_names_its_stopped_victim(tmp_path: Path) -> None:
+@pytest.mark.parametrize("victim_end", [-15, 1], ids=["sigterm", "exit_1"])
+def test_a_killed_rank_is_first_though_torchrun_names_its_stopped_victim(
+    tmp_path: Path, victim_end: int
+) -> None:
     """Rank 1 stalls and is SIGKILLed; rank 0's all-reduce fails on the closed socket, its
     exception stamped a moment before torchrun noticed rank 1's end (whole seconds): torchrun's
-    root cause is rank 0, ended by its own SIGTERM. The killed rank is still the one named."""
+    root cause is rank 0, ended by torchrun's SIGTERM, or by its own exit 1 when the exception
+    came first (seen in CI, tests/e2e/test_kills.py). The killed rank is still the one named."""
     w0, w1 = _rank_1_stalls_rank_0_waits(tmp_path)
     w0.fatal("RuntimeError", GLOO, BACKWARD_FRAMES)
     w0.flush()
     w1.flush()
-    _torchrun_report(tmp_path, (0, -15, 4_194_000), (1, -9, 4_194_001))
+    _torchrun_report(tmp_path, (0, victim_end, 4_194_000), (1, -9, 4_194_001))
     doc = run_diagnose(tmp_path)
     assert culprits(doc) == [(1, "training step", "killed (SIGKILL)")]
     assert [v["rank"] for v in doc["victims"]] == [0]
