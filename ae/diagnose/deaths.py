@@ -88,4 +88,25 @@ def deaths(run: RunState, so_far: Findings) -> Findings:
             evidence=[*found.evidence, end.evidence],
         )
         states[r.rank] = "killed" if end.signal else "error exit"
+    for found in _stopped_by_torchrun(run, culprits, firsts):
+        culprits.remove(found)
+        end = run.ends[found.rank]
+        after = ", ".join(str(f.rank) for f in culprits if f.rank in firsts)
+        cause = f"stopped by torchrun after rank {after} ended"
+        victims.append(Finding(found.rank, found.phase, cause, "", [*found.evidence, end.evidence]))
+        states[found.rank] = "stopped"
     return Findings(tuple(culprits), tuple(victims), states, so_far.mismatches)
+
+
+def _stopped_by_torchrun(run: RunState, culprits: list[Finding], firsts: set[int]) -> list[Finding]:
+    """Culprits `killed without trace` whose process torchrun ended with its SIGTERM after the
+    first end, which a culprit holds: torchrun stopped them (before their handler wrote a line).
+    The `gone` rule orders ranks gone without trace by their last lines, which can be a few ms
+    apart the wrong way when a rank is SIGKILLed while its peer waits for it."""
+    if not any(f.rank in firsts for f in culprits):
+        return []
+    return [
+        f for f in culprits
+        if f.cause == "killed without trace" and f.rank not in firsts
+        and (end := run.ends.get(f.rank)) is not None and end.signal == "SIGTERM"
+    ]  # fmt: skip

@@ -220,6 +220,29 @@ def test_a_rank_killed_while_stalled_is_killed(tmp_path: Path, killed_first: boo
         assert culprits(doc) == [(1, "training step", "training step")]
 
 
+def test_a_peer_torchrun_stopped_without_a_line_is_a_victim_though_it_went_silent_first(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 SIGKILLed in its training step while rank 0 waits for it; torchrun then SIGTERMs
+    rank 0, which ends before it writes a line. Rank 0's last line was 2 ms older than rank 1's
+    (seen in CI, tests/e2e/test_kills.py): it was named `killed without trace` beside rank 1."""
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.log("========== EPOCH 0 TRAINING START ==========")
+        w.steps(1, 10)
+    w1.t = w0.t + 0.002
+    w1.log("FAULT injected: sleep@train at step 11 (rank 1)")
+    for rank, w in enumerate((w0, w1)):
+        write_heartbeat(tmp_path, rank, 2, pid=dead_pid(), t=w.t, phase="training step", step=11)
+        w.flush()
+    _torchrun_report(tmp_path, (1, -9, 4_194_001), (0, -15, 4_194_000))
+    doc = run_diagnose(tmp_path)
+    assert [c[0::2] for c in culprits(doc)] == [(1, "killed (SIGKILL)")]
+    assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [
+        (0, "stopped by torchrun after rank 1 ended")
+    ]
+
+
 @pytest.mark.parametrize("victim_end", [-15, 1], ids=["sigterm", "exit_1"])
 def test_a_killed_rank_is_first_though_torchrun_names_its_stopped_victim(
     tmp_path: Path, victim_end: int
