@@ -8,6 +8,7 @@ What ae-encode does and its flags: `ae/cli/encode.py`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import subprocess
@@ -22,9 +23,18 @@ from loguru import logger
 from ae.config import RunConfig
 from ae.data.shards.spec import expand_shards, is_remote, split_by_shell
 from ae.errors import UserError
+from ae.job.folder_lock import (
+    ENCODING,
+    TRAINING,
+    RunLock,
+    acquire,
+    follow,
+    read_lock,
+    unused_run_ts,
+)
 from ae.job.outcome import report_failure, stop_exit_code
 from ae.job.processes import processes_per_node, rank_command, run_torchrun
-from ae.job.topology import topology
+from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE
 from ae.run_paths import RunDir
 
@@ -145,9 +155,10 @@ def parse_args(argv: list[str]) -> EncodeArgs:
     if args.devices != "auto" and not (args.devices.isdigit() and int(args.devices) >= 1):
         problems.append(f"devices: must be a positive integer or auto; got {args.devices!r}")
     run = RunDir(Path(args.out_dir))
-    if run.checkpoints.is_dir() or run.lock.exists():
+    holder = read_lock(run.lock)
+    if run.checkpoints.is_dir() or run.config_yaml.exists() or (holder and holder.kind == TRAINING):
         # Its logs would sit among the run's (ae-diagnose would read the encoding as its newest
-        # run), its shards beside the checkpoints, and no lock would keep the two apart.
+        # run), its shards beside the checkpoints.
         problems.append(f"OUT_DIR: {args.out_dir} holds a training run; encode into another folder")
     if problems:
         raise EncodeArgsError("\n".join(problems))
@@ -200,6 +211,22 @@ def make_out_dir(args: EncodeArgs) -> None:
         ) from None
 
 
+def claim_out_dir(args: EncodeArgs, topo: Topology, env: dict[str, str]) -> RunLock | None:
+    """One job per OUT_DIR, as for training (`ae.job.folder_lock`): the first node's launcher
+    takes the folder's lock (a second ae-encode into it, say with another checkpoint, would mix
+    its latents with this one's), the others wait until it names their job. Sets the job's run
+    TS in `env`. The outputs are checked again under the lock: a job that ended a moment ago
+    may have written them."""
+    run = RunDir(Path(args.out_dir))
+    if not topo.leader:
+        env["AE_RUN_TS"] = follow(run, topo.job, kind=ENCODING).run_ts
+        return None
+    ts = env.get("AE_RUN_TS") or unused_run_ts(run.logs, time.strftime("%Y%m%d_%H%M%S"))
+    lock = acquire(run, topo.job, ts, ENCODING)
+    env["AE_RUN_TS"] = ts
+    return lock
+
+
 def check_checkpoint(args: EncodeArgs) -> None:
     """A checkpoint the safe loader refuses stops the job before any rank starts (the ranks
     check again). torch is needed to tell: a short process of its own, not this one."""
@@ -218,10 +245,17 @@ def help_text() -> str:
 
 def launch(argv: list[str]) -> int:
     """The whole encode job on this node, from its arguments to its exit code."""
+    with contextlib.ExitStack() as held:  # the folder's lock, once taken, however this ends
+        return _launch(argv, held)
+
+
+def _launch(argv: list[str], held: contextlib.ExitStack) -> int:
+    env = dict(os.environ)
     try:
         args = parse_args(argv)
         urls = expand_shards(args.spec, "SPEC")
-        check_outputs(urls, output_paths(urls, Path(args.out_dir)), overwrite=args.overwrite)
+        outs = output_paths(urls, Path(args.out_dir))
+        check_outputs(urls, outs, overwrite=args.overwrite)
         check_checkpoint(args)
         run = RunConfig(devices=args.devices, accelerator=args.accelerator)
         topo = topology(run)
@@ -229,11 +263,14 @@ def launch(argv: list[str]) -> int:
         if problems:
             raise EncodeArgsError("\n".join(problems))
         make_out_dir(args)
+        lock = claim_out_dir(args, topo, env)
+        if lock is not None:
+            held.callback(lock.release)
+        check_outputs(urls, outs, overwrite=args.overwrite)
     except UserError as e:
         logger.error(e.render())
         return e.exit_code
-    env = dict(os.environ)
-    ts = env.setdefault("AE_RUN_TS", time.strftime("%Y%m%d_%H%M%S"))
+    ts = env["AE_RUN_TS"]
     launcher_log = Path(args.logs) / LAUNCHER_LOG_FILE.format(ts=ts)
     logger.info(
         f"Encoding {len(urls)} shards on {nproc} process(es) per node into {args.out_dir}"
@@ -243,7 +280,7 @@ def launch(argv: list[str]) -> int:
     )
     rc, stopped = run_torchrun(
         rank_command(args.debug, RANK_MODULE), [*argv, f"--devices={nproc}"], nproc=nproc,
-        topo=topo, env=env, launcher_log=launcher_log,
+        topo=topo, env=env, launcher_log=launcher_log, keep_fds=lock.descriptors() if lock else (),
     )  # fmt: skip
     if stopped is not None:
         logger.warning(

@@ -1,7 +1,8 @@
 """One run per output folder: the lock of the job that runs in it, and the refusal to start a
 fresh run over an earlier run's checkpoints.
 
-The lock is `<output_dir>/run.lock` (`RunDir.lock`), held with `flock` by one job: the launcher
+The lock is `<output_dir>/run.lock` (`RunDir.lock`), held with `flock` by one job, training or
+ae-encode's (`kind`; ae-encode's OUT_DIR is such a folder too): the launcher
 of the first node (or of SLURM task 0) takes it, and its child (torchrun) inherits the
 descriptor. It holds the launcher's host, pid, run TS, start time and job, so a second launch
 fails within seconds naming the job in the way. The kernel drops a `flock` when the last
@@ -44,6 +45,7 @@ FOLLOW_TIMEOUT_S = 120.0  # NFS may show a new file to other nodes only after it
 FOLLOW_POLL_S = 0.2
 FOLLOW_TELL_S = 10.0  # a follower waiting this long says what it waits for
 CHECKPOINTS_LISTED = 5
+TRAINING, ENCODING = "training", "encoding"  # the jobs that hold a folder: what LockInfo.kind says
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,11 @@ class LockInfo:
     run_ts: str
     started: str
     job: str
+    kind: str = TRAINING  # lock files written before ae-encode took one were training's
 
     def describe(self) -> str:
-        return (
-            f"{self.job} (pid {self.pid} on {self.host}, run {self.run_ts}, started {self.started})"
-        )
+        job = self.job if self.kind == TRAINING else f"ae-encode, {self.job}"
+        return f"{job} (pid {self.pid} on {self.host}, run {self.run_ts}, started {self.started})"
 
     def gone(self) -> bool:
         """Its process is gone (decidable on this host only)."""
@@ -86,8 +88,9 @@ def read_lock(path: Path) -> LockInfo | None:
 
 class RunFolderBusy(UserError):
     def __init__(
-        self, run_dir: RunDir, holder: LockInfo | None, live: list[Heartbeat] | None = None
-    ) -> None:
+        self, run_dir: RunDir, holder: LockInfo | None, live: list[Heartbeat] | None = None,
+        kind: str = TRAINING,
+    ) -> None:  # fmt: skip
         who = holder.describe() if holder else "a job whose lock file is not written yet"
         if live:
             who = f"a job whose ranks still run: {', '.join(_rank_process(h) for h in live)}"
@@ -98,10 +101,12 @@ class RunFolderBusy(UserError):
                 "; its launcher is gone, but the processes it started still hold the folder "
                 "(they save a checkpoint and stop on their own)"
             )
+        elsewhere = "train into another --output_dir" if kind == TRAINING else (
+            "encode into another OUT_DIR"
+        )  # fmt: skip
         super().__init__(
             f"{run_dir.root} is in use by another run: {who}.\n"
-            f"  Wait for it to end, stop it, or train into another --output_dir "
-            f"(one run per folder: {run_dir.lock})."
+            f"  Wait for it to end, stop it, or {elsewhere} (one run per folder: {run_dir.lock})."
         )
 
 
@@ -187,9 +192,9 @@ def _read_fd(fd: int) -> LockInfo | None:
         return None
 
 
-def acquire(run_dir: RunDir, job: str, run_ts: str) -> RunLock:
-    """Take the folder's lock for `job`, or raise RunFolderBusy naming the job that holds it
-    (RunFolderUnwritable when the folder cannot be made or written)."""
+def acquire(run_dir: RunDir, job: str, run_ts: str, kind: str = TRAINING) -> RunLock:
+    """Take the folder's lock for `job` (a `kind` of job), or raise RunFolderBusy naming the job
+    that holds it (RunFolderUnwritable when the folder cannot be made or written)."""
     try:
         run_dir.root.mkdir(parents=True, exist_ok=True)
         os.close(os.open(run_dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
@@ -197,7 +202,7 @@ def acquire(run_dir: RunDir, job: str, run_ts: str) -> RunLock:
         raise RunFolderUnwritable(run_dir, e) from None
     path = run_dir.lock
     info = LockInfo(
-        socket.gethostname(), os.getpid(), run_ts, time.strftime("%Y-%m-%d %H:%M:%S"), job
+        socket.gethostname(), os.getpid(), run_ts, time.strftime("%Y-%m-%d %H:%M:%S"), job, kind
     )
     deadline = time.monotonic() + LOCK_RETRY_S
     while True:
@@ -209,7 +214,7 @@ def acquire(run_dir: RunDir, job: str, run_ts: str) -> RunLock:
             holder = read_lock(path)
             # A live holder on this host: busy. Else it may be a follower's probe: try again.
             if time.monotonic() > deadline or (holder is not None and holder.alive_here()):
-                raise RunFolderBusy(run_dir, holder) from None
+                raise RunFolderBusy(run_dir, holder, kind=kind) from None
             time.sleep(0.1)
             continue
         except OSError as e:
@@ -227,7 +232,7 @@ def acquire(run_dir: RunDir, job: str, run_ts: str) -> RunLock:
         previous = _read_fd(fd)  # a holder that never released it: killed
         if live := live_ranks(run_dir.logs):  # its ranks outlived every holder of the lock
             os.close(fd)
-            raise RunFolderBusy(run_dir, previous, live)
+            raise RunFolderBusy(run_dir, previous, live, kind)
         _write(fd, info)
         return RunLock(path, fd, info, previous)
 
@@ -236,9 +241,9 @@ def _acquire_without_locks(run_dir: RunDir, info: LockInfo) -> RunLock:
     logger.warning(f"{run_dir.root}: this filesystem has no file locks; {run_dir.lock} decides")
     holder = read_lock(run_dir.lock)
     if holder is not None and not holder.gone():
-        raise RunFolderBusy(run_dir, holder)
+        raise RunFolderBusy(run_dir, holder, kind=info.kind)
     if live := live_ranks(run_dir.logs):
-        raise RunFolderBusy(run_dir, holder, live)
+        raise RunFolderBusy(run_dir, holder, live, info.kind)
     atomic_files.write(run_dir.lock, json.dumps(asdict(info)).encode())  # read whole or not
     return RunLock(run_dir.lock, None, info, holder)
 
@@ -261,8 +266,11 @@ def lock_held(path: Path) -> bool:
     return False
 
 
-def follow(run_dir: RunDir, job: str, timeout: float = FOLLOW_TIMEOUT_S) -> LockInfo:
-    """For the launchers that do not hold the lock: wait until it names `job`, and return it
+def follow(
+    run_dir: RunDir, job: str, timeout: float = FOLLOW_TIMEOUT_S, kind: str = TRAINING
+) -> LockInfo:
+    """For the launchers that do not hold the lock: wait until it names `job` (of `kind`), and
+    return it
     (its run TS is the job's). Raise at once when another live job holds it. A file that no one
     holds is stale (its job's launcher was killed): wait for the leader to take it over."""
     start = time.monotonic()
@@ -271,9 +279,9 @@ def follow(run_dir: RunDir, job: str, timeout: float = FOLLOW_TIMEOUT_S) -> Lock
     while True:
         holder = read_lock(run_dir.lock)
         if holder is not None and lock_held(run_dir.lock):
-            if holder.job == job:
+            if holder.job == job and holder.kind == kind:
                 return holder
-            raise RunFolderBusy(run_dir, holder)
+            raise RunFolderBusy(run_dir, holder, kind=kind)
         if time.monotonic() > deadline:
             raise LeaderMissing(run_dir, job, timeout)
         # Else a node started well before the first one says nothing for two minutes; not at

@@ -125,10 +125,12 @@ def run_torchrun(
     topo: Topology,
     env: dict[str, str],
     launcher_log: Path,
+    keep_fds: tuple[int, ...] = (),
 ) -> tuple[int, signal.Signals | None]:
     """torchrun for this node over `command` (`rank_command(...)`) with `args`, passing stop
     signals on (ae-encode's launcher), its own output in `launcher_log`; it and its ranks stop
-    when this process dies, however it dies. Returns its exit code and the stop signal, if any."""
+    when this process dies, however it dies. `keep_fds` (the folder's lock) stay open in it.
+    Returns its exit code and the stop signal, if any."""
     port = topo.master_port or str(free_port())
     launcher_log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -138,5 +140,5 @@ def run_torchrun(
         *command, *args,
     ]  # fmt: skip
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    rc, stops = wait(subprocess.Popen(cmd, env=env, start_new_session=True))
+    rc, stops = wait(subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=keep_fds))
     return rc, stops.first

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,7 @@ from ae.job.encode import (
     output_paths,
     parse_args,
 )
+from ae.run_paths import RunDir
 from ae.training.encoding import (
     EncodeError,
     input_config,
@@ -168,6 +172,53 @@ def test_a_training_runs_folder_is_no_out_dir(tmp_path: Path) -> None:
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     with pytest.raises(EncodeArgsError, match=r"OUT_DIR: \S+run holds a training run; encode"):
         parse_args([str(ckpt), "in.tar", str(tmp_path / "run")])
+
+
+def test_one_encode_per_out_dir_and_a_training_run_kept_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: list[str]
+) -> None:
+    """Two ae-encodes into one OUT_DIR both ran (the second with another checkpoint would mix
+    its latents with the first's). Now the first holds OUT_DIR's lock while its ranks run: a
+    second is refused by name, and so is a training run; the lock goes with the job, and a lock
+    left by a killed ae-encode does not make the folder a training run's."""
+    from ae.job import encode as job_encode
+    from ae.job.folder_lock import RunFolderBusy, acquire, read_lock
+
+    ckpt = encode_checkpoint(tmp_path, InputSpec("vector", (12,)))
+    (tmp_path / "in.tar").write_bytes(b"")  # read by the ranks alone, which do not run here
+    out = tmp_path / "out"
+    argv = [str(ckpt), str(tmp_path / "in.tar"), str(out), "--devices=1"]
+    run_dir = RunDir(out)
+    seen: dict[str, object] = {}
+
+    def ranks_run(*args: object, keep_fds: tuple[int, ...] = (), **kwargs: object):
+        if "holder" in seen:  # the second ae-encode's ranks, had it been let in
+            return 0, None
+        seen["holder"] = read_lock(run_dir.lock)
+        seen["keep_fds"] = keep_fds
+        seen["second"] = job_encode.launch([*argv[:-1], "--devices=2"])
+        with pytest.raises(RunFolderBusy) as err:
+            acquire(run_dir, "local job", "20261128_101500")
+        seen["training"] = err.value.render()
+        return 0, None
+
+    monkeypatch.setattr(job_encode, "run_torchrun", ranks_run)
+    monkeypatch.setattr(
+        job_encode, "check_checkpoint", lambda args: None
+    )  # a process: tested above
+    assert job_encode.launch(argv) == 0
+    holder = seen["holder"]
+    assert holder is not None and holder.kind == "encoding" and seen["keep_fds"]
+    assert seen["second"] == 2
+    busy = next(line for line in said if "is in use by another run" in line)
+    assert f"{out} is in use by another run: ae-encode, local job (pid {os.getpid()}" in busy
+    assert "encode into another OUT_DIR" in busy
+    assert "ae-encode, local job" in str(seen["training"])
+    assert "train into another --output_dir" in str(seen["training"])
+    assert not run_dir.lock.exists()  # released with the job
+    # A lock file left by a killed ae-encode: stale, taken over, not a training run's folder
+    run_dir.lock.write_text(json.dumps({**asdict(holder), "pid": 2**22 + 1}))
+    assert job_encode.launch([*argv, "--overwrite"]) == 0
 
 
 def test_the_launcher_refuses_what_the_ranks_could_not_read(tmp_path: Path) -> None:
