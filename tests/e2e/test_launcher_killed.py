@@ -137,6 +137,13 @@ def test_ae_encode_follows_its_killed_launcher(tmp_path: Path, make_shards) -> N
     logs = out / "logs"
     try:
         wait_for("every rank in its sleeping batch", lambda: fault_fired(logs, 2), timeout=180)
+        second = subprocess.run(
+            [sys.executable, "-m", "ae.cli.encode", str(ckpt), shards, str(out), "--overwrite"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert second.returncode == 2, second.stdout + second.stderr
+        busy = f"is in use by another run: ae-encode, local job (pid {launcher.pid} "
+        assert busy in second.stderr, second.stderr  # one job per OUT_DIR, even with --overwrite
         family = job_family(launcher.pid)
         assert len(family) >= 3, family  # torchrun and two ranks
         os.killpg(launcher.pid, signal.SIGKILL)
