@@ -45,6 +45,7 @@ from ae.log_lines import (
     STALL_RESOLVED,
     STOP_SIGNAL,
     STOP_SIGNAL_STUCK,
+    STUCK_MAIN_THREAD,
     TRAIN_STEP,
     TRAINING_FINISHED,
     VAL_STEP,
@@ -78,6 +79,8 @@ _STOP_SIGNAL_NEEDLES = (
     _needle(STOP_SIGNAL_STUCK.prefix),
     b"Received SIGTERM",
 )
+# STOP_SIGNAL_STUCK's own words (its text after the last field; its prefix is STOP_SIGNAL's)
+_STUCK_NEEDLE = STOP_SIGNAL_STUCK.template.rsplit("}", 1)[1].encode()
 
 
 @dataclass
@@ -129,6 +132,8 @@ class RankLog:
     native_dump: Evidence | None = None
     native_dump_main: Evidence | None = None  # the innermost frame of the main thread in it
     sigterm: Record | None = None
+    # Its STOP_SIGNAL_STUCK line: the stop signal found it without progress, and it left
+    stuck_stop: Record | None = None
     # Its TRAINING_FINISHED line: its fit returned after the last step (the ranks step together,
     # so training is over for every rank); whatever follows is teardown.
     training_finished: Record | None = None
@@ -186,6 +191,17 @@ class RankLog:
             return None
         line = self._stop_line()
         return line["signal"] if line is not None else "SIGTERM"  # Lightning's: SIGTERM
+
+    @property
+    def stuck(self) -> dict[str, str] | None:
+        """The fields of its STOP_SIGNAL_STUCK line (signal, idle, phase, step) and `doing`: what
+        its main thread was stuck in (`collective: ...`, `data loading`, `code: ...`; absent
+        from lines written before ae said it). None without such a line."""
+        message = self.stuck_stop.message if self.stuck_stop is not None else ""
+        if (m := STOP_SIGNAL_STUCK.parse(message)) is None:
+            return None
+        more = STUCK_MAIN_THREAD.parse(message)
+        return {**m, **(more or {})}
 
     @property
     def marker_text(self) -> str:
@@ -256,6 +272,8 @@ class _Scanner:
         found = [p for n in _STOP_SIGNAL_NEEDLES if (p := log.rfind_record(n)) is not None]
         if found:
             s.sigterm = log.record(max(found))
+        if (start := log.rfind_record(_STUCK_NEEDLE)) is not None:
+            s.stuck_stop = log.record(start)
         if (pos := log.data.rfind(b"\n" + FAULTHANDLER_TIMEOUT)) >= 0:
             s.native_dump = log.evidence(pos + 1)
             s.native_dump_main = main_thread_frame(log, pos + 1)

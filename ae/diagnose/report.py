@@ -271,9 +271,10 @@ def _print_evidence(console: Console, evidence: list[dict[str, Any]]) -> None:
         console.print(line, overflow="ellipsis", no_wrap=True)
 
 
-def verdict_lines(doc: dict[str, Any], width: int = 160) -> list[str]:
+def verdict_lines(doc: dict[str, Any], width: int = 160, rules: bool = False) -> list[str]:
     """The verdict in a few plain lines, for a console that is not ae-diagnose's (the launcher's,
-    after a failed run): each culprit's rank, phase and cause, then its evidence lines."""
+    after a failed run): each culprit's rank, phase and cause (`rules`: and why, in brackets),
+    then its evidence lines."""
     if (net := doc.get("network")) is not None:
         head = (f"no rank is stuck in its own work: every rank waits for the others in a "
                 f"collective at step {net['step']}; {net['cause']}")  # fmt: skip
@@ -286,7 +287,8 @@ def verdict_lines(doc: dict[str, Any], width: int = 160) -> list[str]:
     lines = []
     for c in doc["culprits"]:
         host = f" on {c['host']}" if c.get("host") else ""
-        lines.append(f"rank {c['rank']}{host}, phase {c['phase'] or '?'}: {c['cause']}")
+        why = f" ({c['rule']})" if rules and c.get("rule") else ""
+        lines.append(f"rank {c['rank']}{host}, phase {c['phase'] or '?'}: {c['cause']}{why}")
         for e in c["evidence"]:
             lines.append(_cut(f"    {_where(e)}  {_what(e)}", width))
     return lines

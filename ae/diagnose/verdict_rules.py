@@ -136,7 +136,10 @@ def gone(run: RunState, so_far: Findings) -> Findings:
     """Of the ranks gone without trace, the first to go is the culprit, `killed without trace`
     (the OOM killer, SIGKILL), or `stalled, watchdog blocked` when faulthandler dumped its stacks;
     a rank that got SIGTERM, or went after (or within GAP_S before) another rank's failure, or
-    after torchrun got a Ctrl-C, was stopped by torchrun (or a second Ctrl-C): a victim."""
+    after torchrun got a Ctrl-C, was stopped by torchrun (or a second Ctrl-C): a victim -- unless,
+    with no failure before it, the stop signal found it stuck in its own work (not waiting in a
+    collective: its STOP_SIGNAL_STUCK line says where), which makes it a culprit, its phase the
+    cause (a hang stopped before any STALL report)."""
     first_failure = so_far.first_failure
     failed = ", ".join(str(f.rank) for f in so_far.culprits)
     culprits: list[Finding] = []
@@ -146,7 +149,18 @@ def gone(run: RunState, so_far: Findings) -> Findings:
     ctrl_c = run.stopped is not None and run.stopped.signal == "SIGINT"
     for life, r, evidence in _gone_without_trace(run):
         states[r.rank] = "stopped"
-        if r.sigterm is not None:
+        stuck = r.stuck
+        if (stuck and "doing" in stuck and not stuck["doing"].startswith("collective")
+                and first_failure is None and not so_far.culprits):  # fmt: skip
+            # A hang stopped (Ctrl-C, scancel) before any STALL report: the stop signal found
+            # this rank stuck in its own work, while the others (if any) waited in a collective.
+            states[r.rank] = "stuck"
+            rule = (f"no progress for {stuck['idle']}s when {stuck['signal']} came, main thread "
+                    f"in {stuck['doing']}")  # fmt: skip
+            assert r.stuck_stop is not None
+            phase = stuck["phase"]
+            culprits.append(_culprit(r, phase, phase, rule, [r.stuck_stop.evidence], life))
+        elif r.sigterm is not None:
             victims.append(_victim(r, f"stopped by {r.stop_signal}", [r.sigterm.evidence]))
         elif ctrl_c and first_failure is None and r.rank not in run.ends:
             # torchrun itself got the Ctrl-C (the launcher passes it on) and saw no rank end

@@ -33,6 +33,7 @@ _COLLECTIVE_NAME = re.compile(
 )
 _COLLECTIVE_PATHS = ("torch/distributed/", "torch/nn/parallel/", "lightning/")
 _BACKWARD = ("torch/autograd/", ("_engine_run_backward", "backward"))
+_C10D_LOGGER = "torch/distributed/c10d_logger.py"
 _COLLECTIVE_DEPTH = 4  # only the innermost frames: outer ones are the training loop around it
 # A collective called by a DDP comm hook (ae's reduces on the training thread on gloo): backward
 # is at most this many frames further out (the hook, its lambda, c10d's logging wrapper).
@@ -70,11 +71,16 @@ def collective_wait(frame: FrameType | None) -> str:
     """`no`, or `yes (<function>)` when the innermost frames are a collective call; DDP's
     gradient all-reduce when they are backward, or a collective that a comm hook called in it."""
     found = None
-    for depth in range(_COLLECTIVE_DEPTH + _HOOK_DEPTH):
+    depth = 0
+    while depth < _COLLECTIVE_DEPTH + _HOOK_DEPTH:
         if frame is None or (found is None and depth >= _COLLECTIVE_DEPTH):
             break
         path = frame.f_code.co_filename.replace(os.sep, "/")
         name = frame.f_code.co_name
+        if _C10D_LOGGER in path:  # the logging wrapper of every collective: part of the call
+            frame = frame.f_back  # (a failed one logs from there: its peer left, say)
+            continue
+        depth += 1
         if _BACKWARD[0] in path and name in _BACKWARD[1] and _ddp_active():
             return "yes (DDP gradient all-reduce in backward)"
         if (found is None and any(p in path for p in _COLLECTIVE_PATHS)
@@ -93,12 +99,19 @@ def main_thread_doing(phase: str) -> str | None:
         return None
     frame = main_thread_frame()
     try:
-        wait = collective_wait(frame)
-        if wait != "no":
-            return f"collective: {wait.removeprefix('yes (').removesuffix(')')}"
-        return "data loading" if phase == "data loading" else f"code: {describe_frame(frame)}"
+        return frame_doing(frame, phase)
     finally:
         del frame  # a frame reference keeps the whole stack alive
+
+
+def frame_doing(frame: FrameType | None, phase: str) -> str:
+    """What a thread whose innermost frame is `frame` does, in `phase`: `collective: <what>`,
+    `data loading`, or `code: <function (file:line)>`. Frame reads only: safe in a signal
+    handler (the stop signal's, for a rank that leaves stuck)."""
+    wait = collective_wait(frame)
+    if wait != "no":
+        return f"collective: {wait.removeprefix('yes (').removesuffix(')')}"
+    return "data loading" if phase == "data loading" else f"code: {describe_frame(frame)}"
 
 
 def thread_stacks(skip_ident: int | None = None) -> str:

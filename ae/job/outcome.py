@@ -92,6 +92,11 @@ def report_stop(
     train_log = logs / TRAIN_LOG_FILE.format(ts=ts)
     saved = preempted(logs, ts)
     what = "Interrupted" if sig == signal.SIGINT else f"Preempted ({sig.name})"
+    if not saved and (stuck := held_back(logs, ts)):
+        # Stopped because it hung, before any STALL report: who held it back, before the rest
+        head, *evidence = stuck
+        logger.warning("\n".join([f"The job was stuck when stopped: {head}", *evidence]))
+        logger.info(f"More: ae-diagnose {logs} --run {ts}")
     if killed and saved:  # the save was done when the second Ctrl-C came: say that, once
         logger.warning(
             f"{what} at step {saved['step']}; checkpoint saved at {saved['path']}, then stopped "
@@ -112,6 +117,17 @@ def report_stop(
             f"{_resume_from(newest)}"
         )
     return stop_exit_code(sig)
+
+
+def held_back(logs: Path, ts: str) -> list[str]:
+    """The verdict's lines when run `ts` names a rank that held the job back (a hang the stop
+    signal found: `ae.diagnose.verdict_rules.gone`), else none."""
+    try:
+        run = read_run(find_run(logs, ts))
+    except UserError:
+        return []
+    verdict = judge(run)
+    return verdict_lines(to_json(run, verdict), rules=True) if verdict.culprits else []
 
 
 def _messages(texts: list[str]) -> list[str]:

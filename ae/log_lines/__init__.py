@@ -194,6 +194,10 @@ STOP_SIGNAL_STUCK = LineFormat(
     "exiting now, without a checkpoint",
     {"signal": "word", "idle": "float", "phase": "text", "step": "int"},
 )
+# Its continuation, on the same line: what the main thread was stuck in when the signal came
+# (`collective: <what>`: waiting for a peer; `data loading`; `code: <function (file:line)>`).
+# Apart, so that lines written before it was added still parse as STOP_SIGNAL_STUCK.
+STUCK_MAIN_THREAD = LineFormat("; stuck in {doing}", {"doing": "text"})
 # Every rank saved the same step checkpoint after a stop signal (SIGTERM or SIGINT) and stops.
 PREEMPTED = LineFormat(
     "PREEMPTED by {signal} at step {step}: checkpoint {path} saved; stopping (LR {lr})",

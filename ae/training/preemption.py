@@ -26,7 +26,8 @@ import lightning as L
 from loguru import logger
 
 from ae.forensics.progress import STUCK_AFTER_S, progress
-from ae.log_lines import PREEMPTED, STOP_SIGNAL_STUCK, main_log
+from ae.forensics.stall_report import frame_doing
+from ae.log_lines import PREEMPTED, STOP_SIGNAL_STUCK, STUCK_MAIN_THREAD, main_log
 from ae.training.checkpointing import Checkpointing, current_lr
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -38,15 +39,20 @@ class SigtermWhileStuck(SystemExit):
     (never the handler: logging there could re-enter a sink that the interrupted code was
     writing)."""
 
-    def __init__(self, idle_s: float, phase: str, step: int, signum: int = signal.SIGTERM) -> None:
+    def __init__(
+        self, idle_s: float, phase: str, step: int, signum: int = signal.SIGTERM,
+        doing: str = "unknown",
+    ) -> None:  # fmt: skip
         super().__init__(128 + signum)
-        self.idle_s, self.phase, self.step = idle_s, phase, step
+        self.idle_s, self.phase, self.step, self.doing = idle_s, phase, step, doing
         self.signal = signal.Signals(signum).name
 
     def describe(self) -> str:
+        """The line, with what the main thread was stuck in (a collective: waiting for a peer;
+        else its own work): ae-diagnose names the rank that held the job back from it."""
         return STOP_SIGNAL_STUCK.format(
             signal=self.signal, idle=f"{self.idle_s:.0f}", phase=self.phase, step=self.step
-        )
+        ) + STUCK_MAIN_THREAD.format(doing=self.doing)
 
 
 def on_stop_signal(signum: int, frame: Any) -> None:
@@ -57,7 +63,8 @@ def on_stop_signal(signum: int, frame: Any) -> None:
     # Stuck when the signal comes -- or, when it came to a busy rank, when the watchdog delivers
     # it again after STUCK_AFTER_S without progress (`ae.forensics.watchdog`).
     if (idle := progress.idle_s()) > STUCK_AFTER_S:
-        raise SigtermWhileStuck(idle, progress.phase, progress.step, signum)
+        doing = frame_doing(frame, progress.phase)  # where the signal found the main thread
+        raise SigtermWhileStuck(idle, progress.phase, progress.step, signum, doing)
 
 
 def stop_signal_received() -> bool:

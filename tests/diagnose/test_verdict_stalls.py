@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ae.log_lines import STOP_SIGNAL_STUCK
+from ae.log_lines import STOP_SIGNAL, STOP_SIGNAL_STUCK, STUCK_MAIN_THREAD
 from bench.synthetic_logs import write_heartbeat, write_train_log
 from tests.diagnose.synthetic_runs import (
     BACKWARD_FRAMES,
@@ -232,3 +232,35 @@ def test_a_hang_whose_processes_are_all_gone_reads_stopped_not_hung(
     doc = run_diagnose(tmp_path)
     assert culprits(doc) == [(1, "training step", "training step")]
     assert doc["status"] == ("stopped" if gone else "hung")
+
+
+def test_a_hang_stopped_before_any_stall_names_the_rank_stuck_in_its_own_work(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C 40 s into a hang, long before a STALL report (--stall_timeout 300): the stop signal
+    found rank 1 in its own code and rank 0 waiting for it in the gradient all-reduce; each left
+    at once, saying where its main thread was. Rank 1 held the job back (was: `no rank holds the
+    job back`, both ranks victims of the Ctrl-C); the run is stopped, not hung."""
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.steps(1, 5)
+    stuck = {
+        1: "code: forward (my_model.py:12)",
+        0: "collective: DDP gradient all-reduce in backward",
+    }
+    for w in (w1, w0):  # rank 1 leaves first: rank 0's all-reduce then fails, and it leaves too
+        w.t += 40
+        line = STOP_SIGNAL_STUCK.format(signal="SIGINT", idle=40, phase="training step", step=5)
+        w.log(line + STUCK_MAIN_THREAD.format(doing=stuck[w.rank]), "WARNING")
+        w.log(STOP_SIGNAL.format(signal="SIGINT", phase="training step", step=5), "WARNING")
+        w.flush()
+        write_heartbeat(tmp_path, w.rank, 2, pid=dead_pid(), t=w.t, phase="training step", step=5)
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(1, "training step", "training step")]
+    (culprit,) = doc["culprits"]
+    assert culprit["rule"] == (
+        "no progress for 40s when SIGINT came, main thread in code: forward (my_model.py:12)"
+    )
+    assert "stuck in code: forward" in culprit["evidence"][0]["text"]
+    assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(0, "stopped by SIGINT")]
+    assert doc["status"] == "stopped"

@@ -5,7 +5,9 @@ live (ranks blocked, processes alive), in under 5 s, then killed."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ae.log_lines import STALL, STALL_RESOLVED
+from ae.log_lines import STALL, STALL_RESOLVED, STOP_SIGNAL_STUCK, STUCK_MAIN_THREAD
 from tests.e2e.conftest import FinishedRun
 from tests.support.live import live_run
 from tests.support.runs import ROOT, SERIAL, run_launcher
@@ -24,6 +26,15 @@ pytestmark = [pytest.mark.slow, SERIAL]  # live answers within 5 s, stall timeou
 
 T = 3  # --stall_timeout of these runs
 LIVE_ANSWER_S = 5.0
+
+
+def stuck_in(logs: Path, rank: int) -> str:
+    """What rank's STOP_SIGNAL_STUCK line says its main thread was stuck in."""
+    text = next(logs.glob(f"debug_rank{rank}_*.log")).read_text()
+    lines = [line for line in text.splitlines() if STOP_SIGNAL_STUCK.parse(line)]
+    found = [m for line in lines if (m := STUCK_MAIN_THREAD.parse(line))]
+    assert len(found) == 1, text[-2000:]
+    return found[0]["doing"]
 
 
 def shard_args(make_shards, workers: int) -> list[str]:
@@ -74,7 +85,8 @@ def test_live_hangs_in_data_loading_then_in_a_training_step(make_shards, tmp_pat
     out = tmp_path / "run"
     logs = out / "logs"
     fault = "sleep@data:rank=1:step=3:secs=15,sleep@train:rank=0:step=7:secs=3600"
-    with live_run([*shard_args(make_shards, 2), "--debug=true"], out, fault):
+    console = tmp_path / "console.txt"
+    with live_run([*shard_args(make_shards, 2), "--debug=true"], out, fault, console) as run:
         wait_for("rank 1's data loading STALL report, with its workers' stacks", lambda: any(
             "dataloader workers" in p.read_text() for p in logs.glob("debug_rank1_*.log")
         ))  # fmt: skip
@@ -106,6 +118,22 @@ def test_live_hangs_in_data_loading_then_in_a_training_step(make_shards, tmp_pat
         )  # fmt: skip
         assert res.returncode == 0, res.stderr
         assert re.search(r"STALL", res.stdout) and "training step" in res.stdout
+
+        # Ctrl-C on the hung run: each rank leaves at once, saying where the signal found it,
+        # and the console names the rank that held the job back, before the resume advice
+        os.killpg(run.pid, signal.SIGINT)
+        assert run.wait(timeout=90) == 130
+    said = console.read_text()
+    assert re.search(
+        r"The job was stuck when stopped: rank 0 on \S+, phase training step: "
+        r"training step \(no progress for \d+s\+ outside a collective\)",
+        said,
+    ), said
+    last = said.rstrip().splitlines()[-1]
+    assert "Interrupted before the ranks saved a checkpoint" in last, said
+    stuck = {rank: stuck_in(logs, rank) for rank in (0, 1)}
+    assert re.fullmatch(r"code: _injected_sleep \(\S*ae/forensics/faults\.py:\d+\)", stuck[0])
+    assert stuck[1] == "collective: DDP gradient all-reduce in backward", stuck
 
 
 def test_exception_on_one_rank(rank_1_raises_at_step_3: FinishedRun) -> None:

@@ -200,6 +200,16 @@ def test_a_collective_that_a_comm_hook_calls_in_backward_is_ddps(
         ("/x/site-packages/torch/distributed/distributed_c10d.py", "all_reduce"),
     )
     assert collective_wait(user) == "yes (all_reduce)"
+    # The all-reduce failed (its peer left), and c10d's wrapper logs it when the stop signal
+    # comes: still the collective, not `code: _get_msg_dict` (seen on a Ctrl-C'd hang)
+    failed = _chain(
+        ("/x/site-packages/torch/autograd/graph.py", "_engine_run_backward"),
+        ("/x/ae/training/nonfinite.py", "_reduce"),
+        ("/x/ae/training/nonfinite.py", "register_hook"),
+        ("/x/site-packages/torch/distributed/c10d_logger.py", "wrapper"),
+        ("/x/site-packages/torch/distributed/c10d_logger.py", "_get_msg_dict"),
+    )
+    assert collective_wait(failed) == "yes (DDP gradient all-reduce in backward)"
 
 
 def test_thread_stacks_name_every_thread() -> None:

@@ -3,6 +3,7 @@ real line formats): the verdict, a user error's one message, the checkpoint afte
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -15,9 +16,11 @@ from ae.log_lines import (
     NONFINITE,
     NONFINITE_RECEIVED,
     PREEMPTED,
+    STOP_SIGNAL_STUCK,
+    STUCK_MAIN_THREAD,
     TRAIN_LOG_FILE,
 )
-from bench.synthetic_logs import T0, TS, RankWriter, record, write_train_log
+from bench.synthetic_logs import T0, TS, RankWriter, record, write_heartbeat, write_train_log
 
 
 def two_ranks(logs: Path) -> tuple[RankWriter, RankWriter]:
@@ -163,3 +166,33 @@ def test_a_stop_names_the_checkpoint(
         assert said.pop().endswith(
             "no checkpoint to resume from: --resume_from_checkpoint=last starts from scratch"
         )
+
+
+def test_a_hang_stopped_says_which_rank_held_it_back(tmp_path: Path, said: list[str]) -> None:
+    """Ctrl-C on a run that hung 40 s before any STALL report: the ranks leave without a save,
+    and the console names the rank the stop signal found stuck in its own work (was only
+    "Interrupted before the ranks saved a checkpoint"), then the resume advice, last."""
+    from tests.diagnose.synthetic_runs import dead_pid
+
+    w0, w1 = two_ranks(tmp_path)
+    doing = {1: "code: _injected_sleep (ae/forensics/faults.py:229)",
+             0: "collective: DDP gradient all-reduce in backward"}  # fmt: skip
+    for w in (w1, w0):
+        w.t += 40
+        line = STOP_SIGNAL_STUCK.format(signal="SIGINT", idle=40, phase="training step", step=3)
+        w.log(line + STUCK_MAIN_THREAD.format(doing=doing[w.rank]), "WARNING")
+        w.flush()
+        write_heartbeat(tmp_path, w.rank, 2, pid=dead_pid(), t=w.t, phase="training step", step=3)
+    older = tmp_path / "checkpoints" / "step-00000002.ckpt"
+    assert report_stop(tmp_path, TS, signal.SIGINT, killed=False, newest=(2, older)) == 130
+    stuck, more, last = said
+    head = stuck.splitlines()[0]
+    assert re.fullmatch(
+        r"The job was stuck when stopped: rank 1 on \S+, phase training step: training step \(no "
+        r"progress for 40s when SIGINT came, main thread in code: _injected_sleep \(ae/forensics/"
+        r"faults\.py:229\)\)",
+        head,
+    ), head
+    assert "rank 0" not in stuck
+    assert more == f"More: ae-diagnose {tmp_path} --run {TS}"
+    assert last.startswith("Interrupted before the ranks saved a checkpoint")

@@ -19,15 +19,20 @@ from tests.support.runs import ROOT, run_processes
 
 
 @contextlib.contextmanager
-def live_run(args: list[str], out: Path, fault: str = "") -> Iterator[subprocess.Popen[bytes]]:
-    """Start the launcher in a session of its own; on leaving, kill every process of the run."""
+def live_run(
+    args: list[str], out: Path, fault: str = "", console: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Start the launcher in a session of its own (its output into `console`, if given); on
+    leaving, kill every process of the run."""
     env = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
     env.update(AE_CACHE_DIR=str(out.parent / "cache"), AE_FAULT=fault)
+    sink = console.open("wb") if console is not None else subprocess.DEVNULL
     proc = subprocess.Popen(
         [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out}", *args],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
+    if console is not None:
+        sink.close()  # the launcher holds its own copy
     try:
         yield proc
     finally:
