@@ -151,7 +151,7 @@ def gone(run: RunState, so_far: Findings) -> Findings:
         states[r.rank] = "stopped"
         stuck = r.stuck
         if (stuck and "doing" in stuck and not stuck["doing"].startswith("collective")
-                and first_failure is None and not so_far.culprits):  # fmt: skip
+                and first_failure is None and not (so_far.culprits or culprits)):  # fmt: skip
             # A hang stopped (Ctrl-C, scancel) before any STALL report: the stop signal found
             # this rank stuck in its own work, while the others (if any) waited in a collective.
             states[r.rank] = "stuck"
