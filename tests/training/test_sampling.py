@@ -222,3 +222,25 @@ def test_a_model_without_encode_decode_is_not_sampled(make_shards, tmp_path: Pat
     sampling.sample(trainer, torch.nn.Linear(2, 2))
     assert sampling.period == -1 and not sampling.every_epoch
     assert not (tmp_path / "samples").exists()
+
+
+def test_the_sampled_loss_is_the_runs_own_pixel_loss(make_shards, tmp_path: Path) -> None:
+    """`Sampling at step N: reconstruction loss` was the MSE whatever --loss: under the recipe's
+    --loss=l1 it read 0.22 beside val/recon=0.40 of the same images."""
+    cfg = parse_config([f"--output_dir={tmp_path}", "--sample_batch_size=4"])
+    trainer = _fake_trainer(make_shards([12], kind="png", name="val"), tmp_path)
+    model = AutoEncoder(
+        InputSpec("image", (1, 8, 8)), ModelConfig(hidden_dim=16, latent_dim=4, loss="l1")
+    )
+    lines: list[str] = []
+    sink = logger.add(lines.append, format="{message}")
+    try:
+        sampling = Sampling(cfg.obs, cfg.run.dir)
+        sampling.sample(trainer, model)
+    finally:
+        logger.remove(sink)
+    (line,) = [t for t in lines if t.startswith("Sampling at step 2:")]
+    x = sampling.sample_inputs(trainer)
+    with torch.no_grad():
+        l1 = torch.nn.functional.l1_loss(reconstruct(model.eval(), x), x).item()
+    assert line.startswith(f"Sampling at step 2: reconstruction loss (l1) {l1:.6f} ")
