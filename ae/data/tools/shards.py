@@ -72,18 +72,44 @@ def _load_array(src: Path, key: str | None) -> np.ndarray:
     return data
 
 
-def _image_mode(path: Path) -> tuple[str | None, str | None]:
-    """(mode, None) for an image file a run can decode, (None, why) for one it cannot: decoded
-    as a run decodes it, at the smallest scale (a JPEG's 1/8 draft), so that a corrupt or
-    truncated photo is named here rather than replaced by another sample in every epoch of
-    every run. The mode (from the header) tells which channels a run takes."""
+# EXIF orientations (tag 0x0112) a camera writes instead of turning the pixels, as a viewer
+# applies them; 1 is upright.
+_ORIENTATIONS = {
+    2: "mirrored", 3: "upside down", 4: "upside down, mirrored", 5: "on its side, mirrored",
+    6: "on its side", 7: "on its side, mirrored", 8: "on its side",
+}  # fmt: skip
+
+
+def _image_mode(path: Path) -> tuple[str | None, str | None, int]:
+    """(mode, None, EXIF orientation) for an image file a run can decode, (None, why, 1) for
+    one it cannot: decoded as a run decodes it, at the smallest scale (a JPEG's 1/8 draft), so
+    that a corrupt or truncated photo is named here rather than replaced by another sample in
+    every epoch of every run. The mode (from the header) tells which channels a run takes; the
+    orientation, which a run does not apply, how a viewer would turn the picture."""
     try:
         data = path.read_bytes()
-        mode = open_image(data).mode
+        with open_image(data) as img:
+            mode, orientation = img.mode, img.getexif().get(0x0112, 1)
         decode_image(data, "RGB", size=8)
     except Exception as e:  # a user file can be broken in many ways: all mean "cannot decode"
-        return None, f"{type(e).__name__}: {e}"
-    return mode, None
+        return None, f"{type(e).__name__}: {e}", 1
+    return mode, None, orientation if orientation in _ORIENTATIONS else 1
+
+
+def _orientation_note(turned: list[tuple[Path, int]]) -> str | None:
+    """What to say of the images whose EXIF orientation a viewer applies and a run does not:
+    a phone's portrait photo trains on its side. None when there are none."""
+    if not turned:
+        return None
+    shown = "; ".join(f"{p}: {_ORIENTATIONS[o]}" for p, o in turned[:3])
+    more = f"; and {len(turned) - 3} more" if len(turned) > 3 else ""
+    n = len(turned)
+    return (
+        f"{plural(n, 'image')} {'is' if n == 1 else 'are'} stored turned, with an EXIF "
+        "orientation that viewers apply and a run does not (it decodes the pixels as stored, as "
+        f"WebDataset does): {shown}{more}; to train upright, turn the files first (ImageMagick: "
+        "mogrify -auto-orient FILE...)"
+    )
 
 
 def _gray_first_note(first: Path, modes: list[str]) -> str | None:
@@ -140,11 +166,13 @@ def _image_files(sources: list[Path], console: Console) -> tuple[Path, list[Path
         checked = pool.map(_image_mode, images, chunksize=64)
         with _progress(console) as bar:
             task = bar.add_task(f"checking {plural(len(images), 'image')}", total=len(images))
-            good, modes, bad = [], [], []
-            for p, (mode, reason) in zip(images, checked, strict=True):
+            good, modes, bad, turned = [], [], [], []
+            for p, (mode, reason, orientation) in zip(images, checked, strict=True):
                 if mode is not None:
                     good.append(p)
                     modes.append(mode)
+                    if orientation != 1:
+                        turned.append((p, orientation))
                 else:
                     bad.append((p, reason))
                 bar.advance(task)
@@ -160,6 +188,8 @@ def _image_files(sources: list[Path], console: Console) -> tuple[Path, list[Path
     if not good:
         raise CliError(f"{root}: none of its {plural(len(images), 'image')} can be decoded")
     if (note := _gray_first_note(good[0], modes)) is not None:
+        console.print(note)
+    if (note := _orientation_note(turned)) is not None:
         console.print(note)
     return root, good
 

@@ -37,3 +37,27 @@ def test_write_takes_image_files_an_unquoted_glob_and_a_quoted_one(tmp_path: Pat
     np.save(tmp_path / "x.npy", np.zeros((3, 4), np.float32))
     assert main(["write", str(tmp_path / "x.npy"), *jpgs[:1], str(tmp_path / "w")]) == 2
     assert not (tmp_path / "w").exists()
+
+
+def test_write_names_photos_a_viewer_would_turn_by_their_exif_orientation(
+    tmp_path: Path, capsys
+) -> None:
+    """A phone's portrait photo is stored on its side with EXIF orientation 6; a run decodes the
+    pixels as stored (as WebDataset does), so it trained sideways without a word."""
+    src = tmp_path / "photos"
+    src.mkdir()
+    pixels = np.zeros((8, 12, 3), np.uint8)
+    Image.fromarray(pixels).save(src / "a_upright.jpg")
+    for name, tag in (("b_portrait.jpg", 6), ("c_flipped.jpg", 3)):
+        exif = Image.Exif()
+        exif[0x0112] = tag
+        Image.fromarray(pixels).save(src / name, exif=exif)
+    assert main(["write", str(src), str(tmp_path / "out")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "2 images are stored turned, with an EXIF orientation that viewers apply and a run does "
+        f"not (it decodes the pixels as stored, as WebDataset does): {src / 'b_portrait.jpg'}: "
+        f"on its side; {src / 'c_flipped.jpg'}: upside down; to train upright, turn the files "
+        "first"
+    ) in text
+    assert "a_upright" not in text
