@@ -89,7 +89,9 @@ def _image_mode(path: Path) -> tuple[str | None, str | None, int]:
     try:
         data = path.read_bytes()
         with open_image(data) as img:
-            mode, orientation = img.mode, img.getexif().get(0x0112, 1)
+            # a PNG's EXIF can follow its pixels, which getexif() would decode whole: not read
+            exif = img.getexif() if img.format in ("JPEG", "MPO", "WEBP", "TIFF") else {}
+            mode, orientation = img.mode, exif.get(0x0112, 1)
         decode_image(data, "RGB", size=8)
     except Exception as e:  # a user file can be broken in many ways: all mean "cannot decode"
         return None, f"{type(e).__name__}: {e}", 1
