@@ -101,6 +101,8 @@ def test_model_flag_problems_all_at_once() -> None:
         "model_args",
         "channel_mult/downsample",
     ]
+    # the default 1,2,4,4 with --downsample=16: the flag that fits, with its value
+    assert err.value.problems[1].endswith("got 1,2,4,4 (e.g. --channel_mult=1,2,4,4,4)")
     with pytest.raises(ConfigError, match="kl_weight: only for the built-in models"):
         parse_config(["--model=my.mod:Net", "--kl_weight=0.1"])
 

@@ -58,6 +58,13 @@ def test_auto_missing_names_both_files_where_and_how(tmp_path: Path) -> None:
 
 def test_a_folder_of_ones_own(tmp_path: Path) -> None:
     assert "no such folder" in str(missing_problem(str(tmp_path / "nope")))
+    # the file itself given (as --fid_weights takes it): was 'no such folder: .../vgg.pth'
+    (tmp_path / HEADS_FILE).write_bytes(b"")
+    assert missing_problem(str(tmp_path / HEADS_FILE)) == (
+        f"{tmp_path / HEADS_FILE} is a file; give the folder holding {VGG16_FILE} and "
+        f"{HEADS_FILE} (--perceptual_weights={tmp_path})"
+    )
+    (tmp_path / HEADS_FILE).unlink()
     problem = missing_problem(str(tmp_path))
     assert problem is not None and f"missing from {tmp_path}" in problem
     assert "--perceptual_weights=FOLDER" not in problem  # said only for auto

@@ -1,9 +1,11 @@
 """`ae-shards`: make, index and check WebDataset shards for `ae`.
 
-    ae-shards write SRC OUT_DIR [--prefix train] [--per_shard 1000] [--key NAME] [--compress gz]
+    ae-shards write SRC [SRC ...] OUT_DIR [--prefix train] [--per_shard 1000] [--key NAME]
+                    [--compress gz]
         SRC: a .npy array (one sample per row), a .npz file (the array named --key, or its only
-        array), or a folder of images (.png/.jpg/.jpeg/.webp/.gif/.bmp/.tif, recursively, in
-        sorted order, stored as they are: any size and mode). Writes
+        array), or images: folders (.png/.jpg/.jpeg/.webp/.gif/.bmp/.tif below them,
+        recursively), image files, or a quoted glob, in sorted order, stored as they are (any
+        size and mode). Writes
         OUT_DIR/<prefix>-000000.tar, ... each with its index sidecar; `--compress gz`:
         `.tar.gz` shards, several times fewer bytes for small samples (for shards read over
         http or from object storage; local shards are read fastest plain).
@@ -59,7 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("write", help="numpy arrays or an image folder -> shards + index")
-    w.add_argument("src", help=".npy / .npz file, or a folder of images")
+    w.add_argument(
+        "src", nargs="+",
+        help="a .npy / .npz file, or images: folders (every image below), files, a quoted glob",
+    )  # fmt: skip
     w.add_argument("out_dir", help="folder for the shards")
     w.add_argument("--prefix", default="train", help="shard name prefix (default: train)")
     w.add_argument("--per_shard", type=int, default=1000, help="samples per shard (1000)")
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # the shard files of an unquoted pattern, one argument each: say so
-        words = [getattr(args, "spec", None) or getattr(args, "src", ""), *extra]
+        words = [getattr(args, "spec", None) or "", *extra]
         if (hint := split_by_shell(words)) is None:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")  # exits 2
         logging_cfg.configure_console()

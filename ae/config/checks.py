@@ -149,7 +149,9 @@ def cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
         cfg.model != "resnet" or len(cfg.channel_mult) >= levels,
         ("channel_mult", "downsample"),
         f"downsample {cfg.downsample} has {levels} resolutions, so it needs at least {levels} "
-        f"channel multipliers; got {show_value(cfg.channel_mult)}",
+        f"channel multipliers; got {show_value(cfg.channel_mult)} (e.g. --channel_mult="
+        + ",".join(map(str, [*cfg.channel_mult, *cfg.channel_mult[-1:] * levels, 1][:levels]))
+        + ")",
     )
     for problem in logger_problems(cfg.logger):
         need(False, ("logger",), problem)

@@ -72,6 +72,11 @@ def missing_problem(value: str, env: dict[str, str] | None = None) -> str | None
     """The launcher's message when a file is missing (None when both are there): what each file
     is, where it goes, and how to get it."""
     files = resolve(value, env)
+    if value != AUTO and files.folder.is_file():  # one of the two files, or another file
+        return (
+            f"{files.folder} is a file; give the folder holding {VGG16_FILE} and {HEADS_FILE} "
+            f"(--perceptual_weights={files.folder.parent})"
+        )
     if value != AUTO and not files.folder.is_dir():
         return f"no such folder: {files.folder} (a folder holding {VGG16_FILE} and {HEADS_FILE})"
     missing = files.missing()

@@ -142,7 +142,7 @@ class StreamBuilder:
         need = least + (1 if resampled else batch)
         if total < need:
             held = f"at least {least} {unit}, as the run resumed did" if again else (
-                f"one batch of {cfg.batch_size} per rank on {world} ranks"
+                f"one batch of {cfg.batch_size} per rank on {world} rank{'s' * (world != 1)}"
             )  # fmt: skip
             raise DataError(
                 f"train_shards: {total} {unit} cannot hold out validation ({held}) and still "

@@ -88,10 +88,13 @@ def deaths(run: RunState, so_far: Findings) -> Findings:
             evidence=[*found.evidence, end.evidence],
         )
         states[r.rank] = "killed" if end.signal else "error exit"
-    for found in _stopped_by_torchrun(run, culprits, firsts):
+    # A first end can also be a rank's own exit line (a user error at setup, exit 2) that came
+    # before a slower peer wrote its first line: torchrun then SIGTERMed that peer.
+    ended_first = firsts | run.exited_first
+    for found in _stopped_by_torchrun(run, culprits, ended_first):
         culprits.remove(found)
         end = run.ends[found.rank]
-        after = ", ".join(str(f.rank) for f in culprits if f.rank in firsts)
+        after = ", ".join(str(f.rank) for f in culprits if f.rank in ended_first)
         cause = f"stopped by torchrun after rank {after} ended"
         victims.append(Finding(found.rank, found.phase, cause, "", [*found.evidence, end.evidence]))
         states[found.rank] = "stopped"

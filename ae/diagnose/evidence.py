@@ -58,6 +58,9 @@ class RunState:
     # rank -> how its process ended after its exit line, when not with that code: killed in its
     # last moments (interpreter shutdown), which its log cannot say (`ae.diagnose.teardown`)
     after_exit: dict[int, ProcessEnd] = field(default_factory=dict)
+    # ranks with an exit line of their own (a user error's exit 2) whose end torchrun's report
+    # names as the first it saw: the peers it SIGTERMed after it are its victims (`deaths`)
+    exited_first: set[int] = field(default_factory=set)
     stopped: StopSignal | None = None  # torchrun's own stop signal (Ctrl-C, SIGTERM passed on)
 
     def silent_s(self, rank: RankLog) -> float | None:
@@ -140,6 +143,13 @@ def process_ends(report: LauncherReport, ranks: dict[int, RankLog]) -> dict[int,
     return ends
 
 
+def exited_first(report: LauncherReport, ranks: dict[int, RankLog]) -> set[int]:
+    """The ranks that wrote an exit line of their own and whose end torchrun's report names as
+    the first it saw."""
+    ends = {rank: _end_of(report, rank, r) for rank, r in ranks.items() if r.exit is not None}
+    return {rank for rank, end in ends.items() if end is not None and end.first}
+
+
 def read_run(files: RunFiles, max_shard_errors: int = 1000) -> RunState:
     ranks: dict[int, RankLog] = {}
     for rank in sorted(set(files.debug_logs) | set(files.heartbeats)):
@@ -169,5 +179,6 @@ def read_run(files: RunFiles, max_shard_errors: int = 1000) -> RunState:
         backend=backend_words(files.native_logs),
         ends=ends,
         after_exit=ends_after_exit(report, ranks),
+        exited_first=exited_first(report, ranks),
         stopped=report.stopped,
     )

@@ -87,9 +87,13 @@ def current_phase(r: RankLog) -> str:
         # The watchdog's `Stop signal ... in phase teardown` names the phase the rank was in;
         # the last marker only the phase it entered last (a teardown has no marker).
         return stop
-    if hb is not None and (r.last_time is None or hb.time >= r.last_time):
-        return hb.phase
-    return r.log_phase or (hb.phase if hb is not None else "setup")
+    # A rank that left on an error of its own (a user error's exit 2) wrote its last heartbeat
+    # on its way out, in `teardown`: where it failed is what its log says.
+    left = r.exit_code not in (None, 0) and r.training_finished is None
+    beat = None if hb is None or (left and hb.phase == "teardown") else hb.phase
+    if beat is not None and hb is not None and (r.last_time is None or hb.time >= r.last_time):
+        return beat
+    return r.log_phase or beat or "setup"
 
 
 def last_words(r: RankLog) -> list[Evidence]:

@@ -24,7 +24,6 @@ checkpoint).
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import secrets
@@ -47,10 +46,10 @@ from PIL import Image
 from ae.config import ConfigError, ObservabilityConfig, logger_names
 from ae.log_lines import main_log
 from ae.run_paths import RunDir
+from ae.training.loss_history import read_epoch_ends, read_loss_history
 from ae.training.nonfinite import NonFiniteGuard
 from ae.training.plots import loss_plot
 
-SERIES = {"train/loss": "train loss", "val/loss": "val loss"}
 GRID_TAG = "samples/reconstructions"  # inputs above their reconstructions
 LOG_EVERY_N_STEPS = 10  # the loggers' cadence (Trainer log_every_n_steps), for runs of 100+ steps
 # The checkpoint's record of the loggers' runs: {logger name: run id}.
@@ -343,25 +342,6 @@ def metric_callbacks(run_dir: RunDir) -> list[L.Callback]:
     ]
 
 
-def read_loss_history(metrics_dir: Path) -> dict[str, list[tuple[float, float]]]:
-    """{series name: [(step, value)]} over every run's metrics.csv in `metrics_dir`."""
-    history: dict[str, list[tuple[float, float]]] = {name: [] for name in SERIES.values()}
-    for csv_path in sorted(metrics_dir.glob("*/metrics.csv")):  # <TS> folders sort by time
-        with open(csv_path, newline="") as f:
-            rows = [r for r in csv.DictReader(f) if r.get("step")]
-        rows = [r for r in rows if any(r.get(key) for key in SERIES)]
-        if not rows:
-            continue
-        start = min(float(r["step"]) for r in rows)
-        for points in history.values():
-            points[:] = [p for p in points if p[0] < start]
-        for row in rows:
-            for key, name in SERIES.items():
-                if value := row.get(key):
-                    history[name].append((float(row["step"]), float(value)))
-    return {k: sorted(v) for k, v in history.items() if v}
-
-
 class LossCurve(L.Callback):
     """Renders `loss_curve.png` when fitting ends (normally or preempted)."""
 
@@ -378,5 +358,6 @@ class LossCurve(L.Callback):
             return
         path = self.run_dir.loss_curve
         guards = [cb for cb in trainer.callbacks if isinstance(cb, NonFiniteGuard)]
-        loss_plot(history, path, marks=guards[0].events if guards else [])
+        marks = guards[0].events if guards else []
+        loss_plot(history, path, marks=marks, epoch_ends=read_epoch_ends(self.run_dir.metrics))
         main_log.info(f"Loss curve: {path}")

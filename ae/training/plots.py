@@ -15,6 +15,7 @@ from ae import atomic_files
 
 if TYPE_CHECKING:  # matplotlib is imported where a curve is drawn, not with this module
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 _BG = (255, 255, 255)
 _INK = (40, 40, 40)
@@ -60,14 +61,28 @@ def reconstruction_grid(
 _MARK_STYLE = {"loss spike": ("#d35400", "--"), "non-finite": ("#b30000", ":")}
 
 
+def _epoch_ticks(
+    epoch_ends: Sequence[tuple[float, int]], most: int = 12
+) -> list[tuple[float, int]]:
+    """(step, epochs done) of the epoch ends to mark: every one while they are few, else every
+    2nd, 5th, 10th, 20th, ... epoch, at most `most` of them."""
+    done = [(step, epoch + 1) for step, epoch in epoch_ends]
+    every = next(k for k in (1, 2, 5, 10, 20, 50, 100, 200, 500, 10**9)
+                 if sum(1 for _, n in done if n % k == 0) <= most)  # fmt: skip
+    return [(step, n) for step, n in done if n % every == 0]
+
+
 def loss_plot(
     series: dict[str, list[tuple[float, float]]],
     path: Path,
     marks: Sequence[tuple[int, str]] = (),
-) -> None:
+    epoch_ends: Sequence[tuple[float, int]] = (),
+) -> Figure | None:
     """Lines of (step, loss) points against the optimizer step, on a log scale when every value
     is positive (losses span decades); each point marked while a line has few of them. `marks`:
-    (step, `loss spike` | `non-finite`), each a vertical line (`ae.training.nonfinite`)."""
+    (step, `loss spike` | `non-finite`), each a vertical line (`ae.training.nonfinite`).
+    `epoch_ends`: (step, epoch) where each epoch ended, marked on a top axis of epochs done.
+    Returns the figure written (None: no finite point to draw)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # only where a curve is drawn
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -75,7 +90,7 @@ def loss_plot(
     finite = {name: [(x, y) for x, y in pts if math.isfinite(y)] for name, pts in series.items()}
     finite = {name: pts for name, pts in finite.items() if pts}
     if not finite:
-        return
+        return None
     fig = Figure(figsize=(7.2, 4.2), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -97,10 +112,18 @@ def loss_plot(
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 35.25
     ax.grid(True, which="major", alpha=0.35)
     ax.grid(True, which="minor", alpha=0.12)
+    if ticks := _epoch_ticks(epoch_ends):
+        for step, _ in ticks:
+            ax.axvline(step, color="#888888", linewidth=0.7, alpha=0.35, zorder=0)
+        top = ax.secondary_xaxis("top")
+        top.set_xticks([step for step, _ in ticks], labels=[str(n) for _, n in ticks])
+        top.set_xlabel("epochs done", fontsize=9)
+        top.tick_params(labelsize=8)
     ax.set_title("loss vs optimizer step")
-    ax.legend(loc="upper right")
+    ax.legend(loc="best")  # not over the newest points, where a fixed corner can fall
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_files.write(path, lambda f: fig.savefig(f, format="png"), what="loss curve")
+    return fig
 
 
 def log_y_axis(ax: Axes, values: list[float]) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 
 import lightning as L
 import numpy as np
@@ -35,6 +36,7 @@ from ae.log_lines import SAMPLING_END, SAMPLING_OOM, SAMPLING_START, main_log
 from ae.run_paths import RunDir
 from ae.training.ema import averaged_weights
 from ae.training.metrics import log_grid
+from ae.training.model import LOSSES
 from ae.training.model_build import has_codec
 from ae.training.plots import reconstruction_grid
 
@@ -58,6 +60,15 @@ def reconstruct(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """decode(encode(x)): every AutoEncoder has both; a user LightningModule without them gets
     no sampling (`Sampling.sample`)."""
     return model.decode(model.encode(x))
+
+
+def pixel_loss(model: nn.Module) -> tuple[str, Callable[..., torch.Tensor]]:
+    """(name, function) of the run's pixel loss (`--loss`: what `val/recon` averages), so that
+    the sampled reconstructions' loss reads like the run's own; MSE for a model of the user's
+    without one of ae's."""
+    fn = getattr(model, "recon_loss", None)
+    name = next((name for name, f in LOSSES.items() if f is fn), None)
+    return (name, fn) if name is not None and fn is not None else ("mse", nn.functional.mse_loss)
 
 
 def _source(trainer: L.Trainer) -> ShardStream:
@@ -134,7 +145,8 @@ class Sampling(L.Callback):
                 loss = float(np.mean(losses))
                 outcome = f"reconstruction loss={loss:.6f} over {len(inputs)} samples"
                 (main_log if trainer.is_global_zero else logger).info(
-                    f"Sampling at step {step}: reconstruction loss {loss:.6f} "
+                    f"Sampling at step {step}: reconstruction loss ({pixel_loss(pl_module)[0]}) "
+                    f"{loss:.6f} "
                     f"({len(inputs)} samples per device)"
                 )
                 if trainer.is_global_zero and inputs.dim() == 4:
@@ -153,6 +165,7 @@ class Sampling(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, inputs: torch.Tensor
     ) -> tuple[list[float], torch.Tensor]:
         losses, outputs = [], []
+        _, loss_fn = pixel_loss(pl_module)
         was_training = pl_module.training
         pl_module.eval()
         try:
@@ -165,7 +178,7 @@ class Sampling(L.Callback):
                     fault_point("sampling", progress.step)
                     x = chunk.to(pl_module.device)
                     y = reconstruct(pl_module, x).float()
-                    losses.append(nn.functional.mse_loss(y, x).item())
+                    losses.append(loss_fn(y, x).item())
                     outputs.append(y.cpu())
         finally:
             pl_module.train(was_training)

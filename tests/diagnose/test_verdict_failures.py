@@ -11,12 +11,14 @@ from rich.console import Console
 
 from ae.diagnose.report import render
 from ae.log_lines import PREEMPTED
+from bench.synthetic_logs import write_heartbeat
 from tests.diagnose.synthetic_runs import (
     BACKWARD_FRAMES,
     GLOO,
     SEGV_FRAMES,
     STEP_FRAMES,
     culprits,
+    dead_pid,
     run_diagnose,
     writers,
 )
@@ -112,6 +114,25 @@ def test_error_exit(tmp_path: Path) -> None:
     doc = run_diagnose(tmp_path)
     assert [(c["rank"], c["cause"]) for c in doc["culprits"]] == [(1, "error exit: DataError")]
     assert "vanished" in doc["culprits"][0]["evidence"][0]["text"]
+
+
+def test_a_user_error_at_setup_is_in_setup_though_its_last_heartbeat_says_teardown(
+    tmp_path: Path,
+) -> None:
+    """A damaged --perceptual_weights file stops rank 1 while it builds the model: its exit path
+    writes a last heartbeat in phase `teardown`, and the verdict said `(phase teardown; exited
+    with code 2)` for a rank that never trained."""
+    w0, w1 = writers(tmp_path)
+    w1.log("perceptual_weights: w/vgg.pth is not a readable torch weights file", "ERROR")
+    w1.exit(2, "WeightsFileError")
+    write_heartbeat(tmp_path, 1, 2, pid=dead_pid(), t=w1.t, phase="teardown", step=0,
+                    state="exited")  # fmt: skip
+    w0.epoch(0, 1, 15)
+    w0.flush()
+    w1.flush()
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(1, "setup", "error exit: WeightsFileError")]
+    assert doc["ranks"][1]["phase"] == "setup"
 
 
 def test_error_exit_keeps_every_line_of_the_message(tmp_path: Path) -> None:

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from ae.log_lines import LAUNCHER_LOG_FILE, MARKER, STOP_SIGNAL, STOP_SIGNAL_STUCK
+from ae.log_lines import (
+    DEBUG_LOG_FILE,
+    LAUNCHER_LOG_FILE,
+    MARKER,
+    STOP_SIGNAL,
+    STOP_SIGNAL_STUCK,
+)
 from bench.synthetic_logs import TS, RankWriter, write_heartbeat
 from tests.diagnose.synthetic_runs import (
     BACKWARD_FRAMES,
@@ -276,3 +282,21 @@ def test_a_stalled_rank_that_left_on_a_stop_signal_keeps_its_stall(tmp_path: Pat
     doc = run_diagnose(tmp_path)
     assert culprits(doc) == [(1, "training step", "training step")]
     assert doc["ranks"][1]["exit_code"] == 143 and doc["ranks"][1]["signal"] is None
+
+
+def test_a_peer_stopped_while_it_imported_is_a_victim_of_a_user_error(tmp_path: Path) -> None:
+    """Rank 1 stops at setup on a user error (a damaged --perceptual_weights file: exit 2) while
+    rank 0, slower on a busy CPU, still imports torch: torchrun SIGTERMs rank 0 before it writes
+    its first line (an empty debug log). Rank 0 was named `killed without trace` beside rank 1,
+    so the launcher said `Training failed` and exited 1 instead of giving the message, exit 2."""
+    w1 = writers(tmp_path, world=2)[1]
+    (tmp_path / DEBUG_LOG_FILE.format(rank=0, ts=TS)).write_text("")
+    w1.log("perceptual_weights: w/vgg.pth is not a readable torch weights file", "ERROR")
+    w1.exit(2, "WeightsFileError")
+    w1.flush()
+    _torchrun_report(tmp_path, (1, 2, 4_194_001), (0, -15, 4_194_000))
+    doc = run_diagnose(tmp_path)
+    assert [c[0::2] for c in culprits(doc)] == [(1, "error exit: WeightsFileError")]
+    assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [
+        (0, "stopped by torchrun after rank 1 ended")
+    ]

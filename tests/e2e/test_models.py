@@ -203,7 +203,7 @@ def test_third_party_output_layouts_train_sample_and_encode(make_shards, tmp_pat
     assert f"Model: {STRIDED_CLASS}, " in text and "latent 4x4x4 " in text
     (summary,) = re.findall(r"Epoch 0 done: .*", text)
     assert all(re.search(rf"val/{m}=-?[\d.]+", summary) for m in ("mse", "psnr", "ssim"))
-    assert re.search(r"Sampling at step 2: reconstruction loss [\d.]+", text)
+    assert re.search(r"Sampling at step 2: reconstruction loss \(mse\) [\d.]+", text)
     assert sorted(p.name for p in (out / "samples").glob("*.png")) == [
         "step_00000002.png",
         "step_00000004.png",

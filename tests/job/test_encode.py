@@ -106,7 +106,8 @@ def test_a_spec_the_shell_split_into_files_is_named(tmp_path: Path) -> None:
         parse_args([__file__, *files, str(tmp_path / "out")])
     assert err.value.render().startswith(
         "SPEC: several shard files came as separate arguments (data/train-000000.tar, "
-        "data/train-000001.tar and 1 more): the shell expanded an unquoted pattern; quote it"
+        "data/train-000001.tar and 1 more): the shell expanded an unquoted pattern; quote it "
+        "('data/train-{000000..000002}.tar')"  # the files' own pattern, not an example's
     )
     with pytest.raises(EncodeArgsError, match=r"^unrecognized arguments: --bogus \(see ae-enc"):
         parse_args([__file__, files[0], str(tmp_path / "out"), "--bogus"])

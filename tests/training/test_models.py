@@ -112,6 +112,13 @@ def test_model_flag_mistakes_are_model_errors() -> None:
     with pytest.raises(ModelError, match="downsample: 32x24 images cannot be reduced by 16"):
         build(InputSpec("image", (1, 32, 24)), model="resnet", downsample=16,
               channel_mult=(1, 1, 1, 1, 1))  # fmt: skip
+    # the flag that fixes it, with its value (was 'resize the images'): --image_size=36 for f8
+    with pytest.raises(
+        ModelError,
+        match=r"\(H and W must be multiples of it\): "
+        r"--image_size=32 or --image_size=40, or a smaller --downsample$",
+    ):
+        build(InputSpec("image", (3, 36, 36)), model="resnet", downsample=8)  # fmt: skip
 
 
 def test_quality_metrics_match_their_definitions() -> None:

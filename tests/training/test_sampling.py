@@ -20,7 +20,7 @@ from ae.data.stream import stages as stream_module
 from ae.data.stream.shard_stream import ShardStream
 from ae.forensics import faults as fault_injection
 from ae.training.ema import EMA, averaged_weights
-from ae.training.metrics import read_loss_history
+from ae.training.loss_history import read_epoch_ends, read_loss_history
 from ae.training.model import AutoEncoder
 from ae.training.plots import log_y_axis, loss_plot, reconstruction_grid
 from ae.training.sampling import Sampling, is_oom, reconstruct
@@ -222,3 +222,59 @@ def test_a_model_without_encode_decode_is_not_sampled(make_shards, tmp_path: Pat
     sampling.sample(trainer, torch.nn.Linear(2, 2))
     assert sampling.period == -1 and not sampling.every_epoch
     assert not (tmp_path / "samples").exists()
+
+
+def test_the_sampled_loss_is_the_runs_own_pixel_loss(make_shards, tmp_path: Path) -> None:
+    """`Sampling at step N: reconstruction loss` was the MSE whatever --loss: under the recipe's
+    --loss=l1 it read 0.22 beside val/recon=0.40 of the same images."""
+    cfg = parse_config([f"--output_dir={tmp_path}", "--sample_batch_size=4"])
+    trainer = _fake_trainer(make_shards([12], kind="png", name="val"), tmp_path)
+    model = AutoEncoder(
+        InputSpec("image", (1, 8, 8)), ModelConfig(hidden_dim=16, latent_dim=4, loss="l1")
+    )
+    lines: list[str] = []
+    sink = logger.add(lines.append, format="{message}")
+    try:
+        sampling = Sampling(cfg.obs, cfg.run.dir)
+        sampling.sample(trainer, model)
+    finally:
+        logger.remove(sink)
+    (line,) = [t for t in lines if t.startswith("Sampling at step 2:")]
+    x = sampling.sample_inputs(trainer)
+    with torch.no_grad():
+        l1 = torch.nn.functional.l1_loss(reconstruct(model.eval(), x), x).item()
+    assert line.startswith(f"Sampling at step 2: reconstruction loss (l1) {l1:.6f} ")
+
+
+def test_the_loss_curve_marks_the_epochs_and_keeps_its_legend_off_the_newest_points(
+    tmp_path: Path,
+) -> None:
+    """A resumed 4-epoch run (two metrics.csv): no epoch was marked, and the legend, fixed in
+    the upper right corner, hid the last train point (0.50 at step 4)."""
+    header = "epoch,step,train/loss,train/loss_epoch,val/loss\n"
+    for ts, rows in (("20260101_000000", ["0,1,0.48,,", "0,1,,0.51,0.47", "1,2,0.41,,",
+                                          "1,2,,0.48,0.45"]),
+                     ("20260101_000100", ["2,3,0.45,,", "2,3,,0.45,0.43", "3,4,0.50,,",
+                                          "3,4,,0.43,0.41"])):  # fmt: skip
+        (tmp_path / ts).mkdir()
+        (tmp_path / ts / "metrics.csv").write_text(header + "\n".join(rows) + "\n")
+    ends = read_epoch_ends(tmp_path)
+    assert ends == [(1.0, 0), (2.0, 1), (3.0, 2), (4.0, 3)]
+    fig = loss_plot(read_loss_history(tmp_path), tmp_path / "c.png", epoch_ends=ends)
+    assert fig is not None
+    (ax,) = fig.axes
+    (top,) = ax.child_axes
+    assert top.get_xlabel() == "epochs done"
+    assert [t.get_text() for t in top.get_xticklabels()] == ["1", "2", "3", "4"]
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    for line in ax.get_lines()[:2]:  # train, val: every point outside the legend's box
+        for x, y in zip(*line.get_data(), strict=True):
+            assert not legend.contains(*ax.transData.transform((x, y))), (line.get_label(), x)
+    # many epochs: every 10th of 100 is marked
+    many = [(float(5 * (e + 1)), e) for e in range(100)]
+    fig = loss_plot({"train loss": [(s, 1.0 / s) for s, _ in many]}, tmp_path / "m.png",
+                    epoch_ends=many)  # fmt: skip
+    assert fig is not None
+    labels = [t.get_text() for t in fig.axes[0].child_axes[0].get_xticklabels()]
+    assert labels == [str(n) for n in range(10, 101, 10)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from pathlib import Path
 
 import braceexpand
@@ -51,8 +52,20 @@ def split_by_shell(args: list[str]) -> str | None:
     shown = ", ".join(shards[:2]) + (f" and {len(shards) - 2} more" if len(shards) > 2 else "")
     return (
         f"SPEC: several shard files came as separate arguments ({shown}): the shell expanded an "
-        "unquoted pattern; quote it ('data/train-{000000..000099}.tar'), or join specs with ::"
+        f"unquoted pattern; quote it ('{_range_of(shards)}'), or join specs with ::"
     )
+
+
+def _range_of(shards: list[str]) -> str:
+    """The brace pattern of shard files numbered alike (`d/train-000000.tar` ...
+    `d/train-000004.tar`: `d/train-{000000..000004}.tar`), to quote; an example otherwise."""
+    parts = [re.fullmatch(r"(.*?)(\d+)(\.[^/]*)", s) for s in shards]
+    shapes = {(m[1], len(m[2]), m[3]) for m in parts if m is not None}
+    if None in parts or len(shapes) != 1:
+        return "data/train-{000000..000099}.tar"
+    ((head, _, tail),) = shapes
+    numbers = sorted(m[2] for m in parts if m is not None)
+    return f"{head}{{{numbers[0]}..{numbers[-1]}}}{tail}"
 
 
 def _expand_one(spec: str) -> list[str]:

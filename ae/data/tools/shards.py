@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import glob
 import json
 import os
 import re
@@ -26,7 +27,7 @@ from ae.config import DataConfig
 from ae.data.decoding.images import GRAYSCALE_MODES, decode_image, open_image
 from ae.data.shards.errors import DataError
 from ae.data.shards.index import read_index, write_index
-from ae.data.shards.spec import IMAGE_SUFFIXES, expand_shards, is_remote
+from ae.data.shards.spec import ARRAY_SUFFIXES, IMAGE_SUFFIXES, expand_shards, is_remote
 from ae.data.shards.tar_header_count import scan_shard
 from ae.data.shards.writer import SUFFIXES, Sample, npy_bytes, write_shards
 from ae.data.tools.inspect_shards import Inspector, print_reports
@@ -71,18 +72,46 @@ def _load_array(src: Path, key: str | None) -> np.ndarray:
     return data
 
 
-def _image_mode(path: Path) -> tuple[str | None, str | None]:
-    """(mode, None) for an image file a run can decode, (None, why) for one it cannot: decoded
-    as a run decodes it, at the smallest scale (a JPEG's 1/8 draft), so that a corrupt or
-    truncated photo is named here rather than replaced by another sample in every epoch of
-    every run. The mode (from the header) tells which channels a run takes."""
+# EXIF orientations (tag 0x0112) a camera writes instead of turning the pixels, as a viewer
+# applies them; 1 is upright.
+_ORIENTATIONS = {
+    2: "mirrored", 3: "upside down", 4: "upside down, mirrored", 5: "on its side, mirrored",
+    6: "on its side", 7: "on its side, mirrored", 8: "on its side",
+}  # fmt: skip
+
+
+def _image_mode(path: Path) -> tuple[str | None, str | None, int]:
+    """(mode, None, EXIF orientation) for an image file a run can decode, (None, why, 1) for
+    one it cannot: decoded as a run decodes it, at the smallest scale (a JPEG's 1/8 draft), so
+    that a corrupt or truncated photo is named here rather than replaced by another sample in
+    every epoch of every run. The mode (from the header) tells which channels a run takes; the
+    orientation, which a run does not apply, how a viewer would turn the picture."""
     try:
         data = path.read_bytes()
-        mode = open_image(data).mode
+        with open_image(data) as img:
+            # a PNG's EXIF can follow its pixels, which getexif() would decode whole: not read
+            exif = img.getexif() if img.format in ("JPEG", "MPO", "WEBP", "TIFF") else {}
+            mode, orientation = img.mode, exif.get(0x0112, 1)
         decode_image(data, "RGB", size=8)
     except Exception as e:  # a user file can be broken in many ways: all mean "cannot decode"
-        return None, f"{type(e).__name__}: {e}"
-    return mode, None
+        return None, f"{type(e).__name__}: {e}", 1
+    return mode, None, orientation if orientation in _ORIENTATIONS else 1
+
+
+def _orientation_note(turned: list[tuple[Path, int]]) -> str | None:
+    """What to say of the images whose EXIF orientation a viewer applies and a run does not:
+    a phone's portrait photo trains on its side. None when there are none."""
+    if not turned:
+        return None
+    shown = "; ".join(f"{p}: {_ORIENTATIONS[o]}" for p, o in turned[:3])
+    more = f"; and {len(turned) - 3} more" if len(turned) > 3 else ""
+    n = len(turned)
+    return (
+        f"{plural(n, 'image')} {'is' if n == 1 else 'are'} stored turned, with an EXIF "
+        "orientation that viewers apply and a run does not (it decodes the pixels as stored, as "
+        f"WebDataset does): {shown}{more}; to train upright, turn the files first (ImageMagick: "
+        "mogrify -auto-orient FILE...)"
+    )
 
 
 def _gray_first_note(first: Path, modes: list[str]) -> str | None:
@@ -102,25 +131,50 @@ def _gray_first_note(first: Path, modes: list[str]) -> str | None:
     )
 
 
-def _image_files(src: Path, console: Console) -> list[Path]:
-    """The images below `src` that decode; every other file is named (or counted) on the
+def _sources(words: list[str]) -> list[Path]:
+    """The SRC arguments as paths: a quoted glob (`'photos/*.jpg'`) expanded here, as the shell
+    would have; one that matches nothing, or a path that is not there, refused by name."""
+    paths: list[Path] = []
+    for word in words:
+        path = Path(word).expanduser()
+        if not path.exists() and glob.has_magic(word):
+            matched = sorted(glob.glob(str(path), recursive=True))
+            if not matched:
+                raise CliError(f"{word}: matches no file or folder")
+            paths.extend(Path(m) for m in matched)
+        elif not path.exists():
+            raise CliError(f"{word}: no such file or folder")
+        else:
+            paths.append(path)
+    return paths
+
+
+def _image_files(sources: list[Path], console: Console) -> tuple[Path, list[Path]]:
+    """(the folder sample paths are kept relative to, the images that decode) of image folders
+    and files (a folder: every file below it); every other file is named (or counted) on the
     console. Checked in parallel on every core: a decode is ~0.1-1 ms an image."""
-    files = sorted(p for p in src.rglob("*") if p.is_file())
+    files = sorted({f for p in sources for f in (p.rglob("*") if p.is_dir() else [p])
+                    if f.is_file()})  # fmt: skip
+    root = Path(os.path.commonpath([p if p.is_dir() else p.parent for p in sources]))
     images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
     others = collections.Counter(p.suffix.lower() or "(no extension)" for p in files
                                  if p.suffix.lower() not in IMAGE_SUFFIXES)  # fmt: skip
     if not images:
-        raise CliError(f"{src}: no {'/'.join(IMAGE_SUFFIXES)} files below this folder")
+        where = "below this folder" if sources[0].is_dir() else "among them"
+        named = sources[0] if len(sources) == 1 else f"{sources[0]} (and {len(sources) - 1} more)"
+        raise CliError(f"{named}: no {'/'.join(IMAGE_SUFFIXES)} files {where}")
     with ProcessPoolExecutor(min(os.cpu_count() or 1, 8)) as pool:
         # The workers are forked here, before the progress bar's thread exists.
         checked = pool.map(_image_mode, images, chunksize=64)
         with _progress(console) as bar:
             task = bar.add_task(f"checking {plural(len(images), 'image')}", total=len(images))
-            good, modes, bad = [], [], []
-            for p, (mode, reason) in zip(images, checked, strict=True):
+            good, modes, bad, turned = [], [], [], []
+            for p, (mode, reason, orientation) in zip(images, checked, strict=True):
                 if mode is not None:
                     good.append(p)
                     modes.append(mode)
+                    if orientation != 1:
+                        turned.append((p, orientation))
                 else:
                     bad.append((p, reason))
                 bar.advance(task)
@@ -134,45 +188,53 @@ def _image_files(src: Path, console: Console) -> list[Path]:
         what = "is not an image" if n == 1 else "are not images"
         console.print(f"left out {plural(n, 'file')} that {what} ({kinds})")
     if not good:
-        raise CliError(f"{src}: none of its {plural(len(images), 'image')} can be decoded")
+        raise CliError(f"{root}: none of its {plural(len(images), 'image')} can be decoded")
     if (note := _gray_first_note(good[0], modes)) is not None:
         console.print(note)
-    return good
+    if (note := _orientation_note(turned)) is not None:
+        console.print(note)
+    return root, good
 
 
-def _source_samples(src: Path, key: str | None, console: Console) -> tuple[int, Iterator[Sample]]:
-    """(count, samples) of a numpy file or an image folder; keys are 8-digit indices."""
-    if src.is_dir():
-        files = _image_files(src, console)
-        return len(files), (
-            {
-                "__key__": f"{i:08d}".encode(),
-                p.suffix.lower()[1:]: p.read_bytes(),
-                "path": str(p.relative_to(src)).encode(),  # to trace a bad sample back
-            }
-            for i, p in enumerate(files)
-        )
-    if src.suffix in (".npy", ".npz") and src.is_file():
+def _source_samples(
+    sources: list[Path], key: str | None, console: Console
+) -> tuple[int, Iterator[Sample]]:
+    """(count, samples) of a numpy file, or of image folders and files; keys are 8-digit
+    indices."""
+    (src,) = sources[:1]
+    if len(sources) == 1 and src.suffix in (".npy", ".npz") and src.is_file():
         array = _load_array(src, key)
         return len(array), (
             {"__key__": f"{i:08d}".encode(), "npy": npy_bytes(row)} for i, row in enumerate(array)
         )
-    raise CliError(f"{src}: expected a .npy or .npz file or a folder of images")
+    arrays = [p for p in sources if p.is_file() and p.suffix.lower() in ARRAY_SUFFIXES]
+    if arrays:
+        raise CliError(f"{arrays[0]}: a numpy file is written alone, not beside other sources")
+    if len(sources) == 1 and src.is_file() and src.suffix.lower() not in IMAGE_SUFFIXES:
+        raise CliError(f"{src}: expected a .npy or .npz file, or images (a folder, or files)")
+    root, files = _image_files(sources, console)
+    return len(files), (
+        {
+            "__key__": f"{i:08d}".encode(),
+            p.suffix.lower()[1:]: p.read_bytes(),
+            "path": str(p.relative_to(root)).encode(),  # to trace a bad sample back
+        }
+        for i, p in enumerate(files)
+    )
 
 
 def cmd_write(args: argparse.Namespace, console: Console) -> int:
-    src, out = Path(args.src), Path(args.out_dir)
-    if not src.exists():
-        raise CliError(f"{src}: no such file or folder")
+    sources, out = _sources(args.src), Path(args.out_dir)
+    src = sources[0]
     if out.exists() and not out.is_dir():  # was Python's "[Errno 17] File exists"
         raise CliError(f"{out}: a file, not a folder; give a folder for the shards")
-    if args.key is not None and src.suffix.lower() != ".npz":
+    if args.key is not None and (len(sources) > 1 or src.suffix.lower() != ".npz"):
         # a .npy holds one array: a --key meant for another file would pass unnoticed
         raise CliError(f"--key picks an array of a .npz file; {src} is not one")
     if any(out.glob(f"{args.prefix}-*.tar*")):
         # Fewer new shards than old ones would leave stale shards that a folder spec picks up.
         raise CliError(f"{out} already holds {args.prefix}-*.tar* shards; use another folder")
-    total, samples = _source_samples(src, args.key, console)
+    total, samples = _source_samples(sources, args.key, console)
     with _progress(console) as bar:
         task = bar.add_task(f"writing {total} samples", total=total)
 

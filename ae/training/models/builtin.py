@@ -40,9 +40,12 @@ def builtin_networks(spec: InputSpec, cfg: ModelConfig) -> tuple[nn.Module, nn.M
     _, h, w = spec.shape
     f = cfg.downsample
     if h % f or w % f:
+        # --image_size=N makes every image N x N, whatever its native size: name the nearest
+        lo = min(h, w) // f * f
+        sizes = " or ".join(f"--image_size={n}" for n in (lo, lo + f) if n > 0)
         raise ModelError(
             f"downsample: {h}x{w} images cannot be reduced by {f} (H and W must be multiples "
-            f"of it; resize the images, or pick a smaller --downsample)"
+            f"of it): {sizes}, or a smaller --downsample"
         )
     return resnet_autoencoder(
         spec.shape,

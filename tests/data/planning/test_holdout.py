@@ -141,6 +141,8 @@ def test_too_few_samples_to_hold_out_a_batch_per_rank_names_the_flags(tmp_path: 
     dm = ShardDataModule(DataConfig(num_workers=0, batch_size=4), urls, None, seed=0)
     with pytest.raises(DataError, match=r"train_shards: 7 samples cannot hold out .*--val_shards"):
         dm.setup("fit")
+    with pytest.raises(DataError, match=r"\(one batch of 4 per rank on 1 rank\)"):  # not 1 ranks
+        dm.setup("fit")
 
 
 def test_val_shards_none_turns_validation_off_once(tmp_path: Path, main_lines: list[str]) -> None:
