@@ -98,7 +98,7 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
     module, latent = model_from_checkpoint(ckpt, spec, args.ckpt)
     weights = "EMA weights" if uses_ema(ckpt) else "weights"
     log.info(f"Encoding with {args.ckpt} (step {ckpt.get('global_step', '?')}, {weights})")
-    log.info(describe(module, spec, latent))
+    log.info(describe(module, spec, latent, training=False))
     del ckpt
 
     dataset = WholeShards(

@@ -108,9 +108,13 @@ def log_model_summary(model: L.LightningModule) -> None:
     main_log.bind(console=False).info(f"Model:\n{ModelSummary(model, max_depth=2)}")
 
 
-def describe(module: L.LightningModule, spec: InputSpec, latent: tuple[int, ...] | None) -> str:
+def describe(
+    module: L.LightningModule, spec: InputSpec, latent: tuple[int, ...] | None,
+    training: bool = True,
+) -> str:  # fmt: skip
     """`Model: resnet, 771,123 parameters, latent 4x8x8 (256 numbers, 48x fewer than the
-    input)`."""
+    input)`; with `training`, the losses that train it too (LPIPS, the discriminator: ae-encode
+    loads them with the checkpoint and never runs them)."""
     if not isinstance(module, AutoEncoder):
         name = f"{type(module).__module__}:{type(module).__qualname__} (LightningModule)"
     elif module.net is not None:
@@ -129,7 +133,7 @@ def describe(module: L.LightningModule, spec: InputSpec, latent: tuple[int, ...]
         text += f", latent {'x'.join(map(str, latent))} ({n} numbers, {ratio})"
     if isinstance(module, AutoEncoder) and module.kl_weight > 0:
         text += f", VAE (kl_weight {module.kl_weight:g})"
-    if isinstance(module, AutoEncoder):
+    if isinstance(module, AutoEncoder) and training:
         hp = module.hparams
         if hp.perceptual_weight > 0:
             text += f", LPIPS (perceptual_weight {hp.perceptual_weight:g})"

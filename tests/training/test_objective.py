@@ -156,6 +156,8 @@ def test_describe_names_the_recipe(weights: Path) -> None:
         text
     )
     assert "LPIPS (perceptual_weight 1)" in text and f"from step {START}" in text
+    # ae-encode's line: the model that encodes, not the losses that trained it
+    assert describe(m, SPEC, (8,), training=False) == text.split(", LPIPS")[0]
 
 
 def test_the_recipe_needs_images_large_enough() -> None:
