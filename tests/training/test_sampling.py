@@ -153,6 +153,8 @@ def test_the_log_axis_labels_enough_ticks_for_the_range_of_losses() -> None:
         )
 
     assert {"0.12", "0.15"} <= set(labels([0.065, 0.1, 0.17]))
+    # a demo run's curve: nothing labelled between 0.1 and its first points at 0.19
+    assert {"0.12", "0.15"} <= set(labels([0.032, 0.1, 0.19]))
     assert {"0.02", "0.05", "0.1", "0.2"} <= set(labels([0.01, 0.35]))
     assert "0.03" not in labels([0.01, 0.35])
     assert labels([2e-4, 5.0]) == ["0.001", "0.01", "0.1", "1"]
