@@ -12,7 +12,7 @@ from ae.diagnose.collectives import find_mismatches
 from ae.diagnose.evidence import RunState
 from ae.diagnose.findings import Finding, Findings
 from ae.diagnose.logscan import Evidence
-from ae.diagnose.nonfinite import first_nonfinite
+from ae.diagnose.nonfinite import last_nonfinite
 from ae.diagnose.rank_log import RankLog, Stall
 from ae.diagnose.rank_status import current_phase, finished, last_words, open_stall, primary_crash
 from ae.diagnose.tracebacks import Crash
@@ -79,19 +79,20 @@ _NONFINITE_EXIT = "error exit: NonFiniteError"
 
 def nonfinite(run: RunState, so_far: Findings) -> Findings:
     """A run that stopped on a non-finite value (`--on_nonfinite`): the rank whose NONFINITE line
-    is first in time (the lowest step; its own loss or gradient held the value) is the culprit,
+    at the step it stopped on is first in time (its own loss or gradient held the value; the
+    highest step: the steps skipped or rolled back before it were survived) is the culprit,
     `non-finite <value> at step N`, the line (its shard and keys) its evidence; the other ranks
     that stopped on it, which got it through the all-reduce, are its victims. A run that
     survived it keeps no culprit (`ae-diagnose --json`: `nonfinite`)."""
     stopped = {f.rank: f for f in so_far.culprits if f.cause == _NONFINITE_EXIT}
-    firsts = [f for f in first_nonfinite(run) if f.rank in stopped] if stopped else []
+    firsts = [f for f in last_nonfinite(run) if f.rank in stopped] if stopped else []
     if not firsts:
         return so_far
     named = {f.rank for f in firsts}
     culprits = [f for f in so_far.culprits if f.rank not in stopped]
     for f in firsts:
         was = stopped[f.rank]
-        rule = f"first NONFINITE line (step {f.step}, epoch {f.epoch}, batch {f.batch})"
+        rule = f"the NONFINITE line it stopped on (step {f.step}, epoch {f.epoch}, batch {f.batch})"
         cause = f"non-finite {f.value} at step {f.step}"
         culprits.append(_culprit(run.ranks[f.rank], "training step", cause, rule,
                                  [f.evidence, *was.evidence], f.time))  # fmt: skip
