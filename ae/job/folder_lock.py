@@ -130,6 +130,20 @@ class EarlierCheckpoints(UserError):
         )
 
 
+class OtherRunsCheckpoints(UserError):
+    def __init__(self, run_dir: RunDir, resume: str, found: list[Path]) -> None:
+        names = ", ".join(p.name for p in found[:CHECKPOINTS_LISTED])
+        if len(found) > CHECKPOINTS_LISTED:
+            names += f" and {len(found) - CHECKPOINTS_LISTED} more"
+        super().__init__(
+            f"--resume_from_checkpoint={resume} is not of this folder's run, and "
+            f"{run_dir.checkpoints} holds checkpoints of its own: {names}. Resuming here would "
+            f"replace its last.ckpt and best.ckpt and prune its step checkpoints.\n"
+            f"  To continue this folder's run: --resume_from_checkpoint=last\n"
+            f"  To continue {resume}: an --output_dir without checkpoints (or its own run's)"
+        )
+
+
 class RunFolderUnwritable(UserError):
     def __init__(self, run_dir: RunDir, error: OSError) -> None:
         super().__init__(
@@ -290,13 +304,22 @@ def follow(run_dir: RunDir, job: str, timeout: float = FOLLOW_TIMEOUT_S) -> Lock
 def earlier_checkpoints(run_dir: RunDir, resume: str | None, overwrite: bool) -> list[Path]:
     """A fresh run (no resume) refuses to start over an earlier run's checkpoints: their steps
     would mix with its own in `last.ckpt` and the rotation. With `overwrite` they are deleted
-    (and returned)."""
+    (and returned). A resume from a checkpoint of another folder refuses them too: it would
+    replace them without a word (`--overwrite` and a resume are refused together)."""
+    foreign = resume is not None and resume != "last" and not _of_folder(run_dir, resume)
+    if foreign and (found := sorted(run_dir.checkpoints.glob("*.ckpt"))):
+        raise OtherRunsCheckpoints(run_dir, str(resume), found)
     found = sorted(run_dir.checkpoints.glob("*.ckpt")) if resume is None else []
     if found and not overwrite:
         raise EarlierCheckpoints(run_dir, found)
     for path in found:
         path.unlink(missing_ok=True)
     return found
+
+
+def _of_folder(run_dir: RunDir, checkpoint: str) -> bool:
+    """Whether the checkpoint file lies in the run folder's checkpoints folder."""
+    return Path(checkpoint).expanduser().resolve().parent == run_dir.checkpoints.resolve()
 
 
 def unused_run_ts(logs_dir: Path, ts: str) -> str:
