@@ -29,7 +29,7 @@ from typing import Any
 
 from loguru import logger
 
-from ae.diagnose.log_files import find_run
+from ae.diagnose.log_files import find_run, list_runs
 from ae.diagnose.report import diagnose, verdict_lines
 from ae.errors import DiskFullError, UserError
 from ae.job.outcome import finished_in_teardown
@@ -37,6 +37,8 @@ from ae.log_lines import CHANGE_OF_NODES, RESTART, RESUMED, TRAIN_LOG_FILE
 
 # The RESTART line, for rank 0 of the new attempt to write first into its train log.
 RESTART_ENV = "AE_RESTART"
+# A resumed run's line on the steps it trains again (`resume_note`), for rank 0's train log.
+RESUME_NOTE_ENV = "AE_RESUME_NOTE"
 AS_THE_FIRST_ATTEMPT = "as the first attempt did"  # a RESTART's checkpoint when there is none
 # The job failed the same way twice in a row: a requeue would fail again (docs/RUNS.md).
 SAME_FAILURE_EXIT = 3
@@ -106,6 +108,44 @@ def newest_checkpoint(checkpoints: Path) -> tuple[int, Path] | None:
     )
     same = [(s, p) for s, p in steps if os.path.samefile(p, last)]
     return (same or steps or [(0, last)])[-1]
+
+
+def resume_note(checkpoints: Path, resume: str | None, logs: Path, ts: str) -> str | None:
+    """What a resume by hand (`--resume_from_checkpoint`, a checkpoint of this folder) trains
+    again: the steps the folder's previous run went past that checkpoint (killed, or failed,
+    after its last save), as a RESTART line says them for a restart. None when it redoes none
+    (that run saved where it stopped: a stop signal, its end), or that cannot be told."""
+    found = _checkpoint_step(checkpoints, resume) if resume is not None else None
+    before = [t for t in list_runs(logs) if t < ts] if found and logs.is_dir() else []
+    if found is None or not before:
+        return None
+    step, path = found
+    previous = max(before)
+    try:
+        reached = judge(logs, previous, 0).step
+    except (OSError, ValueError, KeyError):  # a note is no reason to stop a launch
+        return None
+    if reached <= step:
+        return None
+    return (
+        f"Resuming at step {step} ({path}): the previous run, {previous}, reached step "
+        f"{reached}; steps {step + 1}-{reached} are trained again ({reached - step} steps redone)"
+    )
+
+
+def _checkpoint_step(checkpoints: Path, resume: str) -> tuple[int, Path] | None:
+    """The step and file of `--resume_from_checkpoint` when it is a step checkpoint of this
+    folder (or `last`); None otherwise (another folder's, `best.ckpt`)."""
+    if resume == "last":
+        found = newest_checkpoint(checkpoints)
+        return found if found is not None and found[1].name != LAST else None
+    path = Path(resume).expanduser()
+    if not path.is_file() or path.resolve().parent != checkpoints.resolve():
+        return None
+    if m := _STEP_FILE.match(path.name):
+        return int(m[1]), path
+    linked = [p for p in checkpoints.glob("step-*.ckpt") if os.path.samefile(p, path)]
+    return next(((int(m[1]), p) for p in linked if (m := _STEP_FILE.match(p.name))), None)
 
 
 def _resumed_step(logs: Path, ts: str) -> int:

@@ -19,6 +19,7 @@ from ae.job.restarts import (
     Restarts,
     newest_checkpoint,
     restart_checkpoint,
+    resume_note,
 )
 from ae.log_lines import RESTART, TRAIN_LOG_FILE
 from bench.synthetic_logs import T0, RankWriter, record, write_train_log
@@ -107,6 +108,29 @@ def test_newest_checkpoint_follows_last(tmp_path: Path) -> None:
     ckpts = checkpoints(tmp_path / "c", 4, 8)
     (ckpts / "step-00000012.ckpt").write_bytes(b"x")  # newer, but not (yet) what last names
     assert newest_checkpoint(ckpts) == (8, ckpts / "step-00000008.ckpt")
+
+
+def test_a_resume_by_hand_says_the_steps_it_trains_again(tmp_path: Path) -> None:
+    # Was: after a run killed at step 11 (its last save at 8), `--resume_from_checkpoint=last`
+    # said where it started, and nothing of the 3 steps redone (found by the overnight
+    # walkthrough); a RESTART line says them
+    logs, ckpts = tmp_path / "logs", checkpoints(tmp_path / "checkpoints", 4, 8)
+    (ckpts / "best.ckpt").write_bytes(b"x")  # a file of its own, as the trainer writes it
+    failed_attempt(logs, TS1, 11)
+    said = (
+        f"Resuming at step 8 ({ckpts / 'step-00000008.ckpt'}): the previous run, {TS1}, reached "
+        "step 11; steps 9-11 are trained again (3 steps redone)"
+    )
+    assert resume_note(ckpts, "last", logs, TS2) == said
+    assert resume_note(ckpts, str(ckpts / "step-00000008.ckpt"), logs, TS2) == said
+    assert "at step 4 " in (resume_note(ckpts, str(ckpts / "step-00000004.ckpt"), logs, TS2) or "")
+    # Nothing to say: no resume, best.ckpt (its step is not in its name), no earlier run, a
+    # checkpoint at the step the run reached (a stop signal saves where it stops)
+    assert resume_note(ckpts, None, logs, TS2) is None
+    assert resume_note(ckpts, str(ckpts / "best.ckpt"), logs, TS2) is None
+    assert resume_note(ckpts, "last", logs, TS1) is None
+    (ckpts / "step-00000011.ckpt").write_bytes(b"x")
+    assert resume_note(ckpts, str(ckpts / "step-00000011.ckpt"), logs, TS2) is None
 
 
 def test_ae_diagnose_lists_the_attempts_of_a_job_from_any_of_them(
