@@ -45,6 +45,9 @@ SAME_FAILURE_EXIT = 3
 # Failures no restart can help: the same mistake or the same full disk again.
 NO_RESTART = {UserError.exit_code: "a user error", DiskFullError.exit_code: "the disk is full"}
 SAME_FAILURE = "not restarting: the same failure at step {step} twice"
+# How ae-diagnose's cause for a rank that stopped on a non-finite value begins
+# (`verdict_rules.nonfinite`: `non-finite loss=nan at step 8`).
+NONFINITE_CAUSE = "non-finite "
 _STEP_FILE = re.compile(r"^step-(\d+)\.ckpt$")
 LAST = "last.ckpt"
 
@@ -182,7 +185,12 @@ class Restarts:
         self.failed.append(attempt)
         for code in attempt.rank_exit_codes:
             if code in NO_RESTART:
-                self.said = f"Not restarting: {NO_RESTART[code]} (exit {code} from a rank)"
+                why = NO_RESTART[code]
+                if nonfinite := [c for c in attempt.causes if c.startswith(NONFINITE_CAUSE)]:
+                    # exit 2 too, but no mistake of the command: the same weights and batches
+                    # from the same checkpoint would meet it again
+                    why = f"the run stopped on a {nonfinite[0]}, which a restart would meet again"
+                self.said = f"Not restarting: {why} (exit {code} from a rank)"
                 logger.info(self.said)
                 return None
         if len(self.failed) >= 2:

@@ -21,7 +21,7 @@ from ae.job.restarts import (
     restart_checkpoint,
     resume_note,
 )
-from ae.log_lines import RESTART, TRAIN_LOG_FILE
+from ae.log_lines import NONFINITE, NONFINITE_RECEIVED, RESTART, TRAIN_LOG_FILE
 from bench.synthetic_logs import T0, RankWriter, record, write_train_log
 
 TS1, TS2, TS3 = "20261121_120000", "20261121_120100", "20261121_120200"
@@ -101,6 +101,28 @@ def test_restarts_used_up_and_a_user_error_end_the_job(tmp_path: Path) -> None:
     w.exit(UserError.exit_code, "DataError")
     w.flush()
     assert Restarts(3, logs, ckpts).after_failure(TS1, 1) is None
+
+
+def test_a_non_finite_stop_is_no_restart_and_is_said_as_such(tmp_path: Path) -> None:
+    # Was: `Not restarting: a user error (exit 2 from a rank)`, for a NaN that no command caused
+    logs, ckpts = tmp_path / "logs", checkpoints(tmp_path / "checkpoints", 5)
+    write_train_log(logs, 2, ts=TS1)
+    w0, w1 = RankWriter(logs, 0, 2, ts=TS1), RankWriter(logs, 1, 2, ts=TS1)
+    for w in (w0, w1):
+        w.start()
+        w.steps(1, 7)
+    w1.log(NONFINITE.format(value="loss=nan", rank=1, step=8, epoch=0, batch="7",
+                            samples="shard /d/a-000000.tar, keys [a]"), "ERROR")  # fmt: skip
+    w0.log(NONFINITE_RECEIVED.format(step=8), "WARNING")
+    for w in (w0, w1):
+        w.exit(UserError.exit_code, "NonFiniteError")
+        w.flush()
+    restarts = Restarts(3, logs, ckpts)
+    assert restarts.after_failure(TS1, 1) is None
+    assert restarts.said == (
+        "Not restarting: the run stopped on a non-finite loss=nan at step 8, which a restart "
+        "would meet again (exit 2 from a rank)"
+    )
 
 
 def test_newest_checkpoint_follows_last(tmp_path: Path) -> None:
