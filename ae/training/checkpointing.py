@@ -153,6 +153,9 @@ class Checkpointing(L.Callback):
             atomic_files.write(self.config_file, self.config_yaml.encode(), what="config")
         if self._resumed_from is None:
             return
+        ckpt = trainer.ckpt_path
+        if trainer.is_global_zero and ckpt and (note := self.store.resumed_from(Path(ckpt))):
+            main_log.info(note)
         # What ae did about the changes (the data module re-split the epoch's rest on restore;
         # the LR schedule is re-planned now, the loops being restored).
         resumed = getattr(trainer.datamodule, "resumed", None)

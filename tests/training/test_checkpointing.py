@@ -50,6 +50,32 @@ def test_step_files_before_a_step_leave_out_that_steps_own(tmp_path: Path) -> No
     assert store.step_files(before=2) == []
 
 
+def test_a_resume_from_an_older_checkpoint_of_the_folder_moves_last_to_it(tmp_path: Path) -> None:
+    # Was: resumed from step 40 (before a divergence) while last.ckpt named step 60, a restart,
+    # a requeue or a later `--resume_from_checkpoint=last` before this run's first save went
+    # back to step 60, the steps it had gone back from (found by the overnight walkthrough)
+    store = CheckpointStore(tmp_path / "ckpt", keep=3)
+    store.prepare()
+    for step in (40, 50, 60):
+        store.step_path(step).write_bytes(str(step).encode())
+        os.utime(store.step_path(step), (step, step))
+        store.commit_step(store.step_path(step))
+    said = store.resumed_from(store.step_path(40))
+    assert os.path.samefile(store.last, store.step_path(40))
+    assert said is not None and said.startswith(
+        "last.ckpt now names step-00000040.ckpt, the checkpoint this run resumed (it named "
+        "step-00000060.ckpt)"
+    )
+    # Nothing to do: resumed from last, from what last names, or from another folder's file
+    assert store.resumed_from(store.last) is None
+    assert store.resumed_from(store.step_path(40)) is None
+    other = tmp_path / "other" / "step-00000070.ckpt"
+    other.parent.mkdir()
+    other.write_bytes(b"70")
+    assert store.resumed_from(other) is None
+    assert os.path.samefile(store.last, store.step_path(40))
+
+
 def test_prepare_removes_leftovers_of_a_killed_save(tmp_path: Path) -> None:
     (tmp_path / ".step-00000004.ckpt.4242-0a1b2c3d.tmp").write_bytes(b"partial")
     (tmp_path / "step-00000002.ckpt").write_bytes(b"whole")
