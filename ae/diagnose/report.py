@@ -213,9 +213,11 @@ def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
 def _stopped_by(run: RunState) -> dict[str, Any] | None:
     """The stop signal the run ended on after saving (a rank's PREEMPTED line: Ctrl-C, scancel,
     a preemption), or None."""
+    gone = run.stopped.launcher_gone if run.stopped is not None else None
     for r in run.ranks.values():
         if r.preempted is not None and (m := PREEMPTED.parse(r.preempted.message)):
-            return {"signal": m["signal"], "step": int(m["step"]), "checkpoint": m["path"]}
+            return {"signal": m["signal"], "step": int(m["step"]), "checkpoint": m["path"],
+                    "launcher_gone": gone}  # fmt: skip
     return None
 
 
@@ -349,9 +351,11 @@ def render(doc: dict[str, Any], console: Console) -> None:
         slowed = ", ".join(f"rank {s['rank']}: {s['cause']}" for s in stragglers)
         console.print(Text(f"Verdict: {status}, slowed by {slowed}", style="bold yellow"))
     elif not culprits and (stop := doc.get("stopped_by")):
+        why = (f", which torchrun passed on as its launcher (pid {stop['launcher_gone']}) died"
+               if stop.get("launcher_gone") else "")  # fmt: skip
         console.print(Text(
             f"Verdict: no rank holds the job back (stopped by {stop['signal']} at step "
-            f"{stop['step']}; checkpoint {stop['checkpoint']} saved; resume with "
+            f"{stop['step']}{why}; checkpoint {stop['checkpoint']} saved; resume with "
             "--resume_from_checkpoint=last).", style="yellow",
         ))  # fmt: skip
     elif not culprits:
