@@ -213,11 +213,10 @@ def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
 def _stopped_by(run: RunState) -> dict[str, Any] | None:
     """The stop signal the run ended on after saving (a rank's PREEMPTED line: Ctrl-C, scancel,
     a preemption), or None."""
-    gone = run.stopped.launcher_gone if run.stopped is not None else None
+    gone = {"launcher_gone": run.stopped.launcher_gone if run.stopped is not None else None}
     for r in run.ranks.values():
         if r.preempted is not None and (m := PREEMPTED.parse(r.preempted.message)):
-            return {"signal": m["signal"], "step": int(m["step"]), "checkpoint": m["path"],
-                    "launcher_gone": gone}  # fmt: skip
+            return {"signal": m["signal"], "step": int(m["step"]), "checkpoint": m["path"], **gone}
     return None
 
 
