@@ -148,6 +148,13 @@ class NonFiniteGuard(L.Callback):
         self.mode = optim.on_nonfinite
         self.limit = optim.max_skipped_steps
         self.trust = checkpoints.trust_checkpoint
+        # What a rollback with no checkpoint to go back to yet should change
+        self.saves_hint = (
+            "set --checkpointing_period lower" if checkpoints.checkpointing_period
+            else "--checkpointing_period=0 saves at the end only: give it a number of steps"
+            if not checkpoints.checkpoint_minutes
+            else "set --checkpointing_period, or --checkpoint_minutes lower"
+        )  # fmt: skip
         self.store = store
         self.grads_count = precision != "16-mixed"
         self.every = 1  # steps per read of the record (set at train start)
@@ -364,7 +371,7 @@ class NonFiniteGuard(L.Callback):
         if path is None:
             raise NonFiniteError(
                 f"non-finite value at step {trainer.global_step}: --on_nonfinite=rollback has no "
-                "checkpoint to go back to yet (set --checkpointing_period lower)"
+                f"checkpoint to go back to yet ({self.saves_hint})"
             )
         ckpt = checkpoint_read.load(path, trust=self.trust, map_location=pl_module.device)
         pl_module.load_state_dict(ckpt["state_dict"])

@@ -38,10 +38,11 @@ def batches() -> list[torch.Tensor]:
 
 
 def fit(
-    tmp_path: Path, mode: str, data: list[torch.Tensor] | None = None
-) -> tuple[Tiny, NonFiniteGuard]:
+    tmp_path: Path, mode: str, data: list[torch.Tensor] | None = None,
+    checkpoints: CheckpointConfig | None = None,
+) -> tuple[Tiny, NonFiniteGuard]:  # fmt: skip
     guard = NonFiniteGuard(
-        OptimConfig(on_nonfinite=mode, max_skipped_steps=1), CheckpointConfig(),
+        OptimConfig(on_nonfinite=mode, max_skipped_steps=1), checkpoints or CheckpointConfig(),
         CheckpointStore(tmp_path, 3), "32",
     )  # fmt: skip
     model = Tiny()
@@ -80,6 +81,27 @@ def test_skip_past_its_limit_says_so(tmp_path: Path) -> None:
         fit(tmp_path, "skip", data)
     assert f"step {NAN_BATCH + 3} (--on_nonfinite=skip; 1 of at most 1 steps skipped already " in (
         str(stopped.value)
+    )
+
+
+@pytest.mark.parametrize(
+    ("period", "minutes", "hint"),
+    [
+        (500, 0.0, "(set --checkpointing_period lower)"),
+        # Was: "set --checkpointing_period lower", of a period of 0 (at the end only)
+        (0, 0.0, "(--checkpointing_period=0 saves at the end only: give it a number of steps)"),
+        (0, 30.0, "(set --checkpointing_period, or --checkpoint_minutes lower)"),
+    ],
+)
+def test_rollback_before_any_checkpoint_says_what_to_change(
+    tmp_path: Path, period: int, minutes: float, hint: str
+) -> None:
+    saves = CheckpointConfig(checkpointing_period=period, checkpoint_minutes=minutes)
+    with pytest.raises(NonFiniteError) as stopped:
+        fit(tmp_path, "rollback", checkpoints=saves)
+    assert str(stopped.value) == (
+        f"non-finite value at step {NAN_BATCH + 1}: --on_nonfinite=rollback has no checkpoint to "
+        f"go back to yet {hint}"
     )
 
 
