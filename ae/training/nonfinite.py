@@ -339,9 +339,15 @@ class NonFiniteGuard(L.Callback):
             why = "" if self.mode == "stop" else (
                 f"; {used} of at most {self.limit} steps {done} already (--max_skipped_steps)"
             )  # fmt: skip
+            # The same checkpoint, weights and batches meet it again: what to change to go on
+            change = "--on_nonfinite=skip (or rollback)" if self.mode == "stop" else (
+                "a higher --max_skipped_steps"
+            )  # fmt: skip
             raise NonFiniteError(
                 f"non-finite value at step {rec.step} (--on_nonfinite={self.mode}{why}): the "
-                "NONFINITE line names the rank and samples; `ae-diagnose` shows it"
+                "NONFINITE line names the rank and samples; `ae-diagnose` shows it\n"
+                f"  To go on past it: --resume_from_checkpoint=last with {change}, or with its "
+                "cause fixed (samples holding NaN/Inf, a learning rate too high)"
             )
         if self.epoch_loss is not None:  # a step not applied is no part of the epoch's mean
             self.epoch_loss.drop_step()

@@ -72,6 +72,11 @@ def test_stop_raises_at_the_nan_step(tmp_path: Path) -> None:
         fit(tmp_path, "stop")
     # Nothing survived under stop, and nothing is said to have (`0 of at most 10 survived`)
     assert f"step {NAN_BATCH + 1} (--on_nonfinite=stop): " in str(stopped.value)
+    # Was: nothing of how to go on, when a plain resume meets the same NaN again
+    assert str(stopped.value).endswith(
+        "\n  To go on past it: --resume_from_checkpoint=last with --on_nonfinite=skip (or "
+        "rollback), or with its cause fixed (samples holding NaN/Inf, a learning rate too high)"
+    )
 
 
 def test_skip_past_its_limit_says_so(tmp_path: Path) -> None:
@@ -80,6 +85,9 @@ def test_skip_past_its_limit_says_so(tmp_path: Path) -> None:
     with pytest.raises(NonFiniteError) as stopped:
         fit(tmp_path, "skip", data)
     assert f"step {NAN_BATCH + 3} (--on_nonfinite=skip; 1 of at most 1 steps skipped already " in (
+        str(stopped.value)
+    )
+    assert "To go on past it: --resume_from_checkpoint=last with a higher --max_skipped_steps" in (
         str(stopped.value)
     )
 
