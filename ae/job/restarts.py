@@ -39,6 +39,7 @@ from ae.log_lines import CHANGE_OF_NODES, RESTART, RESUMED, TRAIN_LOG_FILE
 RESTART_ENV = "AE_RESTART"
 # A resumed run's line on the steps it trains again (`resume_note`), for rank 0's train log.
 RESUME_NOTE_ENV = "AE_RESUME_NOTE"
+RUNS_LOOKED_BACK = 5  # the runs `resume_note` reads, newest first, for one that trained
 AS_THE_FIRST_ATTEMPT = "as the first attempt did"  # a RESTART's checkpoint when there is none
 # The job failed the same way twice in a row: a requeue would fail again (docs/RUNS.md).
 SAME_FAILURE_EXIT = 3
@@ -119,14 +120,20 @@ def resume_note(checkpoints: Path, resume: str | None, logs: Path, ts: str) -> s
     after its last save), as a RESTART line says them for a restart. None when it redoes none
     (that run saved where it stopped: a stop signal, its end), or that cannot be told."""
     found = _checkpoint_step(checkpoints, resume) if resume is not None else None
-    before = [t for t in list_runs(logs) if t < ts] if found and logs.is_dir() else []
-    if found is None or not before:
+    before = sorted((t for t in list_runs(logs) if t < ts), reverse=True) if found else []
+    if found is None:
         return None
     step, path = found
-    previous = max(before)
-    try:
-        reached = judge(logs, previous, 0).step
-    except (OSError, ValueError, KeyError):  # a note is no reason to stop a launch
+    # The newest run that trained: one refused before its first step (another model, a
+    # damaged checkpoint) went nowhere; a few runs back at most
+    for previous in before[:RUNS_LOOKED_BACK]:
+        try:
+            reached = judge(logs, previous, 0).step
+        except (OSError, ValueError, KeyError):  # a note is no reason to stop a launch
+            return None
+        if reached > 0:
+            break
+    else:
         return None
     if reached <= step:
         return None

@@ -144,6 +144,13 @@ def test_a_resume_by_hand_says_the_steps_it_trains_again(tmp_path: Path) -> None
         "step 11; steps 9-11 are trained again (3 steps redone)"
     )
     assert resume_note(ckpts, "last", logs, TS2) == said
+    # A run refused before its first step (another --latent_dim) in between says nothing
+    write_train_log(logs, 1, ts=TS2)
+    refused = RankWriter(logs, 0, 1, ts=TS2)
+    refused.start()
+    refused.exit(UserError.exit_code, "ResumeRefused")
+    refused.flush()
+    assert resume_note(ckpts, "last", logs, TS3) == said
     assert resume_note(ckpts, str(ckpts / "step-00000008.ckpt"), logs, TS2) == said
     assert "at step 4 " in (resume_note(ckpts, str(ckpts / "step-00000004.ckpt"), logs, TS2) or "")
     # Nothing to say: no resume, best.ckpt (its step is not in its name), no earlier run, a
