@@ -149,12 +149,10 @@ class NonFiniteGuard(L.Callback):
         self.limit = optim.max_skipped_steps
         self.trust = checkpoints.trust_checkpoint
         # What a rollback with no checkpoint to go back to yet should change
-        self.saves_hint = (
-            "set --checkpointing_period lower" if checkpoints.checkpointing_period
-            else "--checkpointing_period=0 saves at the end only: give it a number of steps"
-            if not checkpoints.checkpoint_minutes
-            else "set --checkpointing_period, or --checkpoint_minutes lower"
-        )  # fmt: skip
+        period, minutes = checkpoints.checkpointing_period, checkpoints.checkpoint_minutes
+        self.saves_hint = "set --checkpointing_period lower" if period else (
+            "set --checkpointing_period, or --checkpoint_minutes lower" if minutes
+            else "--checkpointing_period=0 saves at the end only: set a period")  # fmt: skip
         self.store = store
         self.grads_count = precision != "16-mixed"
         self.every = 1  # steps per read of the record (set at train start)
@@ -340,9 +338,8 @@ class NonFiniteGuard(L.Callback):
                 f"; {used} of at most {self.limit} steps {done} already (--max_skipped_steps)"
             )  # fmt: skip
             # The same checkpoint, weights and batches meet it again: what to change to go on
-            change = "--on_nonfinite=skip (or rollback)" if self.mode == "stop" else (
-                "a higher --max_skipped_steps"
-            )  # fmt: skip
+            change = "--on_nonfinite=skip (or rollback)" if self.mode == "stop" else "a higher "
+            change += "" if self.mode == "stop" else "--max_skipped_steps"
             raise NonFiniteError(
                 f"non-finite value at step {rec.step} (--on_nonfinite={self.mode}{why}): the "
                 "NONFINITE line names the rank and samples; `ae-diagnose` shows it\n"

@@ -97,7 +97,7 @@ def test_skip_past_its_limit_says_so(tmp_path: Path) -> None:
     [
         (500, 0.0, "(set --checkpointing_period lower)"),
         # Was: "set --checkpointing_period lower", of a period of 0 (at the end only)
-        (0, 0.0, "(--checkpointing_period=0 saves at the end only: give it a number of steps)"),
+        (0, 0.0, "(--checkpointing_period=0 saves at the end only: set a period)"),
         (0, 30.0, "(set --checkpointing_period, or --checkpoint_minutes lower)"),
     ],
 )
