@@ -133,6 +133,20 @@ def _gone_without_trace(run: RunState) -> list[tuple[float, RankLog, list[Eviden
     return sorted(gone, key=lambda g: g[0])
 
 
+def _killed_together(
+    run: RunState, found: list[tuple[float, RankLog, list[Evidence]]]
+) -> list[int]:
+    """The ranks when every rank of the run went without trace within GAP_S, and torchrun,
+    whose log is there, saw no rank end and got no stop signal: it died with them (its launcher
+    and the whole job killed at once); [] otherwise."""
+    ranks = [r for r in run.ranks.values() if r.files]
+    if len(found) < 2 or len(found) != len(ranks) or run.ends or run.stopped is not None:
+        return []
+    if not run.files.launcher_logs or found[-1][0] - found[0][0] > GAP_S:
+        return []
+    return sorted(r.rank for _, r, _ in found)
+
+
 def gone(run: RunState, so_far: Findings) -> Findings:
     """Of the ranks gone without trace, the first to go is the culprit, `killed without trace`
     (the OOM killer, SIGKILL), or `stalled, watchdog blocked` when faulthandler dumped its stacks;
@@ -145,7 +159,9 @@ def gone(run: RunState, so_far: Findings) -> Findings:
     states: dict[int, str] = {}
     first_gone: RankLog | None = None
     ctrl_c = run.stopped is not None and run.stopped.signal == "SIGINT"
-    for life, r, evidence in _gone_without_trace(run):
+    found = _gone_without_trace(run)
+    together = _killed_together(run, found)
+    for life, r, evidence in found:
         states[r.rank] = "stopped"
         if r.sigterm is not None:
             victims.append(_victim(r, f"stopped by {r.stop_signal}", [r.sigterm.evidence]))
@@ -159,6 +175,9 @@ def gone(run: RunState, so_far: Findings) -> Findings:
             victims.append(_victim(r, cause, [*evidence[-1:], run.stopped.evidence]))
         elif first_failure is not None and life >= first_failure - GAP_S:
             victims.append(_victim(r, f"stopped after rank {failed} failed", evidence[-1:]))
+        elif first_gone is not None and together:
+            victims.append(_victim(r, f"killed with the job, as rank {first_gone.rank}",
+                                   evidence[-1:]))  # fmt: skip
         elif first_gone is not None:
             victims.append(_victim(r, f"stopped after rank {first_gone.rank} died", evidence[-1:]))
         elif r.native_dump is not None or (r.heartbeat is not None and r.heartbeat.stalled):
@@ -175,6 +194,11 @@ def gone(run: RunState, so_far: Findings) -> Findings:
         else:
             first_gone = r
             rule = "log stops with no exit line, no exception, no stall"
+            if together:  # no rank held the others back: who went first is a matter of ms
+                others = ", ".join(str(k) for k in together if k != r.rank)
+                rule += (f"; rank {others} stopped with it and torchrun's log names no end: "
+                         "every process of the job was killed at once (kill -9, the OOM killer, "
+                         "the machine)")  # fmt: skip
             culprits.append(
                 _culprit(r, current_phase(r), "killed without trace", rule, evidence, life)
             )
