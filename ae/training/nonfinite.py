@@ -46,14 +46,13 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from ae.config import CheckpointConfig, OptimConfig
-from ae.data.stream.batch_members import Member, batch_members
+from ae.data.stream.batch_members import Member, batch_members, describe_members
 from ae.data.stream.shard_stream import ShardStream
 from ae.errors import UserError
 from ae.forensics.step_times import gradients_ready
 from ae.log_lines import (
     LOSS_SPIKE,
     NONFINITE,
-    NONFINITE_INPUT,
     NONFINITE_RECEIVED,
     NONFINITE_SKIPPED,
     NONFINITE_STOP,
@@ -70,7 +69,6 @@ from ae.training.position import checkpoint_read
 SPIKE_FACTOR = 10.0  # a loss this many times its recent mean is a spike
 SPIKE_DECAY = 0.98  # the mean's decay per step (about the last 50 steps)
 SPIKE_WARMUP = 20  # steps before the first spike can be called (the mean settles)
-KEYS_SHOWN = 16  # keys named per shard; more are counted
 
 
 class NonFiniteError(UserError):
@@ -90,23 +88,6 @@ class StepRecord:
 
 def _value(x: float) -> str:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-
-
-def describe_members(members: list[Member]) -> str:
-    """`shard a.tar, keys [k1, k2]; shard b.tar, keys [...]`: the samples with non-finite input
-    alone when there are any (marked), else all the batch's."""
-    bad = [m for m in members if m.finite is False]
-    shown, note = (bad, f" {NONFINITE_INPUT}") if bad else (members, "")
-    if not shown:
-        return "samples unknown (resampled split)"
-    by_url: dict[str, list[str]] = {}
-    for m in shown:
-        by_url.setdefault(m.url, []).append(m.key)
-    parts = []
-    for url, keys in by_url.items():
-        more = f", ... {len(keys) - KEYS_SHOWN} more" if len(keys) > KEYS_SHOWN else ""
-        parts.append(f"shard {url}, keys [{', '.join(keys[:KEYS_SHOWN])}{more}]{note}")
-    return "; ".join(parts)
 
 
 def nonfinite_in(named: list[tuple[str, torch.Tensor]]) -> str | None:
