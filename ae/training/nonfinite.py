@@ -157,6 +157,15 @@ class NonFiniteGuard(L.Callback):
         self.events: list[tuple[int, str]] = []
         self.seen = 0
 
+    # --- state carried in the checkpoint: --max_skipped_steps bounds a run across its resumes,
+    # restarts and requeues (each one's fresh budget let a run that keeps turning NaN go on)
+    def state_dict(self) -> dict[str, int]:
+        return {"skipped": self.skipped, "rollbacks": self.rollbacks}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.skipped = int(state_dict.get("skipped", 0))
+        self.rollbacks = int(state_dict.get("rollbacks", 0))
+
     # --- recording (device only) -----------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         device = pl_module.device

@@ -113,6 +113,33 @@ def test_rollback_before_any_checkpoint_says_what_to_change(
     )
 
 
+def test_the_skip_budget_spans_a_resume(tmp_path: Path) -> None:
+    """Was: each resume (a requeue, a restart) started --max_skipped_steps afresh, so a run that
+    keeps turning NaN went on past it, a few skips per requeue."""
+
+    def trainer(guard: NonFiniteGuard, epochs: int) -> L.Trainer:
+        return L.Trainer(
+            accelerator="cpu", max_epochs=epochs, callbacks=[guard], logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            default_root_dir=tmp_path,
+        )  # fmt: skip
+
+    def guard() -> NonFiniteGuard:
+        return NonFiniteGuard(
+            OptimConfig(on_nonfinite="skip", max_skipped_steps=1), CheckpointConfig(),
+            CheckpointStore(tmp_path, 3), "32",
+        )  # fmt: skip
+
+    first, model = trainer(guard(), 1), Tiny()
+    first.fit(model, train_dataloaders=DataLoader(batches(), batch_size=None))
+    first.save_checkpoint(tmp_path / "after.ckpt")
+    resumed = guard()
+    with pytest.raises(NonFiniteError, match="1 of at most 1 steps skipped already"):
+        trainer(resumed, 2).fit(Tiny(), train_dataloaders=DataLoader(batches(), batch_size=None),
+                                ckpt_path=tmp_path / "after.ckpt")  # fmt: skip
+    assert resumed.skipped == 1
+
+
 class Losses(L.Callback):
     """Each batch's loss as training_step returned it."""
 
