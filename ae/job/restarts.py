@@ -120,10 +120,10 @@ def resume_note(checkpoints: Path, resume: str | None, logs: Path, ts: str) -> s
     after its last save), as a RESTART line says them for a restart. None when it redoes none
     (that run saved where it stopped: a stop signal, its end), or that cannot be told."""
     found = _checkpoint_step(checkpoints, resume) if resume is not None else None
-    before = sorted((t for t in list_runs(logs) if t < ts), reverse=True) if found else []
-    if found is None:
+    if found is None or not logs.is_dir():
         return None
     step, path = found
+    before = sorted((t for t in list_runs(logs) if t < ts), reverse=True)
     # The newest run that trained: one refused before its first step (another model, a
     # damaged checkpoint) went nowhere; a few runs back at most
     for previous in before[:RUNS_LOOKED_BACK]:
