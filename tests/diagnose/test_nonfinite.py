@@ -100,6 +100,8 @@ def test_a_run_stopped_after_a_skipped_step_names_the_step_that_stopped_it(
     ]
     assert [v["rank"] for v in doc["victims"]] == [1]
     said = _plain(doc, capsys)
+    # No rank held the run back: it stopped on purpose (was: `Verdict: held back by rank 1`)
+    assert "Verdict: stopped on a non-finite value of rank 0" in said
     assert "rank 1: stopped on rank 0's non-finite value" in said
     # The step it survived is still said, as what it was
     assert "Non-finite loss: step 11 skipped (rank 1, loss=nan)" in said

@@ -87,6 +87,24 @@ def test_a_run_stopped_as_its_launcher_died_says_so(tmp_path, capsys):
     ) in capsys.readouterr().out
 
 
+def test_a_user_error_on_every_rank_is_said_as_such(tmp_path, capsys):
+    """A refused resume (another --latent_dim): every rank says why and exits 2. Was: `Verdict:
+    held back by rank 0, 1`, of ranks that held nothing back."""
+    for w in writers(tmp_path):
+        w.log("resume_from_checkpoint: /r/last.ckpt holds another model than these flags build",
+              "ERROR")  # fmt: skip
+        w.exit(2, "ResumeRefused")
+        w.flush()
+    doc = run_diagnose(tmp_path)
+    assert [c["rank"] for c in doc["culprits"]] == [0, 1]
+    render(doc, Console(width=300))
+    said = capsys.readouterr().out
+    assert (
+        "Verdict: stopped by a user error (exit 2: its message says what to change) on rank 0, 1"
+    ) in said
+    assert "held back" not in said
+
+
 def test_exception_is_the_culprit_and_the_peer_failure_a_victim(tmp_path: Path) -> None:
     w0, w1 = writers(tmp_path)
     for w in (w0, w1):
