@@ -117,13 +117,17 @@ def live_ranks(logs: Path) -> list[Heartbeat]:
     return [h for h in found if h is not None and h.alive]
 
 
+def _listed(found: list[Path]) -> str:
+    """`a.ckpt, b.ckpt and 3 more`: the first CHECKPOINTS_LISTED file names."""
+    names = ", ".join(p.name for p in found[:CHECKPOINTS_LISTED])
+    more = len(found) - CHECKPOINTS_LISTED
+    return f"{names} and {more} more" if more > 0 else names
+
+
 class EarlierCheckpoints(UserError):
     def __init__(self, run_dir: RunDir, found: list[Path]) -> None:
-        names = ", ".join(p.name for p in found[:CHECKPOINTS_LISTED])
-        if len(found) > CHECKPOINTS_LISTED:
-            names += f" and {len(found) - CHECKPOINTS_LISTED} more"
         super().__init__(
-            f"{run_dir.checkpoints} holds checkpoints of an earlier run: {names}.\n"
+            f"{run_dir.checkpoints} holds checkpoints of an earlier run: {_listed(found)}.\n"
             f"  To continue that run: --resume_from_checkpoint=last\n"
             f"  To start afresh: another --output_dir, or --overwrite=true (deletes those "
             f"checkpoints; logs are kept)"
@@ -132,13 +136,10 @@ class EarlierCheckpoints(UserError):
 
 class OtherRunsCheckpoints(UserError):
     def __init__(self, run_dir: RunDir, resume: str, found: list[Path]) -> None:
-        names = ", ".join(p.name for p in found[:CHECKPOINTS_LISTED])
-        if len(found) > CHECKPOINTS_LISTED:
-            names += f" and {len(found) - CHECKPOINTS_LISTED} more"
         super().__init__(
             f"--resume_from_checkpoint={resume} is not of this folder's run, and "
-            f"{run_dir.checkpoints} holds checkpoints of its own: {names}. Resuming here would "
-            f"replace its last.ckpt and best.ckpt and prune its step checkpoints.\n"
+            f"{run_dir.checkpoints} holds checkpoints of its own: {_listed(found)}. Resuming "
+            f"here would replace its last.ckpt and best.ckpt and prune its step checkpoints.\n"
             f"  To continue this folder's run: --resume_from_checkpoint=last\n"
             f"  To continue {resume}: an --output_dir without checkpoints (or its own run's)"
         )
