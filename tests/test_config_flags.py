@@ -18,6 +18,19 @@ def test_cross_field_checks(tmp_path: Path) -> None:
         )  # fmt: skip
     keys = [p.split(":")[0] for p in err.value.problems]
     assert keys == ["sample_period", "encoder_lr_mult/decoder_lr_mult", "resume_from_checkpoint"]
+    assert err.value.problems[-1] == (
+        f"resume_from_checkpoint: no such checkpoint file: {tmp_path / 'nope.ckpt'} (a path, or "
+        "last)"
+    )
+    # A mistyped or pruned step checkpoint: the folder's checkpoints are named (was: none)
+    for name in ("step-00000040.ckpt", "last.ckpt"):
+        (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--resume_from_checkpoint={tmp_path / 'step-00000099.ckpt'}"])
+    assert err.value.problems == [
+        f"resume_from_checkpoint: no such checkpoint file: {tmp_path / 'step-00000099.ckpt'} (a "
+        f"path, or last); {tmp_path} holds last.ckpt, step-00000040.ckpt"
+    ]
     resume = parse_config(["--resume_from_checkpoint=last"]).checkpoints.resume_from_checkpoint
     assert resume == "last"
     with pytest.raises(ConfigError, match="overwrite/resume_from_checkpoint: overwrite deletes"):

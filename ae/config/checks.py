@@ -159,6 +159,14 @@ def cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
     need(
         resume in (None, "last") or Path(resume).is_file(),
         ("resume_from_checkpoint",),
-        f"no such checkpoint file: {resume} (a path, or last)",
+        f"no such checkpoint file: {resume} (a path, or last){_checkpoints_beside(resume)}",
     )
     return problems
+
+
+def _checkpoints_beside(resume: str | None) -> str:
+    """The checkpoints in the folder a missing one was named in (a mistyped step number, one
+    pruned since): `; its folder holds last.ckpt, step-00000040.ckpt, step-00000046.ckpt`."""
+    folder = Path(resume).parent if resume not in (None, "last") else None
+    found = sorted(p.name for p in folder.glob("*.ckpt")) if folder and folder.is_dir() else []
+    return f"; {folder} holds {', '.join(found)}" if found else ""

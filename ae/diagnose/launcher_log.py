@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ae.diagnose.logscan import Evidence
+from ae.log_lines import LAUNCHER_GONE
 
 _FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: \d+ \(pid: (?P<pid>\d+)\)")
 _BLOCK_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+) \(local_rank: \d+\)")
@@ -65,6 +66,7 @@ class StopSignal:
 
     signal: str  # SIGINT, SIGTERM ...
     evidence: Evidence
+    launcher_gone: int | None = None  # the pid of the launcher whose death sent it (SIGTERM)
 
 
 @dataclass
@@ -88,6 +90,8 @@ def read_launcher_logs(paths: list[Path]) -> LauncherReport:
                 root = True
             elif (m := _DEATH_SIGNAL.search(line)) and out.stopped is None:
                 out.stopped = StopSignal(_signal_name(int(m["sig"])), Evidence(path, n, line))
+            elif (m := LAUNCHER_GONE.parse(line)) and out.stopped is not None:
+                out.stopped = replace(out.stopped, launcher_gone=int(m["pid"]))
             elif m := _FAILED.search(line):
                 pid = int(m["pid"])
                 out.by_pid.setdefault(pid, _end(pid, int(m["code"]), Evidence(path, n, line)))

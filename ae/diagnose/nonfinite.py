@@ -1,7 +1,8 @@
 """Non-finite values in a run (`ae.training.nonfinite`), from the ranks' logs: the first one in
 time (the lowest step, then the earliest line: the rank that received it through the all-reduce
-writes no NONFINITE line), the steps skipped and rolled back, and the loss spikes. The verdict
-rule `verdict_rules.nonfinite` and the `nonfinite` key of `ae-diagnose --json` read it here."""
+writes no NONFINITE line), the last one (the step that stopped a run that had skipped or rolled
+back earlier ones), the steps skipped and rolled back, and the loss spikes. The verdict rule
+`verdict_rules.nonfinite` and the `nonfinite` key of `ae-diagnose --json` read it here."""
 
 from __future__ import annotations
 
@@ -38,12 +39,24 @@ def _first(rank: int, rec: Record) -> FirstNonFinite | None:
 def first_nonfinite(run: RunState) -> list[FirstNonFinite]:
     """The NONFINITE lines at the lowest step of any rank (several ranks when they saw it at
     the same step), earliest first; [] when no rank wrote one."""
-    found = [f for r in run.ranks.values() if r.nonfinite for f in [_first(r.rank, r.nonfinite)]]
-    found = [f for f in found if f is not None]
-    if not found:
+    found = [_first(r.rank, r.nonfinite) for r in run.ranks.values() if r.nonfinite]
+    return _at_step(found, min)
+
+
+def last_nonfinite(run: RunState) -> list[FirstNonFinite]:
+    """The NONFINITE lines at the highest step of any rank: the step a run stopped on, after
+    the steps it skipped or rolled back (`--max_skipped_steps`); the first ones otherwise."""
+    found = [_first(r.rank, r.nonfinite_last) for r in run.ranks.values() if r.nonfinite_last]
+    return _at_step(found, max)
+
+
+def _at_step(found: list[FirstNonFinite | None], pick: Any) -> list[FirstNonFinite]:
+    """The lines of `found` at the step `pick` (min or max) chooses, earliest first."""
+    lines = [f for f in found if f is not None]
+    if not lines:
         return []
-    step = min(f.step for f in found)
-    return sorted((f for f in found if f.step == step), key=lambda f: (f.time, f.rank))
+    step = pick(f.step for f in lines)
+    return sorted((f for f in lines if f.step == step), key=lambda f: (f.time, f.rank))
 
 
 def nonfinite_json(run: RunState) -> dict[str, Any] | None:

@@ -141,9 +141,11 @@ class RankLog:
     preempted: Record | None = None  # its PREEMPTED line: stopped by a signal, checkpoint saved
     heartbeat: Heartbeat | None = None
     header_host: str | None = None  # from the rank header, for a rank without a heartbeat
-    # Non-finite values (ae.training.nonfinite): the rank's first NONFINITE line, the steps it
-    # skipped and rolled back, its loss spikes (the first SPIKES_KEPT).
+    # Non-finite values (ae.training.nonfinite): the rank's first NONFINITE line and its last
+    # (after skipped or rolled-back steps, the one that stopped the run), the steps it skipped
+    # and rolled back, its loss spikes (the first SPIKES_KEPT).
     nonfinite: Record | None = None
+    nonfinite_last: Record | None = None
     skipped_steps: int = 0
     rollbacks: int = 0
     spikes: list[Record] = field(default_factory=list)
@@ -326,6 +328,8 @@ class _Scanner:
         if s.nonfinite is None:
             start = next(log.find_records(_needle(NONFINITE.prefix)), None)
             s.nonfinite = None if start is None else log.record(start)
+        if (last := self._last(log, NONFINITE.prefix)) is not None:
+            s.nonfinite_last = last
         s.skipped_steps += sum(1 for _ in log.find_records(_needle(NONFINITE_SKIPPED.prefix)))
         s.rollbacks += sum(1 for _ in log.find_records(_needle(ROLLBACK.prefix)))
         for start in log.find_records(_needle(LOSS_SPIKE.prefix)):

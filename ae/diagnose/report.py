@@ -21,9 +21,9 @@ from ae.diagnose.nonfinite import nonfinite_json, survived_line
 from ae.diagnose.rank_log import RankLog, shard_of
 from ae.diagnose.rank_status import current_phase
 from ae.diagnose.stragglers import StragglerFinding, find_stragglers, rank_scores
-from ae.diagnose.teardown import teardown_line
+from ae.diagnose.teardown import how_held, stopped_by, teardown_line
 from ae.diagnose.verdict import Verdict, judge
-from ae.log_lines import LAUNCHER_LOG_FILE, PREEMPTED, RECORD_PATTERN
+from ae.log_lines import LAUNCHER_LOG_FILE, RECORD_PATTERN
 
 TEXT_LIMIT = 400  # characters of a log line kept in the JSON (FATAL messages can be huge)
 SHARDS_LISTED = 10
@@ -193,7 +193,7 @@ def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
         "data_errors": _data_errors(run),
         "stragglers": [_straggler(f) for f in find_stragglers(run)],
         "nonfinite": nonfinite_json(run),
-        "stopped_by": _stopped_by(run),
+        "stopped_by": stopped_by(run),
         "training_finished": None
         if (fin := verdict.finished) is None
         else {
@@ -208,15 +208,6 @@ def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
             "mismatches": [m.to_json() for m in verdict.mismatches],
         },
     }
-
-
-def _stopped_by(run: RunState) -> dict[str, Any] | None:
-    """The stop signal the run ended on after saving (a rank's PREEMPTED line: Ctrl-C, scancel,
-    a preemption), or None."""
-    for r in run.ranks.values():
-        if r.preempted is not None and (m := PREEMPTED.parse(r.preempted.message)):
-            return {"signal": m["signal"], "step": int(m["step"]), "checkpoint": m["path"]}
-    return None
 
 
 # --- rendering ------------------------------------------------------------------------------
@@ -351,16 +342,18 @@ def render(doc: dict[str, Any], console: Console) -> None:
         slowed = ", ".join(f"rank {s['rank']}: {s['cause']}" for s in stragglers)
         console.print(Text(f"Verdict: {status}, slowed by {slowed}", style="bold yellow"))
     elif not culprits and (stop := doc.get("stopped_by")):
+        why = (f", which torchrun passed on as its launcher (pid {stop['launcher_gone']}) died"
+               if stop.get("launcher_gone") else "")  # fmt: skip
         console.print(Text(
             f"Verdict: no rank holds the job back (stopped by {stop['signal']} at step "
-            f"{stop['step']}; checkpoint {stop['checkpoint']} saved; resume with "
+            f"{stop['step']}{why}; checkpoint {stop['checkpoint']} saved; resume with "
             "--resume_from_checkpoint=last).", style="yellow",
         ))  # fmt: skip
     elif not culprits:
         console.print(Text(f"Verdict: no rank holds the job back ({status}).", style=style))
     else:
         ranks = ", ".join(str(c["rank"]) for c in culprits)
-        console.print(Text(f"Verdict: held back by rank {ranks}", style="bold red"))
+        console.print(Text(f"Verdict: {how_held(doc)} rank {ranks}", style="bold red"))
     for c in culprits:
         host = f" on {c['host']}" if c.get("host") else ""
         line = Text(f"  rank {c['rank']}{host}: ", style="bold")

@@ -10,11 +10,16 @@ teardown, with the checkpoints complete: not a culprit, and nothing a restart co
 phase is `teardown`, whatever marker it logged last (a teardown has none). A rank that failed of
 its own (an exception, a non-zero exit line, a stall, a collective mismatch) keeps the verdict
 `failed`: this rule then changes nothing.
+
+Also how a run ended that no rank held back: the stop signal it saved on (`stopped_by`), and
+the words for culprits that stopped it on purpose, a non-finite value or a user error
+(`how_held`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ae.diagnose.evidence import RunState
 from ae.diagnose.findings import Finding, Findings
@@ -22,7 +27,8 @@ from ae.diagnose.launcher_log import ProcessEnd
 from ae.diagnose.logscan import Evidence
 from ae.diagnose.rank_log import RankLog
 from ae.diagnose.rank_status import open_stall, primary_crash
-from ae.log_lines import CHECKPOINT_END, TRAINING_FINISHED
+from ae.errors import UserError
+from ae.log_lines import CHECKPOINT_END, PREEMPTED, TRAINING_FINISHED
 
 PHASE = "teardown"
 _STOP_SIGNALS = ("SIGTERM", "SIGINT")
@@ -122,3 +128,24 @@ def teardown_line(doc: dict) -> str | None:
         line += "; rank 0 ended before its own `Training finished` line: its loss curve and the "
         line += "loggers' last writes may be missing"
     return line + "; nothing to redo"
+
+
+def stopped_by(run: RunState) -> dict[str, Any] | None:
+    """The stop signal the run ended on after saving (a rank's PREEMPTED line: Ctrl-C, scancel,
+    a preemption), or None."""
+    gone = {"launcher_gone": run.stopped.launcher_gone if run.stopped is not None else None}
+    for r in run.ranks.values():
+        if r.preempted is not None and (m := PREEMPTED.parse(r.preempted.message)):
+            return {"signal": m["signal"], "step": int(m["step"]), "checkpoint": m["path"], **gone}
+    return None
+
+
+def how_held(doc: dict[str, Any]) -> str:
+    """How the culprits ended the run: a non-finite value and a user error stop it on purpose,
+    which no rank held back (`held back by` is for the others: a crash, a kill, a stall)."""
+    if all(c["cause"].startswith("non-finite ") for c in doc["culprits"]):
+        return "stopped on a non-finite value of"
+    codes = {r["rank"]: r["exit_code"] for r in doc["ranks"]}
+    if all(codes.get(c["rank"]) == UserError.exit_code for c in doc["culprits"]):
+        return "stopped by a user error (exit 2: its message says what to change) on"
+    return "held back by"

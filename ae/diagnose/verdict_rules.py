@@ -12,7 +12,7 @@ from ae.diagnose.collectives import find_mismatches
 from ae.diagnose.evidence import RunState
 from ae.diagnose.findings import Finding, Findings
 from ae.diagnose.logscan import Evidence
-from ae.diagnose.nonfinite import first_nonfinite
+from ae.diagnose.nonfinite import last_nonfinite
 from ae.diagnose.rank_log import RankLog, Stall
 from ae.diagnose.rank_status import current_phase, finished, last_words, open_stall, primary_crash
 from ae.diagnose.tracebacks import Crash
@@ -79,19 +79,20 @@ _NONFINITE_EXIT = "error exit: NonFiniteError"
 
 def nonfinite(run: RunState, so_far: Findings) -> Findings:
     """A run that stopped on a non-finite value (`--on_nonfinite`): the rank whose NONFINITE line
-    is first in time (the lowest step; its own loss or gradient held the value) is the culprit,
+    at the step it stopped on is first in time (its own loss or gradient held the value; the
+    highest step: the steps skipped or rolled back before it were survived) is the culprit,
     `non-finite <value> at step N`, the line (its shard and keys) its evidence; the other ranks
     that stopped on it, which got it through the all-reduce, are its victims. A run that
     survived it keeps no culprit (`ae-diagnose --json`: `nonfinite`)."""
     stopped = {f.rank: f for f in so_far.culprits if f.cause == _NONFINITE_EXIT}
-    firsts = [f for f in first_nonfinite(run) if f.rank in stopped] if stopped else []
+    firsts = [f for f in last_nonfinite(run) if f.rank in stopped] if stopped else []
     if not firsts:
         return so_far
     named = {f.rank for f in firsts}
     culprits = [f for f in so_far.culprits if f.rank not in stopped]
     for f in firsts:
         was = stopped[f.rank]
-        rule = f"first NONFINITE line (step {f.step}, epoch {f.epoch}, batch {f.batch})"
+        rule = f"the NONFINITE line it stopped on (step {f.step}, epoch {f.epoch}, batch {f.batch})"
         cause = f"non-finite {f.value} at step {f.step}"
         culprits.append(_culprit(run.ranks[f.rank], "training step", cause, rule,
                                  [f.evidence, *was.evidence], f.time))  # fmt: skip
@@ -132,6 +133,20 @@ def _gone_without_trace(run: RunState) -> list[tuple[float, RankLog, list[Eviden
     return sorted(gone, key=lambda g: g[0])
 
 
+def _killed_together(
+    run: RunState, found: list[tuple[float, RankLog, list[Evidence]]]
+) -> list[int]:
+    """The ranks when every rank of the run went without trace within GAP_S, and torchrun,
+    whose log is there, saw no rank end and got no stop signal: it died with them (its launcher
+    and the whole job killed at once); [] otherwise."""
+    ranks = [r for r in run.ranks.values() if r.files]
+    if len(found) < 2 or len(found) != len(ranks) or run.ends or run.stopped is not None:
+        return []
+    if not run.files.launcher_logs or found[-1][0] - found[0][0] > GAP_S:
+        return []
+    return sorted(r.rank for _, r, _ in found)
+
+
 def gone(run: RunState, so_far: Findings) -> Findings:
     """Of the ranks gone without trace, the first to go is the culprit, `killed without trace`
     (the OOM killer, SIGKILL), or `stalled, watchdog blocked` when faulthandler dumped its stacks;
@@ -147,7 +162,9 @@ def gone(run: RunState, so_far: Findings) -> Findings:
     states: dict[int, str] = {}
     first_gone: RankLog | None = None
     ctrl_c = run.stopped is not None and run.stopped.signal == "SIGINT"
-    for life, r, evidence in _gone_without_trace(run):
+    found = _gone_without_trace(run)
+    together = _killed_together(run, found)
+    for life, r, evidence in found:
         states[r.rank] = "stopped"
         stuck = r.stuck
         if (stuck and "doing" in stuck and not stuck["doing"].startswith("collective")
@@ -172,6 +189,9 @@ def gone(run: RunState, so_far: Findings) -> Findings:
             victims.append(_victim(r, cause, [*evidence[-1:], run.stopped.evidence]))
         elif first_failure is not None and life >= first_failure - GAP_S:
             victims.append(_victim(r, f"stopped after rank {failed} failed", evidence[-1:]))
+        elif first_gone is not None and together:
+            victims.append(_victim(r, f"killed with the job, as rank {first_gone.rank}",
+                                   evidence[-1:]))  # fmt: skip
         elif first_gone is not None:
             victims.append(_victim(r, f"stopped after rank {first_gone.rank} died", evidence[-1:]))
         elif r.native_dump is not None or (r.heartbeat is not None and r.heartbeat.stalled):
@@ -188,6 +208,11 @@ def gone(run: RunState, so_far: Findings) -> Findings:
         else:
             first_gone = r
             rule = "log stops with no exit line, no exception, no stall"
+            if together:  # no rank held the others back: who went first is a matter of ms
+                others = ", ".join(str(k) for k in together if k != r.rank)
+                rule += (f"; rank {others} stopped with it and torchrun's log names no end: "
+                         "every process of the job was killed at once (kill -9, the OOM killer, "
+                         "the machine)")  # fmt: skip
             culprits.append(
                 _culprit(r, current_phase(r), "killed without trace", rule, evidence, life)
             )

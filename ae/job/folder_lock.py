@@ -122,16 +122,31 @@ def live_ranks(logs: Path) -> list[Heartbeat]:
     return [h for h in found if h is not None and h.alive]
 
 
+def _listed(found: list[Path]) -> str:
+    """`a.ckpt, b.ckpt and 3 more`: the first CHECKPOINTS_LISTED file names."""
+    names = ", ".join(p.name for p in found[:CHECKPOINTS_LISTED])
+    more = len(found) - CHECKPOINTS_LISTED
+    return f"{names} and {more} more" if more > 0 else names
+
+
 class EarlierCheckpoints(UserError):
     def __init__(self, run_dir: RunDir, found: list[Path]) -> None:
-        names = ", ".join(p.name for p in found[:CHECKPOINTS_LISTED])
-        if len(found) > CHECKPOINTS_LISTED:
-            names += f" and {len(found) - CHECKPOINTS_LISTED} more"
         super().__init__(
-            f"{run_dir.checkpoints} holds checkpoints of an earlier run: {names}.\n"
+            f"{run_dir.checkpoints} holds checkpoints of an earlier run: {_listed(found)}.\n"
             f"  To continue that run: --resume_from_checkpoint=last\n"
             f"  To start afresh: another --output_dir, or --overwrite=true (deletes those "
             f"checkpoints; logs are kept)"
+        )
+
+
+class OtherRunsCheckpoints(UserError):
+    def __init__(self, run_dir: RunDir, resume: str, found: list[Path]) -> None:
+        super().__init__(
+            f"--resume_from_checkpoint={resume} is not of this folder's run, and "
+            f"{run_dir.checkpoints} holds checkpoints of its own: {_listed(found)}. Resuming "
+            f"here would replace its last.ckpt and best.ckpt and prune its step checkpoints.\n"
+            f"  To continue this folder's run: --resume_from_checkpoint=last\n"
+            f"  To continue {resume}: an --output_dir without checkpoints (or its own run's)"
         )
 
 
@@ -298,13 +313,22 @@ def follow(
 def earlier_checkpoints(run_dir: RunDir, resume: str | None, overwrite: bool) -> list[Path]:
     """A fresh run (no resume) refuses to start over an earlier run's checkpoints: their steps
     would mix with its own in `last.ckpt` and the rotation. With `overwrite` they are deleted
-    (and returned)."""
+    (and returned). A resume from a checkpoint of another folder refuses them too: it would
+    replace them without a word (`--overwrite` and a resume are refused together)."""
+    foreign = resume is not None and resume != "last" and not _of_folder(run_dir, resume)
+    if foreign and (found := sorted(run_dir.checkpoints.glob("*.ckpt"))):
+        raise OtherRunsCheckpoints(run_dir, str(resume), found)
     found = sorted(run_dir.checkpoints.glob("*.ckpt")) if resume is None else []
     if found and not overwrite:
         raise EarlierCheckpoints(run_dir, found)
     for path in found:
         path.unlink(missing_ok=True)
     return found
+
+
+def _of_folder(run_dir: RunDir, checkpoint: str) -> bool:
+    """Whether the checkpoint file lies in the run folder's checkpoints folder."""
+    return Path(checkpoint).expanduser().resolve().parent == run_dir.checkpoints.resolve()
 
 
 def unused_run_ts(logs_dir: Path, ts: str) -> str:

@@ -62,7 +62,15 @@ from ae.job.processes import (
     shared_cores_note,
 )
 from ae.job.rank_lines import rank_lines
-from ae.job.restarts import RESTART_ENV, Restart, Restarts, newest_checkpoint, requeue_job
+from ae.job.restarts import (
+    RESTART_ENV,
+    RESUME_NOTE_ENV,
+    Restart,
+    Restarts,
+    newest_checkpoint,
+    requeue_job,
+    resume_note,
+)
 from ae.job.supervise import Stops, start_child, wait
 from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE, TRAIN_LOG_FILE
@@ -297,6 +305,10 @@ def attempt(
             f"{torchrun}"
             f"\n  follow    : tail -f {logs}/debug_rank*_{ts}.log"
         )
+        resume = cfg.checkpoints.resume_from_checkpoint
+        if note := resume_note(cfg.run.dir.checkpoints, resume, logs, ts):
+            logger.info(note)
+            env[RESUME_NOTE_ENV] = note
     proc = start_child(cmd, env, keep_fds=lock.descriptors() if lock is not None else ())
     # Another node that dies closes no connection: its heartbeats tell (`ae.job.peer_nodes`).
     # The leader's console also says the other ranks' errors and stalls (`ae.job.rank_lines`).

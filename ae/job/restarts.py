@@ -29,7 +29,7 @@ from typing import Any
 
 from loguru import logger
 
-from ae.diagnose.log_files import find_run
+from ae.diagnose.log_files import find_run, list_runs
 from ae.diagnose.report import diagnose, verdict_lines
 from ae.errors import DiskFullError, UserError
 from ae.job.outcome import finished_in_teardown
@@ -37,12 +37,18 @@ from ae.log_lines import CHANGE_OF_NODES, RESTART, RESUMED, TRAIN_LOG_FILE
 
 # The RESTART line, for rank 0 of the new attempt to write first into its train log.
 RESTART_ENV = "AE_RESTART"
+# A resumed run's line on the steps it trains again (`resume_note`), for rank 0's train log.
+RESUME_NOTE_ENV = "AE_RESUME_NOTE"
+RUNS_LOOKED_BACK = 5  # the runs `resume_note` reads, newest first, for one that trained
 AS_THE_FIRST_ATTEMPT = "as the first attempt did"  # a RESTART's checkpoint when there is none
 # The job failed the same way twice in a row: a requeue would fail again (docs/RUNS.md).
 SAME_FAILURE_EXIT = 3
 # Failures no restart can help: the same mistake or the same full disk again.
 NO_RESTART = {UserError.exit_code: "a user error", DiskFullError.exit_code: "the disk is full"}
 SAME_FAILURE = "not restarting: the same failure at step {step} twice"
+# How ae-diagnose's cause for a rank that stopped on a non-finite value begins
+# (`verdict_rules.nonfinite`: `non-finite loss=nan at step 8`).
+NONFINITE_CAUSE = "non-finite "
 _STEP_FILE = re.compile(r"^step-(\d+)\.ckpt$")
 LAST = "last.ckpt"
 
@@ -108,6 +114,50 @@ def newest_checkpoint(checkpoints: Path) -> tuple[int, Path] | None:
     return (same or steps or [(0, last)])[-1]
 
 
+def resume_note(checkpoints: Path, resume: str | None, logs: Path, ts: str) -> str | None:
+    """What a resume by hand (`--resume_from_checkpoint`, a checkpoint of this folder) trains
+    again: the steps the folder's previous run went past that checkpoint (killed, or failed,
+    after its last save), as a RESTART line says them for a restart. None when it redoes none
+    (that run saved where it stopped: a stop signal, its end), or that cannot be told."""
+    found = _checkpoint_step(checkpoints, resume) if resume is not None else None
+    if found is None or not logs.is_dir():
+        return None
+    step, path = found
+    before = sorted((t for t in list_runs(logs) if t < ts), reverse=True)
+    # The newest run that trained: one refused before its first step (another model, a
+    # damaged checkpoint) went nowhere; a few runs back at most
+    for previous in before[:RUNS_LOOKED_BACK]:
+        try:
+            reached = judge(logs, previous, 0).step
+        except (OSError, ValueError, KeyError):  # a note is no reason to stop a launch
+            return None
+        if reached > 0:
+            break
+    else:
+        return None
+    if reached <= step:
+        return None
+    return (
+        f"Resuming at step {step} ({path}): the previous run, {previous}, reached step "
+        f"{reached}; steps {step + 1}-{reached} are trained again ({reached - step} steps redone)"
+    )
+
+
+def _checkpoint_step(checkpoints: Path, resume: str) -> tuple[int, Path] | None:
+    """The step and file of `--resume_from_checkpoint` when it is a step checkpoint of this
+    folder (or `last`); None otherwise (another folder's, `best.ckpt`)."""
+    if resume == "last":
+        found = newest_checkpoint(checkpoints)
+        return found if found is not None and found[1].name != LAST else None
+    path = Path(resume).expanduser()
+    if not path.is_file() or path.resolve().parent != checkpoints.resolve():
+        return None
+    if m := _STEP_FILE.match(path.name):
+        return int(m[1]), path
+    linked = [p for p in checkpoints.glob("step-*.ckpt") if os.path.samefile(p, path)]
+    return next(((int(m[1]), p) for p in linked if (m := _STEP_FILE.match(p.name))), None)
+
+
 def _resumed_step(logs: Path, ts: str) -> int:
     """The step an attempt resumed at (its RESUMED line), 0 for one that started afresh."""
     train_log = logs / TRAIN_LOG_FILE.format(ts=ts)
@@ -142,7 +192,12 @@ class Restarts:
         self.failed.append(attempt)
         for code in attempt.rank_exit_codes:
             if code in NO_RESTART:
-                self.said = f"Not restarting: {NO_RESTART[code]} (exit {code} from a rank)"
+                why = NO_RESTART[code]
+                if nonfinite := [c for c in attempt.causes if c.startswith(NONFINITE_CAUSE)]:
+                    # exit 2 too, but no mistake of the command: the same weights and batches
+                    # from the same checkpoint would meet it again
+                    why = f"the run stopped on a {nonfinite[0]}, which a restart would meet again"
+                self.said = f"Not restarting: {why} (exit {code} from a rank)"
                 logger.info(self.said)
                 return None
         if len(self.failed) >= 2:

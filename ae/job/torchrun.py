@@ -27,6 +27,7 @@ import traceback
 
 import logging_cfg
 from ae.job.elastic import ELASTIC_ENV, JobEnds, install
+from ae.log_lines import LAUNCHER_GONE
 from ae.parent_death import die_with_parent
 
 
@@ -60,6 +61,8 @@ def main(argv: list[str]) -> int:
             return e.code if isinstance(e.code, int) else 1
         except BaseException:  # ChildFailedError, SignalException: the report, in the file
             traceback.print_exc()
+            if os.getppid() != int(launcher_pid):  # reparented: the launcher died
+                print(LAUNCHER_GONE.format(pid=launcher_pid), flush=True)
             return 1
         finally:
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__

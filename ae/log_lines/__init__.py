@@ -204,6 +204,22 @@ PREEMPTED = LineFormat(
     {"signal": "word", "step": "int", "path": "text", "lr": "float"},
 )
 
+# A validation whose loss is not finite (a validation sample holding NaN/Inf, or the model's
+# output): train log, rank 0, once per run (`ae.training.checkpointing`).
+VAL_NONFINITE = LineFormat(
+    "Validation at step {step}: val/loss={value} is not finite{best}; a validation sample may "
+    "hold NaN/Inf (`ae-shards inspect` on the validation shards names them), or the model's "
+    "output is not finite",
+    {"step": "int", "value": "word", "best": "text"},
+)
+# torchrun's log (`launcher_<TS>.log`, a plain line of `ae.job.torchrun`): its launcher died
+# (killed, its terminal closed), so the kernel sent it SIGTERM, which it passed on to the ranks.
+LAUNCHER_GONE = LineFormat(
+    "The launcher (pid {pid}) is gone: the kernel sent torchrun SIGTERM, which it passed on to "
+    "the ranks",
+    {"pid": "int"},
+)
+
 # The record whose continuation lines are the resolved config as YAML (train log, rank 0).
 RESOLVED_CONFIG = "Resolved config:"
 # The rank header's first line: where the rank runs (a rank that dies before its first heartbeat

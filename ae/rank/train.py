@@ -26,7 +26,7 @@ from ae.forensics.step_times import step_times
 from ae.forensics.watchdog import start_watchdog
 from ae.job.launch import LAUNCHER_ENV
 from ae.job.preflight import judge, rank_needs
-from ae.job.restarts import RESTART_ENV, restart_checkpoint
+from ae.job.restarts import RESTART_ENV, RESUME_NOTE_ENV, restart_checkpoint
 from ae.log_lines import GAN_STATS_FILE, RESOURCE_TIGHT, TRAINING_FINISHED, main_log
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s
@@ -60,6 +60,8 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     )  # fmt: skip
     if ctx.rank == 0 and (restart := os.environ.get(RESTART_ENV)):
         main_log.bind(console=False).warning(restart)  # the launcher printed it already
+    if ctx.rank == 0 and (note := os.environ.get(RESUME_NOTE_ENV)):
+        main_log.bind(console=False).info(note)  # the launcher printed it already
     log_rank_header(ctx, cfg.run.accelerator)
     train_urls, val_urls = resolve_shards(
         *with_demo_defaults(cfg.data.train_shards, cfg.data.val_shards)

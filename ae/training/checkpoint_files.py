@@ -16,6 +16,7 @@ removes; a full disk is named as such (`DiskFullError`).
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -73,3 +74,25 @@ class CheckpointStore:
                 old.unlink(missing_ok=True)
                 removed.append(old)
         return removed
+
+    def resumed_from(self, path: Path) -> str | None:
+        """A run resumed from an older checkpoint of this folder than the one `last.ckpt` names
+        (going back before a divergence) goes on from it: `last.ckpt` names it from now on, so
+        that a restart, a requeue or a later `--resume_from_checkpoint=last` continues this
+        run, not the steps it went back from. The line that says so; None when `last.ckpt`
+        named it already, or it is of another folder."""
+        path = Path(path)
+        if path.name == LAST or path.resolve().parent != self.dir.resolve():
+            return None
+        if not self.last.is_file():
+            atomic_files.link(path, self.last)
+            return None
+        if os.path.samefile(path, self.last):
+            return None
+        named = next((p.name for p in self.step_files() if os.path.samefile(p, self.last)), LAST)
+        atomic_files.link(path, self.last)
+        return (
+            f"{LAST} now names {path.name}, the checkpoint this run resumed (it named {named}): "
+            f"a restart or --resume_from_checkpoint=last continues from here, not from the "
+            f"steps it went back from"
+        )

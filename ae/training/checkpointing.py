@@ -40,6 +40,7 @@ from ae.log_lines import (
     CHECKPOINT_REFUSED,
     CHECKPOINT_START,
     RESUMED,
+    VAL_NONFINITE,
     main_log,
 )
 from ae.run_paths import RunDir
@@ -119,6 +120,7 @@ class Checkpointing(L.Callback):
         self.saved_at = self.clock()  # of the newest step checkpoint, or of the train start
         self._resumed_from: dict[str, Any] | None = None
         self._changed: list[str] = []
+        self._val_nonfinite_said = False
 
     # --- state carried in the checkpoint ----------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -153,6 +155,9 @@ class Checkpointing(L.Callback):
             atomic_files.write(self.config_file, self.config_yaml.encode(), what="config")
         if self._resumed_from is None:
             return
+        ckpt = trainer.ckpt_path
+        if trainer.is_global_zero and ckpt and (note := self.store.resumed_from(Path(ckpt))):
+            main_log.info(note)
         # What ae did about the changes (the data module re-split the epoch's rest on restore;
         # the LR schedule is re-planned now, the loops being restored).
         resumed = getattr(trainer.datamodule, "resumed", None)
@@ -202,10 +207,21 @@ class Checkpointing(L.Callback):
             self.save_step(trainer, "final")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or not self.cfg.save_best:
+        if trainer.sanity_checking:
             return
         loss = trainer.callback_metrics.get("val/loss")
         value = float(loss) if loss is not None else math.inf
+        if loss is not None and not math.isfinite(value) and not self._val_nonfinite_said:
+            # Training goes on (its own loss is guarded), but every validation metric and the
+            # choice of best.ckpt are lost while it lasts: said once, not each epoch
+            self._val_nonfinite_said = True
+            if trainer.is_global_zero:
+                main_log.warning(VAL_NONFINITE.format(
+                    step=trainer.global_step, value=value,
+                    best="; best.ckpt is not saved from it" if self.cfg.save_best else "",
+                ))  # fmt: skip
+        if not self.cfg.save_best:
+            return
         # val/loss is synced across ranks, but the save below is collective: one decision.
         if not trainer.strategy.broadcast(value < self.best_loss, src=0):
             return

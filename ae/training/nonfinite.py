@@ -46,14 +46,13 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from ae.config import CheckpointConfig, OptimConfig
-from ae.data.stream.batch_members import Member, batch_members
+from ae.data.stream.batch_members import Member, batch_members, describe_members
 from ae.data.stream.shard_stream import ShardStream
 from ae.errors import UserError
 from ae.forensics.step_times import gradients_ready
 from ae.log_lines import (
     LOSS_SPIKE,
     NONFINITE,
-    NONFINITE_INPUT,
     NONFINITE_RECEIVED,
     NONFINITE_SKIPPED,
     NONFINITE_STOP,
@@ -70,7 +69,6 @@ from ae.training.position import checkpoint_read
 SPIKE_FACTOR = 10.0  # a loss this many times its recent mean is a spike
 SPIKE_DECAY = 0.98  # the mean's decay per step (about the last 50 steps)
 SPIKE_WARMUP = 20  # steps before the first spike can be called (the mean settles)
-KEYS_SHOWN = 16  # keys named per shard; more are counted
 
 
 class NonFiniteError(UserError):
@@ -90,23 +88,6 @@ class StepRecord:
 
 def _value(x: float) -> str:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-
-
-def describe_members(members: list[Member]) -> str:
-    """`shard a.tar, keys [k1, k2]; shard b.tar, keys [...]`: the samples with non-finite input
-    alone when there are any (marked), else all the batch's."""
-    bad = [m for m in members if m.finite is False]
-    shown, note = (bad, f" {NONFINITE_INPUT}") if bad else (members, "")
-    if not shown:
-        return "samples unknown (resampled split)"
-    by_url: dict[str, list[str]] = {}
-    for m in shown:
-        by_url.setdefault(m.url, []).append(m.key)
-    parts = []
-    for url, keys in by_url.items():
-        more = f", ... {len(keys) - KEYS_SHOWN} more" if len(keys) > KEYS_SHOWN else ""
-        parts.append(f"shard {url}, keys [{', '.join(keys[:KEYS_SHOWN])}{more}]{note}")
-    return "; ".join(parts)
 
 
 def nonfinite_in(named: list[tuple[str, torch.Tensor]]) -> str | None:
@@ -148,6 +129,11 @@ class NonFiniteGuard(L.Callback):
         self.mode = optim.on_nonfinite
         self.limit = optim.max_skipped_steps
         self.trust = checkpoints.trust_checkpoint
+        # What a rollback with no checkpoint to go back to yet should change
+        period, minutes = checkpoints.checkpointing_period, checkpoints.checkpoint_minutes
+        self.saves_hint = "set --checkpointing_period lower" if period else (
+            "set --checkpointing_period, or --checkpoint_minutes lower" if minutes
+            else "--checkpointing_period=0 saves at the end only: set a period")  # fmt: skip
         self.store = store
         self.grads_count = precision != "16-mixed"
         self.every = 1  # steps per read of the record (set at train start)
@@ -170,6 +156,15 @@ class NonFiniteGuard(L.Callback):
         # (step, what) of each loss spike and non-finite step: marks on the loss curve
         self.events: list[tuple[int, str]] = []
         self.seen = 0
+
+    # --- state carried in the checkpoint: --max_skipped_steps bounds a run across its resumes,
+    # restarts and requeues (each one's fresh budget let a run that keeps turning NaN go on)
+    def state_dict(self) -> dict[str, int]:
+        return {"skipped": self.skipped, "rollbacks": self.rollbacks}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.skipped = int(state_dict.get("skipped", 0))
+        self.rollbacks = int(state_dict.get("rollbacks", 0))
 
     # --- recording (device only) -----------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -332,9 +327,14 @@ class NonFiniteGuard(L.Callback):
             why = "" if self.mode == "stop" else (
                 f"; {used} of at most {self.limit} steps {done} already (--max_skipped_steps)"
             )  # fmt: skip
+            # The same checkpoint, weights and batches meet it again: what to change to go on
+            change = "--on_nonfinite=skip (or rollback)" if self.mode == "stop" else "a higher "
+            change += "" if self.mode == "stop" else "--max_skipped_steps"
             raise NonFiniteError(
                 f"non-finite value at step {rec.step} (--on_nonfinite={self.mode}{why}): the "
-                "NONFINITE line names the rank and samples; `ae-diagnose` shows it"
+                "NONFINITE line names the rank and samples; `ae-diagnose` shows it\n"
+                f"  To go on past it: --resume_from_checkpoint=last with {change}, or with its "
+                "cause fixed (samples holding NaN/Inf, a learning rate too high)"
             )
         if self.epoch_loss is not None:  # a step not applied is no part of the epoch's mean
             self.epoch_loss.drop_step()
@@ -364,7 +364,7 @@ class NonFiniteGuard(L.Callback):
         if path is None:
             raise NonFiniteError(
                 f"non-finite value at step {trainer.global_step}: --on_nonfinite=rollback has no "
-                "checkpoint to go back to yet (set --checkpointing_period lower)"
+                f"checkpoint to go back to yet ({self.saves_hint})"
             )
         ckpt = checkpoint_read.load(path, trust=self.trust, map_location=pl_module.device)
         pl_module.load_state_dict(ckpt["state_dict"])

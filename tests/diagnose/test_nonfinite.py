@@ -70,3 +70,38 @@ def test_rolled_back_steps_are_said_with_their_count(tmp_path: Path, capsys) -> 
 
 def test_a_run_without_non_finite_steps_says_nothing_of_them(tmp_path: Path, capsys) -> None:
     assert "Non-finite" not in _plain(_run(tmp_path, []), capsys)
+
+
+def test_a_run_stopped_after_a_skipped_step_names_the_step_that_stopped_it(
+    tmp_path: Path, capsys
+) -> None:
+    # --on_nonfinite=skip --max_skipped_steps=1: rank 1's NaN at step 11 is skipped, rank 0's
+    # at step 16 stops the run. The culprit is rank 0 at step 16, not the step survived.
+    write_train_log(tmp_path, 2)
+    w0, w1 = RankWriter(tmp_path, 0, 2), RankWriter(tmp_path, 1, 2)
+    for w in (w0, w1):
+        w.start()
+        w.steps(1, 10)
+    w1.log(NONFINITE.format(value="loss=nan", rank=1, step=11, epoch=0, batch="10",
+                            samples="shard /d/a-000001.tar, keys [a]"), "ERROR")  # fmt: skip
+    w0.log(NONFINITE_RECEIVED.format(step=11), "WARNING")
+    for w in (w0, w1):
+        w.log(NONFINITE_SKIPPED.format(step=11, skipped=1, limit=1), "WARNING")
+        w.steps(12, 15)
+    w0.log(NONFINITE.format(value="loss=nan", rank=0, step=16, epoch=0, batch="15",
+                            samples="shard /d/a-000002.tar, keys [b]"), "ERROR")  # fmt: skip
+    w1.log(NONFINITE_RECEIVED.format(step=16), "WARNING")
+    for w in (w0, w1):
+        w.exit(2, "NonFiniteError")
+        w.flush()
+    doc = diagnose(find_run(tmp_path))
+    assert [(c["rank"], c["cause"]) for c in doc["culprits"]] == [
+        (0, "non-finite loss=nan at step 16")
+    ]
+    assert [v["rank"] for v in doc["victims"]] == [1]
+    said = _plain(doc, capsys)
+    # No rank held the run back: it stopped on purpose (was: `Verdict: held back by rank 1`)
+    assert "Verdict: stopped on a non-finite value of rank 0" in said
+    assert "rank 1: stopped on rank 0's non-finite value" in said
+    # The step it survived is still said, as what it was
+    assert "Non-finite loss: step 11 skipped (rank 1, loss=nan)" in said

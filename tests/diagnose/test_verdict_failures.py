@@ -10,8 +10,8 @@ from pathlib import Path
 from rich.console import Console
 
 from ae.diagnose.report import render
-from ae.log_lines import PREEMPTED
-from bench.synthetic_logs import write_heartbeat
+from ae.log_lines import LAUNCHER_GONE, LAUNCHER_LOG_FILE, PREEMPTED
+from bench.synthetic_logs import TS, write_heartbeat
 from tests.diagnose.synthetic_runs import (
     BACKWARD_FRAMES,
     GLOO,
@@ -52,11 +52,58 @@ def test_a_run_stopped_by_a_signal_after_its_save_is_stopped_not_finished(tmp_pa
         w.flush()
     doc = run_diagnose(tmp_path)
     assert doc["status"] == "stopped" and doc["culprits"] == []
-    assert doc["stopped_by"] == {"signal": "SIGINT", "step": 20, "checkpoint": ckpt}
+    assert doc["stopped_by"] == {
+        "signal": "SIGINT",
+        "step": 20,
+        "checkpoint": ckpt,
+        "launcher_gone": None,
+    }
     render(doc, Console(width=300))
     said = capsys.readouterr().out
     assert ": 2 ranks, STOPPED;" in said
     assert f"(stopped by SIGINT at step 20; checkpoint {ckpt} saved; resume with" in said
+
+
+def test_a_run_stopped_as_its_launcher_died_says_so(tmp_path, capsys):
+    """The launcher killed (`kill -9`, a closed terminal): the kernel's SIGTERM to torchrun,
+    passed on, stopped the ranks. Was: `stopped by SIGTERM`, which no one had sent."""
+    ckpt = "/runs/ae/checkpoints/step-00000020.ckpt"
+    for w in writers(tmp_path):
+        w.steps(1, 20)
+        w.log(PREEMPTED.format(signal="SIGTERM", step=20, path=ckpt, lr=0.001), "WARNING")
+        w.exit(why="preempted at step 20; resume with --resume_from_checkpoint=last")
+        w.flush()
+    (tmp_path / LAUNCHER_LOG_FILE.format(ts=TS)).write_text(
+        "W1128 04:35:40.452000 17339 api.py:753] Received 15 death signal, shutting down workers\n"
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 17339 got "
+        "signal: 15\n" + LAUNCHER_GONE.format(pid=17336) + "\n"
+    )
+    doc = run_diagnose(tmp_path)
+    assert doc["status"] == "stopped" and doc["culprits"] == []
+    assert doc["stopped_by"]["launcher_gone"] == 17336
+    render(doc, Console(width=300))
+    assert (
+        "(stopped by SIGTERM at step 20, which torchrun passed on as its launcher (pid 17336) "
+        f"died; checkpoint {ckpt} saved;"
+    ) in capsys.readouterr().out
+
+
+def test_a_user_error_on_every_rank_is_said_as_such(tmp_path, capsys):
+    """A refused resume (another --latent_dim): every rank says why and exits 2. Was: `Verdict:
+    held back by rank 0, 1`, of ranks that held nothing back."""
+    for w in writers(tmp_path):
+        w.log("resume_from_checkpoint: /r/last.ckpt holds another model than these flags build",
+              "ERROR")  # fmt: skip
+        w.exit(2, "ResumeRefused")
+        w.flush()
+    doc = run_diagnose(tmp_path)
+    assert [c["rank"] for c in doc["culprits"]] == [0, 1]
+    render(doc, Console(width=300))
+    said = capsys.readouterr().out
+    assert (
+        "Verdict: stopped by a user error (exit 2: its message says what to change) on rank 0, 1"
+    ) in said
+    assert "held back" not in said
 
 
 def test_exception_is_the_culprit_and_the_peer_failure_a_victim(tmp_path: Path) -> None:

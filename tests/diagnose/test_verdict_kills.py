@@ -300,3 +300,49 @@ def test_a_peer_stopped_while_it_imported_is_a_victim_of_a_user_error(tmp_path: 
     assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [
         (0, "stopped by torchrun after rank 1 ended")
     ]
+
+
+TORCHRUN_STARTED = "I1128 04:44:51.000000 27307 api.py:100] Starting elastic_operator\n"
+
+
+@pytest.mark.parametrize("torchrun_saw_it", [False, True])
+def test_a_job_killed_whole_names_no_rank_as_the_others_cause(
+    tmp_path: Path, torchrun_saw_it: bool
+) -> None:
+    """Every process of the job SIGKILLed at once (kill -9 of all, the OOM killer): both logs
+    stop at the same step within ms, both pids gone, and torchrun, killed too, wrote no end.
+    Was: rank 0 `stopped after rank 1 died`, of a death it had nothing to do with (found by the
+    overnight walkthrough). When torchrun saw rank 1 end first, rank 1 is the cause as before."""
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.steps(1, 9)
+    w0.t = w1.t + 0.007
+    for w in (w1, w0):
+        w.flush()
+        write_heartbeat(tmp_path, w.rank, 2, pid=dead_pid(), t=w.t, phase="training step", step=9)
+    report = TORCHRUN_STARTED
+    if torchrun_saw_it:
+        report += (
+            "Root Cause (first observed failure):\n"
+            "  rank      : 1 (local_rank: 1)\n"
+            "  exitcode  : -9 (pid: 4242)\n"
+        )
+    (tmp_path / LAUNCHER_LOG_FILE.format(ts=TS)).write_text(report)
+    doc = run_diagnose(tmp_path)
+    [culprit] = doc["culprits"]
+    assert (culprit["rank"], culprit["cause"]) == (1, "killed without trace" if not torchrun_saw_it
+                                                   else "killed (SIGKILL)")  # fmt: skip
+    together = "every process of the job was killed at once"
+    if torchrun_saw_it:
+        assert together not in culprit["rule"]
+        assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [
+            (0, "stopped after rank 1 died")
+        ]
+    else:
+        assert (
+            f"rank 0 stopped with it and torchrun's log names no end: {together}"
+            in (culprit["rule"])
+        )
+        assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [
+            (0, "killed with the job, as rank 1")
+        ]

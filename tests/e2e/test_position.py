@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,11 +82,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         [*common, "--devices=1", "--batch_size=8", "--max_epochs=5", *resume], out, env
     )
     found["again"], found["again_keys"] = again, _rank_batches(keys)
-    # a truncated copy of a complete checkpoint, beside it
-    ckpts = tmp / "ckpts"
-    ckpts.mkdir()
-    whole, damaged = ckpts / "step-00000001.ckpt", ckpts / "step-00000002.ckpt"
-    shutil.copy(out / "checkpoints" / "last.ckpt", whole)
+    # a truncated copy of a complete checkpoint, beside it in the run's folder (one of another
+    # folder would be refused over this folder's checkpoints before it is read)
+    ckpts = out / "checkpoints"
+    whole = max(ckpts.glob("step-*.ckpt"))  # the newest by step
+    damaged = ckpts / "step-00099999.ckpt"
     damaged.write_bytes(whole.read_bytes()[:5000])
     found["config_before_damaged"] = (out / "config.yaml").read_text()
     found["damaged"] = run_launcher(

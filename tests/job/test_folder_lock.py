@@ -20,6 +20,7 @@ from ae.job import folder_lock
 from ae.job.folder_lock import (
     EarlierCheckpoints,
     LeaderMissing,
+    OtherRunsCheckpoints,
     RunFolderBusy,
     acquire,
     earlier_checkpoints,
@@ -120,6 +121,30 @@ def test_a_fresh_run_refuses_earlier_checkpoints(tmp_path: Path) -> None:
     assert earlier_checkpoints(run_dir, "last", overwrite=False) == []  # a resume reads them
     removed = earlier_checkpoints(run_dir, None, overwrite=True)
     assert len(removed) == 3 and not list(run_dir.checkpoints.iterdir())
+
+
+def test_a_resume_from_another_folder_refuses_this_folders_checkpoints(tmp_path: Path) -> None:
+    # Was: run A's checkpoint resumed into run B's folder replaced B's last.ckpt and best.ckpt
+    # and pruned B's step checkpoints, without a word (found by the overnight walkthrough)
+    other = tmp_path / "a" / "checkpoints" / "step-00000045.ckpt"
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"x")
+    run_dir = RunDir(tmp_path / "b")
+    assert earlier_checkpoints(run_dir, str(other), overwrite=False) == []  # B has none: fine
+    run_dir.checkpoints.mkdir(parents=True)
+    for name in ("step-00000063.ckpt", "last.ckpt", "best.ckpt"):
+        (run_dir.checkpoints / name).write_bytes(b"x")
+    with pytest.raises(OtherRunsCheckpoints) as err:
+        earlier_checkpoints(run_dir, str(other), overwrite=False)
+    message = err.value.render()
+    assert f"{run_dir.checkpoints} holds checkpoints of its own: best.ckpt, last.ckpt" in message
+    assert "--resume_from_checkpoint=last" in message
+    assert len(list(run_dir.checkpoints.iterdir())) == 3  # nothing deleted
+    # A checkpoint of this folder, by any spelling of its path, continues its run
+    own = run_dir.checkpoints / "step-00000063.ckpt"
+    assert earlier_checkpoints(run_dir, str(own), overwrite=False) == []
+    rel = os.path.relpath(own, Path.cwd())
+    assert earlier_checkpoints(run_dir, rel, overwrite=False) == []
 
 
 def test_a_run_in_the_same_second_gets_the_next_ts(tmp_path: Path) -> None:

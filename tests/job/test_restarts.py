@@ -19,8 +19,9 @@ from ae.job.restarts import (
     Restarts,
     newest_checkpoint,
     restart_checkpoint,
+    resume_note,
 )
-from ae.log_lines import RESTART, TRAIN_LOG_FILE
+from ae.log_lines import NONFINITE, NONFINITE_RECEIVED, RESTART, TRAIN_LOG_FILE
 from bench.synthetic_logs import T0, RankWriter, record, write_train_log
 
 TS1, TS2, TS3 = "20261121_120000", "20261121_120100", "20261121_120200"
@@ -102,11 +103,63 @@ def test_restarts_used_up_and_a_user_error_end_the_job(tmp_path: Path) -> None:
     assert Restarts(3, logs, ckpts).after_failure(TS1, 1) is None
 
 
+def test_a_non_finite_stop_is_no_restart_and_is_said_as_such(tmp_path: Path) -> None:
+    # Was: `Not restarting: a user error (exit 2 from a rank)`, for a NaN that no command caused
+    logs, ckpts = tmp_path / "logs", checkpoints(tmp_path / "checkpoints", 5)
+    write_train_log(logs, 2, ts=TS1)
+    w0, w1 = RankWriter(logs, 0, 2, ts=TS1), RankWriter(logs, 1, 2, ts=TS1)
+    for w in (w0, w1):
+        w.start()
+        w.steps(1, 7)
+    w1.log(NONFINITE.format(value="loss=nan", rank=1, step=8, epoch=0, batch="7",
+                            samples="shard /d/a-000000.tar, keys [a]"), "ERROR")  # fmt: skip
+    w0.log(NONFINITE_RECEIVED.format(step=8), "WARNING")
+    for w in (w0, w1):
+        w.exit(UserError.exit_code, "NonFiniteError")
+        w.flush()
+    restarts = Restarts(3, logs, ckpts)
+    assert restarts.after_failure(TS1, 1) is None
+    assert restarts.said == (
+        "Not restarting: the run stopped on a non-finite loss=nan at step 8, which a restart "
+        "would meet again (exit 2 from a rank)"
+    )
+
+
 def test_newest_checkpoint_follows_last(tmp_path: Path) -> None:
     assert newest_checkpoint(tmp_path) is None
     ckpts = checkpoints(tmp_path / "c", 4, 8)
     (ckpts / "step-00000012.ckpt").write_bytes(b"x")  # newer, but not (yet) what last names
     assert newest_checkpoint(ckpts) == (8, ckpts / "step-00000008.ckpt")
+
+
+def test_a_resume_by_hand_says_the_steps_it_trains_again(tmp_path: Path) -> None:
+    # Was: after a run killed at step 11 (its last save at 8), `--resume_from_checkpoint=last`
+    # said where it started, and nothing of the 3 steps redone (found by the overnight
+    # walkthrough); a RESTART line says them
+    logs, ckpts = tmp_path / "logs", checkpoints(tmp_path / "checkpoints", 4, 8)
+    (ckpts / "best.ckpt").write_bytes(b"x")  # a file of its own, as the trainer writes it
+    failed_attempt(logs, TS1, 11)
+    said = (
+        f"Resuming at step 8 ({ckpts / 'step-00000008.ckpt'}): the previous run, {TS1}, reached "
+        "step 11; steps 9-11 are trained again (3 steps redone)"
+    )
+    assert resume_note(ckpts, "last", logs, TS2) == said
+    # A run refused before its first step (another --latent_dim) in between says nothing
+    write_train_log(logs, 1, ts=TS2)
+    refused = RankWriter(logs, 0, 1, ts=TS2)
+    refused.start()
+    refused.exit(UserError.exit_code, "ResumeRefused")
+    refused.flush()
+    assert resume_note(ckpts, "last", logs, TS3) == said
+    assert resume_note(ckpts, str(ckpts / "step-00000008.ckpt"), logs, TS2) == said
+    assert "at step 4 " in (resume_note(ckpts, str(ckpts / "step-00000004.ckpt"), logs, TS2) or "")
+    # Nothing to say: no resume, best.ckpt (its step is not in its name), no earlier run, a
+    # checkpoint at the step the run reached (a stop signal saves where it stops)
+    assert resume_note(ckpts, None, logs, TS2) is None
+    assert resume_note(ckpts, str(ckpts / "best.ckpt"), logs, TS2) is None
+    assert resume_note(ckpts, "last", logs, TS1) is None
+    (ckpts / "step-00000011.ckpt").write_bytes(b"x")
+    assert resume_note(ckpts, str(ckpts / "step-00000011.ckpt"), logs, TS2) is None
 
 
 def test_ae_diagnose_lists_the_attempts_of_a_job_from_any_of_them(

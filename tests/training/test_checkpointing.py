@@ -7,13 +7,16 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from ae import atomic_files
+from ae.config import CheckpointConfig
+from ae.run_paths import RunDir
 from ae.training.checkpoint_files import CheckpointStore
-from ae.training.checkpointing import AtomicCheckpointIO
+from ae.training.checkpointing import AtomicCheckpointIO, Checkpointing
 from ae.training.position.resume_source import resolve_resume
 from tests.support.crafted import crafted_checkpoint
 from tests.support.runs import ROOT, run_launcher
@@ -48,6 +51,54 @@ def test_step_files_before_a_step_leave_out_that_steps_own(tmp_path: Path) -> No
     assert store.step_files()[-1] == store.step_path(6)
     assert store.step_files(before=6) == [store.step_path(2), store.step_path(4)]
     assert store.step_files(before=2) == []
+
+
+def test_a_resume_from_an_older_checkpoint_of_the_folder_moves_last_to_it(tmp_path: Path) -> None:
+    # Was: resumed from step 40 (before a divergence) while last.ckpt named step 60, a restart,
+    # a requeue or a later `--resume_from_checkpoint=last` before this run's first save went
+    # back to step 60, the steps it had gone back from (found by the overnight walkthrough)
+    store = CheckpointStore(tmp_path / "ckpt", keep=3)
+    store.prepare()
+    for step in (40, 50, 60):
+        store.step_path(step).write_bytes(str(step).encode())
+        os.utime(store.step_path(step), (step, step))
+        store.commit_step(store.step_path(step))
+    said = store.resumed_from(store.step_path(40))
+    assert os.path.samefile(store.last, store.step_path(40))
+    assert said is not None and said.startswith(
+        "last.ckpt now names step-00000040.ckpt, the checkpoint this run resumed (it named "
+        "step-00000060.ckpt)"
+    )
+    # Nothing to do: resumed from last, from what last names, or from another folder's file
+    assert store.resumed_from(store.last) is None
+    assert store.resumed_from(store.step_path(40)) is None
+    other = tmp_path / "other" / "step-00000070.ckpt"
+    other.parent.mkdir()
+    other.write_bytes(b"70")
+    assert store.resumed_from(other) is None
+    assert os.path.samefile(store.last, store.step_path(40))
+
+
+def test_a_validation_loss_that_is_not_finite_is_said_once(
+    tmp_path: Path, records: list[tuple[str, str]]
+) -> None:
+    # Was: a validation sample holding a NaN made val/loss nan at every epoch, and best.ckpt was
+    # never saved, without a word (found by the overnight walkthrough)
+    ckpt = Checkpointing(CheckpointConfig(), RunDir(tmp_path), {}, "")
+    for step, value in ((31, float("nan")), (62, float("nan"))):
+        trainer = SimpleNamespace(
+            sanity_checking=False, is_global_zero=True, global_step=step,
+            callback_metrics={"val/loss": torch.tensor(value)},
+            strategy=SimpleNamespace(broadcast=lambda v, src: v),
+        )  # fmt: skip
+        ckpt.on_validation_end(trainer, None)  # type: ignore[arg-type]
+    said = [m for _, m in records if m.startswith("Validation at step")]
+    assert said == [
+        "Validation at step 31: val/loss=nan is not finite; best.ckpt is not saved from it; a "
+        "validation sample may hold NaN/Inf (`ae-shards inspect` on the validation shards names "
+        "them), or the model's output is not finite"
+    ]
+    assert not (tmp_path / "checkpoints" / "best.ckpt").exists()
 
 
 def test_prepare_removes_leftovers_of_a_killed_save(tmp_path: Path) -> None:

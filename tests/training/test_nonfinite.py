@@ -38,10 +38,11 @@ def batches() -> list[torch.Tensor]:
 
 
 def fit(
-    tmp_path: Path, mode: str, data: list[torch.Tensor] | None = None
-) -> tuple[Tiny, NonFiniteGuard]:
+    tmp_path: Path, mode: str, data: list[torch.Tensor] | None = None,
+    checkpoints: CheckpointConfig | None = None,
+) -> tuple[Tiny, NonFiniteGuard]:  # fmt: skip
     guard = NonFiniteGuard(
-        OptimConfig(on_nonfinite=mode, max_skipped_steps=1), CheckpointConfig(),
+        OptimConfig(on_nonfinite=mode, max_skipped_steps=1), checkpoints or CheckpointConfig(),
         CheckpointStore(tmp_path, 3), "32",
     )  # fmt: skip
     model = Tiny()
@@ -71,6 +72,11 @@ def test_stop_raises_at_the_nan_step(tmp_path: Path) -> None:
         fit(tmp_path, "stop")
     # Nothing survived under stop, and nothing is said to have (`0 of at most 10 survived`)
     assert f"step {NAN_BATCH + 1} (--on_nonfinite=stop): " in str(stopped.value)
+    # Was: nothing of how to go on, when a plain resume meets the same NaN again
+    assert str(stopped.value).endswith(
+        "\n  To go on past it: --resume_from_checkpoint=last with --on_nonfinite=skip (or "
+        "rollback), or with its cause fixed (samples holding NaN/Inf, a learning rate too high)"
+    )
 
 
 def test_skip_past_its_limit_says_so(tmp_path: Path) -> None:
@@ -81,6 +87,57 @@ def test_skip_past_its_limit_says_so(tmp_path: Path) -> None:
     assert f"step {NAN_BATCH + 3} (--on_nonfinite=skip; 1 of at most 1 steps skipped already " in (
         str(stopped.value)
     )
+    assert "To go on past it: --resume_from_checkpoint=last with a higher --max_skipped_steps" in (
+        str(stopped.value)
+    )
+
+
+@pytest.mark.parametrize(
+    ("period", "minutes", "hint"),
+    [
+        (500, 0.0, "(set --checkpointing_period lower)"),
+        # Was: "set --checkpointing_period lower", of a period of 0 (at the end only)
+        (0, 0.0, "(--checkpointing_period=0 saves at the end only: set a period)"),
+        (0, 30.0, "(set --checkpointing_period, or --checkpoint_minutes lower)"),
+    ],
+)
+def test_rollback_before_any_checkpoint_says_what_to_change(
+    tmp_path: Path, period: int, minutes: float, hint: str
+) -> None:
+    saves = CheckpointConfig(checkpointing_period=period, checkpoint_minutes=minutes)
+    with pytest.raises(NonFiniteError) as stopped:
+        fit(tmp_path, "rollback", checkpoints=saves)
+    assert str(stopped.value) == (
+        f"non-finite value at step {NAN_BATCH + 1}: --on_nonfinite=rollback has no checkpoint to "
+        f"go back to yet {hint}"
+    )
+
+
+def test_the_skip_budget_spans_a_resume(tmp_path: Path) -> None:
+    """Was: each resume (a requeue, a restart) started --max_skipped_steps afresh, so a run that
+    keeps turning NaN went on past it, a few skips per requeue."""
+
+    def trainer(guard: NonFiniteGuard, epochs: int) -> L.Trainer:
+        return L.Trainer(
+            accelerator="cpu", max_epochs=epochs, callbacks=[guard], logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            default_root_dir=tmp_path,
+        )  # fmt: skip
+
+    def guard() -> NonFiniteGuard:
+        return NonFiniteGuard(
+            OptimConfig(on_nonfinite="skip", max_skipped_steps=1), CheckpointConfig(),
+            CheckpointStore(tmp_path, 3), "32",
+        )  # fmt: skip
+
+    first, model = trainer(guard(), 1), Tiny()
+    first.fit(model, train_dataloaders=DataLoader(batches(), batch_size=None))
+    first.save_checkpoint(tmp_path / "after.ckpt")
+    resumed = guard()
+    with pytest.raises(NonFiniteError, match="1 of at most 1 steps skipped already"):
+        trainer(resumed, 2).fit(Tiny(), train_dataloaders=DataLoader(batches(), batch_size=None),
+                                ckpt_path=tmp_path / "after.ckpt")  # fmt: skip
+    assert resumed.skipped == 1
 
 
 class Losses(L.Callback):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ae.data.stream.batch_members import Member
-from ae.training.nonfinite import describe_members, nonfinite_in
+from ae.data.stream.batch_members import Member, describe_members
+from ae.training.nonfinite import nonfinite_in
 
 
 def test_a_dropped_step_takes_all_its_batches_out_of_the_mean() -> None:

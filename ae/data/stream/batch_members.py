@@ -21,6 +21,9 @@ from ae.data.stream.resampled import ResampledPlan
 from ae.data.stream.resume_arithmetic import slot_rng
 from ae.data.stream.shard_stream import ShardStream
 from ae.data.stream.stages import read_shard
+from ae.log_lines import NONFINITE_INPUT
+
+KEYS_SHOWN = 16  # keys named per shard in a NONFINITE line; more are counted
 
 
 @dataclass(frozen=True)
@@ -65,3 +68,20 @@ def _finite(stream: ShardStream, sample: dict) -> bool | None:
     except Exception:  # a bad sample: its ERROR line was written when it was read
         return None
     return bool(np.isfinite(array).all())
+
+
+def describe_members(members: list[Member]) -> str:
+    """`shard a.tar, keys [k1, k2]; shard b.tar, keys [...]`: the samples with non-finite input
+    alone when there are any (marked), else all the batch's."""
+    bad = [m for m in members if m.finite is False]
+    shown, note = (bad, f" {NONFINITE_INPUT}") if bad else (members, "")
+    if not shown:
+        return "samples unknown (resampled split)"
+    by_url: dict[str, list[str]] = {}
+    for m in shown:
+        by_url.setdefault(m.url, []).append(m.key)
+    parts = []
+    for url, keys in by_url.items():
+        more = f", ... {len(keys) - KEYS_SHOWN} more" if len(keys) > KEYS_SHOWN else ""
+        parts.append(f"shard {url}, keys [{', '.join(keys[:KEYS_SHOWN])}{more}]{note}")
+    return "; ".join(parts)
