@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
         except BaseException:  # ChildFailedError, SignalException: the report, in the file
             traceback.print_exc()
             if os.getppid() != int(launcher_pid):  # reparented: the launcher died
-                print(LAUNCHER_GONE.format(pid=launcher_pid), flush=True)
+                log.write(LAUNCHER_GONE.format(pid=launcher_pid) + "\n")  # the file, line-buffered
             return 1
         finally:
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
