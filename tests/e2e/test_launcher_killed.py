@@ -22,6 +22,7 @@ import pytest
 
 from ae.data.decoding.decode import InputSpec
 from ae.job.restarts import newest_checkpoint
+from ae.log_lines import LAUNCHER_GONE
 from bench.two_hosts import TwoHosts, available, cleanup_stale
 from tests.support.encode_checkpoint import encode_checkpoint
 from tests.support.live import wait_for
@@ -116,6 +117,9 @@ def test_one_node_job_follows_its_killed_launcher(tmp_path: Path, make_shards, s
     train_log = next(logs.glob("train_*.log")).read_text()
     assert "Stop signal SIGTERM received" in train_log
     assert re.search(r"PREEMPTED by SIGTERM at step \d+: checkpoint \S+ saved", train_log)
+    # torchrun's log says where that SIGTERM came from (its wrapper saw itself reparented)
+    (launcher_log,) = logs.glob("launcher_*.log")
+    assert LAUNCHER_GONE.format(pid=launcher.pid) in launcher_log.read_text()
     # All gone, the folder is free: the next launch takes the lock file over.
     third = second_launch(out, env)
     assert "Took over" in third.stdout + third.stderr, third.stdout + third.stderr
