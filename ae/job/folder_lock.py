@@ -22,6 +22,7 @@ gone is stale; one on another host cannot be checked, and the message names the 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -30,6 +31,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 from loguru import logger
@@ -45,6 +47,7 @@ FOLLOW_TIMEOUT_S = 120.0  # NFS may show a new file to other nodes only after it
 FOLLOW_POLL_S = 0.2
 FOLLOW_TELL_S = 10.0  # a follower waiting this long says what it waits for
 CHECKPOINTS_LISTED = 5
+LOCK_FILE_MAX = 1 << 16  # the lock file with its settings: a few KB
 TRAINING, ENCODING = "training", "encoding"  # the jobs that hold a folder: what LockInfo.kind says
 
 
@@ -56,6 +59,9 @@ class LockInfo:
     started: str
     job: str
     kind: str = TRAINING  # lock files written before ae-encode took one were training's
+    # What every node of the job must run alike (NNODES, the flags): the other nodes' launchers
+    # compare theirs with it (`follow`). None: ae-encode's, or a file written before it.
+    settings: dict[str, Any] | None = None
 
     def describe(self) -> str:
         job = self.job if self.kind == TRAINING else f"ae-encode, {self.job}"
@@ -155,6 +161,39 @@ class LeaderMissing(UserError):
         )
 
 
+def differences(first: dict[str, Any] | None, here: dict[str, Any] | None, node: int) -> list[str]:
+    """What node `node` runs otherwise than the first node (`NNODES=3 on node 1, 2 on node 0`),
+    from their settings; none when either is unknown."""
+    if first is None or here is None:
+        return []
+    here = json.loads(json.dumps(here))  # as the first node's went through the lock file
+    return [
+        f"{key}={show(here.get(key))} on node {node}, {show(first.get(key))} on node 0"
+        for key in sorted(set(first) | set(here), key=lambda k: (k.startswith("-"), k))
+        if first.get(key) != here.get(key)
+    ]
+
+
+def show(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return "(unset)" if value is None else str(value)
+
+
+SAME_START = (
+    "Start the launcher on every node with the same NNODES, MASTER_ADDR, MASTER_PORT and flags, "
+    "only NODE_RANK differing"
+)
+
+
+class NodesDiffer(UserError):
+    def __init__(self, holder: LockInfo, node: int, diffs: list[str]) -> None:
+        super().__init__(
+            f"Node {node} was not started like node 0 ({holder.describe()}): "
+            f"{'; '.join(diffs)}.\n  {SAME_START}. Nothing started here; node 0 stops too."
+        )
+
+
 class RunLock:
     """The lock held by this process; `release()` removes the file and unlocks."""
 
@@ -187,23 +226,33 @@ def _write(fd: int, info: LockInfo) -> None:
 
 def _read_fd(fd: int) -> LockInfo | None:
     try:
-        return LockInfo(**json.loads(os.pread(fd, 4096, 0)))
+        return LockInfo(**json.loads(os.pread(fd, LOCK_FILE_MAX, 0)))
     except (ValueError, TypeError):
         return None
 
 
-def acquire(run_dir: RunDir, job: str, run_ts: str, kind: str = TRAINING) -> RunLock:
+def acquire(
+    run_dir: RunDir,
+    job: str,
+    run_ts: str,
+    kind: str = TRAINING,
+    settings: dict[str, Any] | None = None,
+) -> RunLock:
     """Take the folder's lock for `job` (a `kind` of job), or raise RunFolderBusy naming the job
-    that holds it (RunFolderUnwritable when the folder cannot be made or written)."""
+    that holds it (RunFolderUnwritable when the folder cannot be made or written). `settings`:
+    what the other nodes must run alike (`follow`)."""
     try:
         run_dir.root.mkdir(parents=True, exist_ok=True)
         os.close(os.open(run_dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
     except OSError as e:  # read-only filesystem, no permission, a file in the way
         raise RunFolderUnwritable(run_dir, e) from None
     path = run_dir.lock
+    if settings is not None:  # as it reads back (tuples as lists): `release` compares
+        settings = json.loads(json.dumps(settings))
     info = LockInfo(
-        socket.gethostname(), os.getpid(), run_ts, time.strftime("%Y-%m-%d %H:%M:%S"), job, kind
-    )
+        socket.gethostname(), os.getpid(), run_ts, time.strftime("%Y-%m-%d %H:%M:%S"), job, kind,
+        settings,
+    )  # fmt: skip
     deadline = time.monotonic() + LOCK_RETRY_S
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -267,12 +316,19 @@ def lock_held(path: Path) -> bool:
 
 
 def follow(
-    run_dir: RunDir, job: str, timeout: float = FOLLOW_TIMEOUT_S, kind: str = TRAINING
+    run_dir: RunDir,
+    job: str,
+    timeout: float = FOLLOW_TIMEOUT_S,
+    kind: str = TRAINING,
+    settings: dict[str, Any] | None = None,
+    node: int = 0,
 ) -> LockInfo:
     """For the launchers that do not hold the lock: wait until it names `job` (of `kind`), and
     return it
     (its run TS is the job's). Raise at once when another live job holds it. A file that no one
-    holds is stale (its job's launcher was killed): wait for the leader to take it over."""
+    holds is stale (its job's launcher was killed): wait for the leader to take it over.
+    `settings` (this node's, `node`'s) must be the leader's: else NodesDiffer, and a note in
+    the folder tells the leader, which would otherwise wait for this node to join."""
     start = time.monotonic()
     deadline = start + timeout
     told = False
@@ -280,6 +336,13 @@ def follow(
         holder = read_lock(run_dir.lock)
         if holder is not None and lock_held(run_dir.lock):
             if holder.job == job and holder.kind == kind:
+                if diffs := differences(holder.settings, settings, node):
+                    refusal = NodesDiffer(holder, node, diffs)
+                    note = {"run_ts": holder.run_ts, "node": node, "host": socket.gethostname(),
+                            "differences": diffs}  # fmt: skip
+                    with contextlib.suppress(OSError):
+                        atomic_files.write(run_dir.refused(node), json.dumps(note).encode())
+                    raise refusal
                 return holder
             raise RunFolderBusy(run_dir, holder, kind=kind)
         if time.monotonic() > deadline:

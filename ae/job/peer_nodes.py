@@ -26,12 +26,14 @@ verdict is the network's.
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ae.diagnose.heartbeats import read_heartbeat
+from ae.job.folder_lock import SAME_START
 from ae.log_lines import (
     DEBUG_LOG_FILE,
     HEARTBEAT_FILE,
@@ -39,6 +41,7 @@ from ae.log_lines import (
     RECORD_PATTERN,
     TRAIN_LOG_FILE,
 )
+from ae.run_paths import RunDir
 
 NODE_LOST_S = 20.0  # four missed heartbeats (one every 5 s at most)
 CHECK_S = 1.0
@@ -62,6 +65,7 @@ class PeerNodes:
     follow_restarts: bool = False
     _next_check: float = 0.0
     _next_stop_check: float = 0.0
+    _next_refused_check: float = 0.0
     started: float = field(default_factory=time.monotonic)  # the launch (monotonic clock)
     _noted: bool = False
 
@@ -79,6 +83,29 @@ class PeerNodes:
             f"for all {nnodes} nodes to join (600 s at most). Start the launcher on every node, "
             "each with NNODES, its own NODE_RANK, and the same MASTER_ADDR and MASTER_PORT"
         )
+
+    def refused(self) -> str | None:
+        """A sentence when another node's launcher refused to join this run, started otherwise
+        than this one (`ae.job.folder_lock.follow` leaves its note); the note is removed."""
+        now = time.monotonic()
+        if now < self._next_refused_check:
+            return None
+        self._next_refused_check = now + CHECK_S
+        root = self.logs.parent
+        for path in sorted(root.glob(RunDir(root).refused("*").name)):
+            try:
+                note = json.loads(path.read_text())
+                if note["run_ts"] != self.run_ts:
+                    continue
+                diffs, node, host = note["differences"], note["node"], note["host"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            path.unlink(missing_ok=True)
+            return (
+                f"Node {node} (host {host}) refused to join this job, started otherwise than "
+                f"node 0: {'; '.join(map(str, diffs))}.\n  {SAME_START}; stopping"
+            )
+        return None
 
     def check(self, now: float | None = None) -> str | None:
         """A sentence naming the lost host(s) and their ranks, or None while all beat."""
