@@ -22,7 +22,6 @@ gone is stale; one on another host cannot be checked, and the message names the 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -161,39 +160,6 @@ class LeaderMissing(UserError):
         )
 
 
-def differences(first: dict[str, Any] | None, here: dict[str, Any] | None, node: int) -> list[str]:
-    """What node `node` runs otherwise than the first node (`NNODES=3 on node 1, 2 on node 0`),
-    from their settings; none when either is unknown."""
-    if first is None or here is None:
-        return []
-    here = json.loads(json.dumps(here))  # as the first node's went through the lock file
-    return [
-        f"{key}={show(here.get(key))} on node {node}, {show(first.get(key))} on node 0"
-        for key in sorted(set(first) | set(here), key=lambda k: (k.startswith("-"), k))
-        if first.get(key) != here.get(key)
-    ]
-
-
-def show(value: Any) -> str:
-    if isinstance(value, list):
-        return ",".join(map(str, value))
-    return "(unset)" if value is None else str(value)
-
-
-SAME_START = (
-    "Start the launcher on every node with the same NNODES, MASTER_ADDR, MASTER_PORT and flags, "
-    "only NODE_RANK differing"
-)
-
-
-class NodesDiffer(UserError):
-    def __init__(self, holder: LockInfo, node: int, diffs: list[str]) -> None:
-        super().__init__(
-            f"Node {node} was not started like node 0 ({holder.describe()}): "
-            f"{'; '.join(diffs)}.\n  {SAME_START}. Nothing started here; node 0 stops too."
-        )
-
-
 class RunLock:
     """The lock held by this process; `release()` removes the file and unlocks."""
 
@@ -316,19 +282,12 @@ def lock_held(path: Path) -> bool:
 
 
 def follow(
-    run_dir: RunDir,
-    job: str,
-    timeout: float = FOLLOW_TIMEOUT_S,
-    kind: str = TRAINING,
-    settings: dict[str, Any] | None = None,
-    node: int = 0,
+    run_dir: RunDir, job: str, timeout: float = FOLLOW_TIMEOUT_S, kind: str = TRAINING
 ) -> LockInfo:
     """For the launchers that do not hold the lock: wait until it names `job` (of `kind`), and
     return it
     (its run TS is the job's). Raise at once when another live job holds it. A file that no one
-    holds is stale (its job's launcher was killed): wait for the leader to take it over.
-    `settings` (this node's, `node`'s) must be the leader's: else NodesDiffer, and a note in
-    the folder tells the leader, which would otherwise wait for this node to join."""
+    holds is stale (its job's launcher was killed): wait for the leader to take it over."""
     start = time.monotonic()
     deadline = start + timeout
     told = False
@@ -336,13 +295,6 @@ def follow(
         holder = read_lock(run_dir.lock)
         if holder is not None and lock_held(run_dir.lock):
             if holder.job == job and holder.kind == kind:
-                if diffs := differences(holder.settings, settings, node):
-                    refusal = NodesDiffer(holder, node, diffs)
-                    note = {"run_ts": holder.run_ts, "node": node, "host": socket.gethostname(),
-                            "differences": diffs}  # fmt: skip
-                    with contextlib.suppress(OSError):
-                        atomic_files.write(run_dir.refused(node), json.dumps(note).encode())
-                    raise refusal
                 return holder
             raise RunFolderBusy(run_dir, holder, kind=kind)
         if time.monotonic() > deadline:

@@ -63,8 +63,9 @@ from ae.job.processes import (
 )
 from ae.job.rank_lines import rank_lines
 from ae.job.restarts import RESTART_ENV, Restart, Restarts, newest_checkpoint, requeue_job
+from ae.job.same_job import check_same_job, job_settings, tell_node_0
 from ae.job.supervise import Stops, start_child, wait
-from ae.job.topology import Topology, job_settings, topology
+from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE, TRAIN_LOG_FILE
 
 RANK_MODULE = "ae.cli.rank_process"  # what runs in every rank (train_ae.py runs the same)
@@ -81,7 +82,9 @@ def claim_run_folder(cfg: Config, topo: Topology, nproc: int) -> tuple[RunLock |
     if not topo.leader:
         if not cfg.run.overwrite:  # the leader's refusal, at once (it never takes the lock then)
             earlier_checkpoints(run_dir, ckpt.resume_from_checkpoint, overwrite=False)
-        return None, follow(run_dir, topo.job, settings=settings, node=topo.node_rank).run_ts
+        holder = follow(run_dir, topo.job)
+        check_same_job(run_dir, holder, settings, topo.node_rank)
+        return None, holder.run_ts
     ts = os.environ.get("AE_RUN_TS") or unused_run_ts(run_dir.logs, time.strftime("%Y%m%d_%H%M%S"))
     lock = acquire(run_dir, topo.job, ts, settings=settings)
     try:
@@ -147,7 +150,7 @@ def elastic(cfg: Config, topo: Topology) -> bool:
 
 def launch(argv: list[str]) -> int:
     """The whole job on this node, from its flags to its exit code (logging to the console)."""
-    lock = None
+    lock, ts, topo, cfg = None, None, None, None
     try:
         cfg = parse_config(argv, user=True)
         topo = topology(cfg.run)
@@ -187,6 +190,7 @@ def launch(argv: list[str]) -> int:
         if lock is not None:
             lock.release()
         logger.error(e.render())
+        tell_node_0(cfg or getattr(e, "partial", None), topo, ts, e)
         return e.exit_code
     except KeyboardInterrupt:  # Ctrl-C before any rank exists: nothing to save
         if lock is not None:

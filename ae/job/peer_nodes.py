@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ae.diagnose.heartbeats import read_heartbeat
-from ae.job.folder_lock import SAME_START
 from ae.log_lines import (
     DEBUG_LOG_FILE,
     HEARTBEAT_FILE,
@@ -85,8 +84,9 @@ class PeerNodes:
         )
 
     def refused(self) -> str | None:
-        """A sentence when another node's launcher refused to join this run, started otherwise
-        than this one (`ae.job.folder_lock.follow` leaves its note); the note is removed."""
+        """A sentence when another node's launcher will not join this run: started otherwise than
+        this one, or a user error of its own (`ae.job.same_job.tell_leader`'s note, which is
+        removed)."""
         now = time.monotonic()
         if now < self._next_refused_check:
             return None
@@ -97,14 +97,11 @@ class PeerNodes:
                 note = json.loads(path.read_text())
                 if note["run_ts"] != self.run_ts:
                     continue
-                diffs, node, host = note["differences"], note["node"], note["host"]
+                message, node, host = note["message"], note["node"], note["host"]
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             path.unlink(missing_ok=True)
-            return (
-                f"Node {node} (host {host}) refused to join this job, started otherwise than "
-                f"node 0: {'; '.join(map(str, diffs))}.\n  {SAME_START}; stopping"
-            )
+            return f"Node {node} (host {host}) will not join this job: {message}\nStopping here too"
         return None
 
     def check(self, now: float | None = None) -> str | None:

@@ -24,16 +24,9 @@ import re
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from ae.config import Config, ConfigError, RunConfig
+from ae.config import ConfigError, RunConfig
 
-# Flags a node may set otherwise than the others: a launch's actions, the shard specs (a node
-# may mount the data elsewhere; the ranks check that they read the same samples), the node
-# count (NNODES is compared), the console's detail.
-NODE_LOCAL_FLAGS = frozenset(
-    {"config", "print_config", "overwrite", "train_shards", "val_shards", "num_nodes", "debug"}
-)
 DEFAULT_PORT = "29500"  # torchrun's, for multi-node runs started by hand
 SLURM_PORT_BASE = 15000  # + job id % 10000: every node of a job derives the same port
 
@@ -152,13 +145,3 @@ def topology(
     port = env.get("MASTER_PORT") or (DEFAULT_PORT if nnodes > 1 else None)
     job = "local job" if nnodes == 1 else f"multi-node job at {addr}:{port}"
     return Topology(nnodes, node_rank, addr, port, job)
-
-
-def job_settings(cfg: Config, topo: Topology, nproc: int) -> dict[str, Any] | None:
-    """What every node of a multi-node job must run alike: NNODES, the processes per node, every
-    flag but NODE_LOCAL_FLAGS. A node started otherwise would hang the job (another batch size,
-    other steps per epoch) or fail late; None for one node."""
-    if topo.nnodes == 1:
-        return None
-    flags = {f"--{k}": v for k, v in cfg.to_dict().items() if k not in NODE_LOCAL_FLAGS}
-    return {"NNODES": topo.nnodes, "processes per node": nproc, **flags}

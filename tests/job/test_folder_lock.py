@@ -22,7 +22,6 @@ from ae.job import folder_lock
 from ae.job.folder_lock import (
     EarlierCheckpoints,
     LeaderMissing,
-    NodesDiffer,
     RunFolderBusy,
     acquire,
     earlier_checkpoints,
@@ -31,7 +30,8 @@ from ae.job.folder_lock import (
     unused_run_ts,
 )
 from ae.job.peer_nodes import PeerNodes
-from ae.job.topology import job_settings, topology
+from ae.job.same_job import NodesDiffer, check_same_job, job_settings
+from ae.job.topology import topology
 from ae.run_paths import RunDir
 from bench.synthetic_logs import write_heartbeat
 from tests.support.runs import ROOT
@@ -133,10 +133,11 @@ def test_a_node_started_otherwise_than_node_0_refuses_to_join_and_node_0_hears_i
     assert settings(["--batch_size=32", "--train_shards=/mnt/a", "--debug=true"]) == first
     with holder(run_dir.root, job, first):
         # the same command: followed as before
-        assert follow(run_dir, job, timeout=5, settings=first, node=1).run_ts == "20261123_101500"
+        lock = follow(run_dir, job, timeout=5)
+        check_same_job(run_dir, lock, first, node=1)
         with pytest.raises(NodesDiffer) as err:
-            follow(run_dir, job, timeout=5, node=1,
-                   settings=settings(["--batch_size=64"], NNODES="3", NODE_RANK="1"))  # fmt: skip
+            check_same_job(run_dir, lock, settings(["--batch_size=64"], NNODES="3", NODE_RANK="1"),
+                           node=1)  # fmt: skip
     message = err.value.render()
     assert message.startswith("Node 1 was not started like node 0 (multi-node job at 10.0.0.1:")
     assert "NNODES=3 on node 1, 2 on node 0; --batch_size=64 on node 1, 32 on node 0." in message
@@ -145,11 +146,11 @@ def test_a_node_started_otherwise_than_node_0_refuses_to_join_and_node_0_hears_i
     peers = PeerNodes(run_dir.logs, "20261123_101500")
     said = peers.refused()
     assert said is not None and said.startswith("Node 1 (host ")
-    assert "refused to join this job, started otherwise than node 0: NNODES=3 on node 1" in said
+    assert "will not join this job: started otherwise than node 0: NNODES=3 on node 1" in said
     assert not list(run_dir.root.glob("refused_node*")) and peers.refused() is None
     # a note of another run of the folder is not this run's
     run_dir.refused(1).write_text(json.dumps({"run_ts": "x", "node": 1, "host": "h",
-                                              "differences": []}))  # fmt: skip
+                                              "message": "m"}))  # fmt: skip
     assert PeerNodes(run_dir.logs, "20261123_101500").refused() is None
 
 
