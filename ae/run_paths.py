@@ -17,6 +17,12 @@ class RunDir:
         """One run per folder: the lock file of the job that runs in it (ae.job.folder_lock)."""
         return self.root / "run.lock"
 
+    def refused(self, node: int | str) -> Path:
+        """A node whose launcher refused to join the job (started otherwise than node 0) says
+        so here, for node 0's launcher, which waits for it (ae.job.folder_lock); `node="*"`:
+        the pattern."""
+        return self.root / f"refused_node{node}.json"
+
     @property
     def config_yaml(self) -> Path:
         return self.root / "config.yaml"

@@ -60,7 +60,7 @@ TOOL_FLAGS = {
     "shm-size",  # docker run's, for the shared memory of dataloader workers
     # sbatch/srun's, in the SLURM examples (docs/RUNS.md, README.md)
     "nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "job-name", "output",
-    "signal", "full", "kill-on-bad-exit", "requeue",
+    "signal", "full", "kill-on-bad-exit", "requeue", "open-mode",
     "logdir", "backend-store-uri",  # tensorboard's and `mlflow ui`'s, to open a run's metrics
     "no-index", "no-deps", "target",  # pip's, installing wheels carried to a GPU lease (bench/)
 }  # fmt: skip

@@ -36,6 +36,11 @@ PRIVATE_ALLOWED_IN = {
     # this node's workers failed, or were stopped to take in a node that joined, only the
     # agent's count of restarts left tells (torchrun spends one on a failure alone).
     "ae/job/elastic.py": {"_start_workers", "_remaining_restarts"},
+    # Under SLURM a requeue or scancel signals torchrun itself besides the launcher's SIGTERM:
+    # the second signal raised inside the agent's shutdown of the ranks, and torchrun died with
+    # them unsaved. The agent installs its handler by this module-level name, with no public
+    # hook around it; ae.job.torchrun wraps it to act on the first stop signal alone.
+    "ae/job/torchrun.py": {"_terminate_process_handler"},
 }  # fmt: skip
 # What issue 22 removed, named: a grep finds them in comments and strings too.
 REMOVED_PRIVATE = re.compile(

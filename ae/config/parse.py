@@ -24,6 +24,9 @@ class ConfigError(UserError):
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
+        # The flags that parsed (the others at their defaults): where a launcher that stops
+        # tells the others (`ae.job.folder_lock.tell_leader`). None: not from parse_config.
+        self.partial: Config | None = None
         super().__init__("\n".join(problems))
 
     def render(self) -> str:
@@ -313,7 +316,9 @@ def parse_config(argv: list[str], *, user: bool = False) -> Config:
     cfg = Config.from_flat(values)
     problems += [msg for keys, msg in cross_checks(cfg) if not bad & set(keys)]
     if problems:
-        raise ConfigError(problems)
+        err = ConfigError(problems)
+        err.partial = cfg
+        raise err
     return cfg
 
 

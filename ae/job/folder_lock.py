@@ -30,6 +30,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 from loguru import logger
@@ -45,6 +46,7 @@ FOLLOW_TIMEOUT_S = 120.0  # NFS may show a new file to other nodes only after it
 FOLLOW_POLL_S = 0.2
 FOLLOW_TELL_S = 10.0  # a follower waiting this long says what it waits for
 CHECKPOINTS_LISTED = 5
+LOCK_FILE_MAX = 1 << 16  # the lock file with its settings: a few KB
 TRAINING, ENCODING = "training", "encoding"  # the jobs that hold a folder: what LockInfo.kind says
 
 
@@ -56,6 +58,9 @@ class LockInfo:
     started: str
     job: str
     kind: str = TRAINING  # lock files written before ae-encode took one were training's
+    # What every node of the job must run alike (NNODES, the flags): the other nodes' launchers
+    # compare theirs with it (`follow`). None: ae-encode's, or a file written before it.
+    settings: dict[str, Any] | None = None
 
     def describe(self) -> str:
         job = self.job if self.kind == TRAINING else f"ae-encode, {self.job}"
@@ -202,23 +207,33 @@ def _write(fd: int, info: LockInfo) -> None:
 
 def _read_fd(fd: int) -> LockInfo | None:
     try:
-        return LockInfo(**json.loads(os.pread(fd, 4096, 0)))
+        return LockInfo(**json.loads(os.pread(fd, LOCK_FILE_MAX, 0)))
     except (ValueError, TypeError):
         return None
 
 
-def acquire(run_dir: RunDir, job: str, run_ts: str, kind: str = TRAINING) -> RunLock:
+def acquire(
+    run_dir: RunDir,
+    job: str,
+    run_ts: str,
+    kind: str = TRAINING,
+    settings: dict[str, Any] | None = None,
+) -> RunLock:
     """Take the folder's lock for `job` (a `kind` of job), or raise RunFolderBusy naming the job
-    that holds it (RunFolderUnwritable when the folder cannot be made or written)."""
+    that holds it (RunFolderUnwritable when the folder cannot be made or written). `settings`:
+    what the other nodes must run alike (`follow`)."""
     try:
         run_dir.root.mkdir(parents=True, exist_ok=True)
         os.close(os.open(run_dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
     except OSError as e:  # read-only filesystem, no permission, a file in the way
         raise RunFolderUnwritable(run_dir, e) from None
     path = run_dir.lock
+    if settings is not None:  # as it reads back (tuples as lists): `release` compares
+        settings = json.loads(json.dumps(settings))
     info = LockInfo(
-        socket.gethostname(), os.getpid(), run_ts, time.strftime("%Y-%m-%d %H:%M:%S"), job, kind
-    )
+        socket.gethostname(), os.getpid(), run_ts, time.strftime("%Y-%m-%d %H:%M:%S"), job, kind,
+        settings,
+    )  # fmt: skip
     deadline = time.monotonic() + LOCK_RETRY_S
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

@@ -71,6 +71,7 @@ from ae.job.restarts import (
     requeue_job,
     resume_note,
 )
+from ae.job.same_job import check_same_job, job_settings, tell_node_0
 from ae.job.supervise import Stops, start_child, wait
 from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE, TRAIN_LOG_FILE
@@ -80,16 +81,20 @@ RANK_MODULE = "ae.cli.rank_process"  # what runs in every rank (train_ae.py runs
 LAUNCHER_ENV = "AE_LAUNCHER"
 
 
-def claim_run_folder(cfg: Config, topo: Topology) -> tuple[RunLock | None, str]:
+def claim_run_folder(cfg: Config, topo: Topology, nproc: int) -> tuple[RunLock | None, str]:
     """The job's run folder and run TS: the first node's launcher takes the lock (and refuses a
-    fresh run over earlier checkpoints); the others wait until the lock names their job."""
+    fresh run over earlier checkpoints); the others wait until the lock names their job, and
+    refuse to join one started otherwise than theirs (`job_settings`)."""
     run_dir, ckpt = cfg.run.dir, cfg.checkpoints
+    settings = job_settings(cfg, topo, nproc)
     if not topo.leader:
         if not cfg.run.overwrite:  # the leader's refusal, at once (it never takes the lock then)
             earlier_checkpoints(run_dir, ckpt.resume_from_checkpoint, overwrite=False)
-        return None, follow(run_dir, topo.job).run_ts
+        holder = follow(run_dir, topo.job)
+        check_same_job(run_dir, holder, settings, topo.node_rank)
+        return None, holder.run_ts
     ts = os.environ.get("AE_RUN_TS") or unused_run_ts(run_dir.logs, time.strftime("%Y%m%d_%H%M%S"))
-    lock = acquire(run_dir, topo.job, ts)
+    lock = acquire(run_dir, topo.job, ts, settings=settings)
     try:
         if lock.taken_over is not None:
             logger.info(f"Took over {run_dir.lock}, left by {lock.taken_over.describe()}: gone")
@@ -153,7 +158,7 @@ def elastic(cfg: Config, topo: Topology) -> bool:
 
 def launch(argv: list[str]) -> int:
     """The whole job on this node, from its flags to its exit code (logging to the console)."""
-    lock = None
+    lock, ts, topo, cfg = None, None, None, None
     try:
         cfg = parse_config(argv, user=True)
         topo = topology(cfg.run)
@@ -182,7 +187,7 @@ def launch(argv: list[str]) -> int:
                 os.environ, topo.master_addr, port, topo.node_rank, hosts_store=topo.leader
             )
             logger.info(line)
-        lock, ts = claim_run_folder(cfg, topo)
+        lock, ts = claim_run_folder(cfg, topo, nproc)
         # The demo data stands in for an unset spec: built (once) here, named to the ranks.
         train_spec, val_spec = with_demo_defaults(cfg.data.train_shards, cfg.data.val_shards)
         try:
@@ -193,6 +198,7 @@ def launch(argv: list[str]) -> int:
         if lock is not None:
             lock.release()
         logger.error(e.render())
+        tell_node_0(cfg or getattr(e, "partial", None), topo, ts, e)
         return e.exit_code
     except KeyboardInterrupt:  # Ctrl-C before any rank exists: nothing to save
         if lock is not None:
@@ -321,12 +327,15 @@ def attempt(
         peers = PeerNodes(logs, ts, follow_restarts=elastic(cfg, topo))
         # torchrun waits for missing nodes without a word: say it, once (first attempt only).
         not_joined = partial(peers.not_joined, topo.nnodes) if restart is None else None
+        # A node that refuses to join (started otherwise) ends the job, unless it can go on
+        # without that node (`--min_nodes`): then only the other nodes are waited for.
+        refused = peers.refused if topo.leader and cfg.run.min_nodes in (0, topo.nnodes) else None
         if topo.nnodes == 1:
             rc, stops = wait(proc)
         elif elastic(cfg, topo):
-            rc, stops = wait(proc, None, peers.stopped_elsewhere, not_joined)
+            rc, stops = wait(proc, None, peers.stopped_elsewhere, not_joined, refused)
         else:
-            rc, stops = wait(proc, peers.check, peers.stopped_elsewhere, not_joined)
+            rc, stops = wait(proc, peers.check, peers.stopped_elsewhere, not_joined, refused)
     return rc, stops, relay.last_words_said if relay is not None else None
 
 
@@ -335,6 +344,8 @@ def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int |
     job and said so (a stop signal; a failure on another node than the first); else the child's
     non-zero exit code (a failure that the caller reports, or restarts)."""
     logs = cfg.run.dir.logs
+    if stops.refused is not None:  # no rank started: the other node's user error, said
+        return -UserError.exit_code
     if stops.elsewhere is not None:  # every rank saved: a stop, said by each node's launcher
         logger.warning(f"{stops.elsewhere}; {RESUME}")
         return -stop_exit_code(signal.SIGTERM)

@@ -26,6 +26,7 @@ verdict is the network's.
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from ae.log_lines import (
     RECORD_PATTERN,
     TRAIN_LOG_FILE,
 )
+from ae.run_paths import RunDir
 
 NODE_LOST_S = 20.0  # four missed heartbeats (one every 5 s at most)
 CHECK_S = 1.0
@@ -62,6 +64,7 @@ class PeerNodes:
     follow_restarts: bool = False
     _next_check: float = 0.0
     _next_stop_check: float = 0.0
+    _next_refused_check: float = 0.0
     started: float = field(default_factory=time.monotonic)  # the launch (monotonic clock)
     _noted: bool = False
 
@@ -79,6 +82,27 @@ class PeerNodes:
             f"for all {nnodes} nodes to join (600 s at most). Start the launcher on every node, "
             "each with NNODES, its own NODE_RANK, and the same MASTER_ADDR and MASTER_PORT"
         )
+
+    def refused(self) -> str | None:
+        """A sentence when another node's launcher will not join this run: started otherwise than
+        this one, or a user error of its own (`ae.job.same_job.tell_leader`'s note, which is
+        removed)."""
+        now = time.monotonic()
+        if now < self._next_refused_check:
+            return None
+        self._next_refused_check = now + CHECK_S
+        root = self.logs.parent
+        for path in sorted(root.glob(RunDir(root).refused("*").name)):
+            try:
+                note = json.loads(path.read_text())
+                if note["run_ts"] != self.run_ts:
+                    continue
+                message, node, host = note["message"], note["node"], note["host"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            path.unlink(missing_ok=True)
+            return f"Node {node} (host {host}) will not join this job: {message}\nStopping here too"
+        return None
 
     def check(self, now: float | None = None) -> str | None:
         """A sentence naming the lost host(s) and their ranks, or None while all beat."""

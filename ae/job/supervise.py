@@ -48,6 +48,7 @@ class Stops:
     lost: str | None = None  # another node of the job was lost (`ae.job.peer_nodes`)
     requeue: bool = False  # REQUEUE_SIGNAL came: save, then requeue the job
     elsewhere: str | None = None  # the job saved and stopped on a stop signal to another node
+    refused: str | None = None  # another node refused to join (started otherwise): a user error
 
 
 def start_child(
@@ -106,13 +107,15 @@ def wait(
     peers_lost: Callable[[], str | None] | None = None,
     stopped_elsewhere: Callable[[], str | None] | None = None,
     note: Callable[[], str | None] | None = None,
+    refused: Callable[[], str | None] | None = None,
 ) -> tuple[int, Stops]:
     """Wait for the child, passing stop signals on; returns its exit code and what came.
     `peers_lost` (multi-node runs) says when another node is gone: the child is then stopped
     with SIGTERM, as a failure rather than a stop the user asked for. `stopped_elsewhere` says
     when the job saved and stopped on another node's stop signal: torchrun, waiting for that
     node in its exit barrier, is stopped with SIGTERM. `note`: a warning to say when it returns
-    one (the other nodes not joined yet), nothing done."""
+    one (the other nodes not joined yet), nothing done. `refused` says when another node will
+    not join (started otherwise): the child, waiting for it, is killed (no rank has started)."""
     with stop_signals(proc) as stops:
         told, lost_at = False, 0.0
         while True:
@@ -122,6 +125,10 @@ def wait(
                 pass
             if note is not None and (said := note()) is not None:
                 logger.warning(said)
+            if refused is not None and stops.refused is None and (said := refused()):
+                stops.refused = said
+                logger.error(said)
+                kill_tree(proc)
             watch = stopped_elsewhere is not None and stops.first is stops.elsewhere is None
             if watch and (said := stopped_elsewhere()) is not None:  # type: ignore[misc]
                 stops.elsewhere = said

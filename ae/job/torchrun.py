@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import traceback
+from types import FrameType
 
 import logging_cfg
 from ae.job.elastic import ELASTIC_ENV, JobEnds, install
@@ -34,6 +35,25 @@ from ae.parent_death import die_with_parent
 def follow_launcher(launcher_pid: int) -> None:
     """SIGTERM to this process when its parent, the launcher, dies (or now, if it is gone)."""
     die_with_parent(signal.SIGTERM, launcher_pid)
+
+
+def once_per_stop() -> None:
+    """torchrun's agent turns a stop signal into an exception, then stops the ranks (SIGTERM,
+    and up to 30 s for them to save). A second signal in that time raised again inside that
+    shutdown, and torchrun died with its ranks unsaved: under SLURM, `scancel` and `scontrol
+    requeue` signal every process of the step, torchrun too, besides the launcher's SIGTERM
+    passed on (seen: a requeue during setup, `rank 0 killed without trace`). After the first,
+    the others are ignored; the launcher's second Ctrl-C and SLURM's SIGKILL still end it."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    first = api._terminate_process_handler
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        first(signum, frame)
+
+    api._terminate_process_handler = handler  # looked up when the agent registers it
 
 
 def main(argv: list[str]) -> int:
@@ -47,6 +67,8 @@ def main(argv: list[str]) -> int:
             # Imported after the streams are replaced: torch's logging handlers take the
             # stream that sys.stderr is when they are created.
             from torch.distributed.run import main as torchrun
+
+            once_per_stop()
 
             if (elastic := os.environ.get(ELASTIC_ENV)) is not None:
                 # Its lines (RESTART, the job's end) go to this node's console, as the

@@ -3,6 +3,7 @@ followers of a multi-node job, and the refusal to start afresh over earlier chec
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ae.config import parse_config
 from ae.job import folder_lock
 from ae.job.folder_lock import (
     EarlierCheckpoints,
@@ -28,17 +30,21 @@ from ae.job.folder_lock import (
     read_lock,
     unused_run_ts,
 )
+from ae.job.peer_nodes import PeerNodes
+from ae.job.same_job import NodesDiffer, check_same_job, job_settings
+from ae.job.topology import topology
 from ae.run_paths import RunDir
 from bench.synthetic_logs import write_heartbeat
 from tests.support.runs import ROOT
 
 HOLDER = textwrap.dedent(
     """
-    import sys, time
+    import json, sys, time
     from pathlib import Path
     from ae.job.folder_lock import acquire
     from ae.run_paths import RunDir
-    acquire(RunDir(Path(sys.argv[1])), sys.argv[2], "20261123_101500")
+    settings = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
+    acquire(RunDir(Path(sys.argv[1])), sys.argv[2], "20261123_101500", settings=settings)
     print("locked", flush=True)
     time.sleep(600)
     """
@@ -46,11 +52,15 @@ HOLDER = textwrap.dedent(
 
 
 @contextmanager
-def holder(root: Path, job: str = "SLURM job 7 step 0") -> Iterator[subprocess.Popen]:
-    """Another process holding the folder's lock."""
+def holder(
+    root: Path, job: str = "SLURM job 7 step 0", settings: dict | None = None
+) -> Iterator[subprocess.Popen]:
+    """Another process holding the folder's lock (with the job's `settings`: node 0's)."""
+    extra = [json.dumps(settings)] if settings is not None else []
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(root), job], cwd=ROOT, stdout=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-c", HOLDER, str(root), job, *extra], cwd=ROOT, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
         yield proc
@@ -103,6 +113,46 @@ def test_followers_adopt_the_leaders_run_ts(
         follow(run_dir, "SLURM job 7 step 0", timeout=0.2)  # its lock file is stale
     # Was: two minutes of silence before that message, on a node started before the first
     assert [m for _, m in records if m.startswith("Waiting for the first node's launcher")]
+
+
+def test_a_node_started_otherwise_than_node_0_refuses_to_join_and_node_0_hears_it(
+    tmp_path: Path,
+) -> None:
+    """Was: node 1 with NNODES=3 joined node 0's job and its ranks crashed in Lightning's
+    `devices=1 and num_nodes=3` check, node 0's ranks waiting in setup until --pg_timeout; with
+    another --batch_size the job hung at the first epoch's end of node 1's shorter plan."""
+    run_dir = RunDir(tmp_path / "run")
+    job = "multi-node job at 10.0.0.1:29500"
+    env0 = {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+
+    def settings(argv: list[str], **env: str) -> dict | None:
+        cfg = parse_config([f"--output_dir={run_dir.root}", *argv])
+        return job_settings(cfg, topology(cfg.run, {**env0, **env}), nproc=2)
+
+    # what a node may set on its own: the data's path (checked by the ranks), the console's detail
+    first = settings(["--batch_size=32", "--train_shards=/data/a"])
+    assert settings(["--batch_size=32", "--train_shards=/mnt/a", "--debug=true"]) == first
+    with holder(run_dir.root, job, first):
+        # the same command: followed as before
+        lock = follow(run_dir, job, timeout=5)
+        check_same_job(run_dir, lock, first, node=1)
+        with pytest.raises(NodesDiffer) as err:
+            check_same_job(run_dir, lock, settings(["--batch_size=64"], NNODES="3", NODE_RANK="1"),
+                           node=1)  # fmt: skip
+    message = err.value.render()
+    assert message.startswith("Node 1 was not started like node 0 (multi-node job at 10.0.0.1:")
+    assert "NNODES=3 on node 1, 2 on node 0; --batch_size=64 on node 1, 32 on node 0." in message
+    assert "only NODE_RANK differing" in message and err.value.exit_code == 2
+    # node 0's launcher, waiting for node 1 to join, hears it once, and stops
+    peers = PeerNodes(run_dir.logs, "20261123_101500")
+    said = peers.refused()
+    assert said is not None and said.startswith("Node 1 (host ")
+    assert "will not join this job: started otherwise than node 0: NNODES=3 on node 1" in said
+    assert not list(run_dir.root.glob("refused_node*")) and peers.refused() is None
+    # a note of another run of the folder is not this run's
+    run_dir.refused(1).write_text(json.dumps({"run_ts": "x", "node": 1, "host": "h",
+                                              "message": "m"}))  # fmt: skip
+    assert PeerNodes(run_dir.logs, "20261123_101500").refused() is None
 
 
 def test_a_fresh_run_refuses_earlier_checkpoints(tmp_path: Path) -> None:

@@ -15,10 +15,13 @@ from ae.config.weight_files import FID_FILE, FID_URL
 from ae.data.shards import demo
 from ae.forensics import faults
 from ae.job import launch
+from ae.job.folder_lock import acquire
+from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import MB, Need
 from ae.job.supervise import Stops
 from ae.job.topology import Topology
 from ae.log_lines import PREEMPTED, TRAIN_LOG_FILE, TRAINING_FINISHED
+from ae.run_paths import RunDir
 from bench.synthetic_logs import T0, TS, record
 
 
@@ -222,3 +225,24 @@ def test_more_cpu_processes_than_cores_get_a_calm_note(
     note = "Note: 3 processes share this node's 2 CPU cores (no GPU): they take turns on them"
     assert (note in text) == noted, text
     assert ("--devices=2 gives each process its own" in text) == noted
+
+
+def test_a_follower_that_fails_on_its_own_input_tells_node_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: node 1 stopped at once (its shards missing there), node 0's torchrun waited for it
+    to join for 600 s, saying only after a minute that no rank had started."""
+    run_dir = tmp_path / "run"
+    for k, v in {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(launch, "prepare_node", lambda *a, **k: "Network: checked")
+    lock = acquire(RunDir(run_dir), "multi-node job at 127.0.0.1:29500", TS)  # node 0's
+    missing = tmp_path / "nowhere" / "train-000000.tar"
+    try:
+        assert main([f"--output_dir={run_dir}", "--devices=1", f"--train_shards={missing}"]) == 2
+    finally:
+        lock.release()
+    said = PeerNodes(run_dir / "logs", TS).refused()
+    assert said is not None and said.startswith("Node 1 (host ")
+    assert "will not join this job: 1 problem in the configuration:\n  - train_shards:" in said
+    assert said.endswith("Stopping here too")
