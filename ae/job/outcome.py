@@ -119,15 +119,20 @@ def report_stop(
     return stop_exit_code(sig)
 
 
+HUNG = ("stalled", "stuck")  # the verdict's states of a rank that held a hung job back
+
+
 def held_back(logs: Path, ts: str) -> list[str]:
-    """The verdict's lines when run `ts` names a rank that held the job back (a hang the stop
-    signal found: `ae.diagnose.verdict_rules.gone`), else none."""
+    """The verdict's lines when run `ts` hung and names the rank(s) that held it back (stalled,
+    or found stuck by the stop signal: `ae.diagnose.verdict_rules.gone`), else none: a rank
+    killed without trace under a stop is no hang."""
     try:
         run = read_run(find_run(logs, ts))
     except UserError:
         return []
     verdict = judge(run)
-    return verdict_lines(to_json(run, verdict), rules=True) if verdict.culprits else []
+    hung = verdict.culprits and all(verdict.states.get(c.rank) in HUNG for c in verdict.culprits)
+    return verdict_lines(to_json(run, verdict), rules=True) if hung else []
 
 
 def _messages(texts: list[str]) -> list[str]:

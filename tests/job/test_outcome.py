@@ -196,3 +196,20 @@ def test_a_hang_stopped_says_which_rank_held_it_back(tmp_path: Path, said: list[
     assert "rank 0" not in stuck
     assert more == f"More: ae-diagnose {tmp_path} --run {TS}"
     assert last.startswith("Interrupted before the ranks saved a checkpoint")
+
+
+def test_a_rank_gone_without_trace_under_a_stop_is_no_hang(tmp_path: Path, said: list[str]) -> None:
+    """Rank 1's log just stops (SIGKILLed), rank 0 leaves on the stop signal: the verdict names
+    rank 1 `killed without trace`, which is no hang to report as one (seen, SLURM's requeue
+    signalling torchrun twice: 'The job was stuck when stopped: ... killed without trace')."""
+    from tests.diagnose.synthetic_runs import dead_pid
+
+    w0, w1 = two_ranks(tmp_path)
+    w0.t += 20
+    line = STOP_SIGNAL_STUCK.format(signal="SIGTERM", idle=20, phase="training step", step=3)
+    w0.log(line + STUCK_MAIN_THREAD.format(doing="collective: all_reduce"), "WARNING")
+    for w in (w0, w1):
+        w.flush()
+        write_heartbeat(tmp_path, w.rank, 2, pid=dead_pid(), t=w.t, phase="training step", step=3)
+    assert report_stop(tmp_path, TS, signal.SIGTERM, killed=False, newest=None) == 143
+    assert len(said) == 1 and said[0].startswith("Preempted (SIGTERM) before the ranks saved"), said
