@@ -20,7 +20,9 @@ the second is what later dumps cost.
 `--quick` (the suite's smoke run): one pair of 100 steps after 10 warm-up steps, the processes
 forked from this one (which has imported torch already, and what DDP imports when first built)
 instead of spawned: the same jobs, without a fresh interpreter importing torch for each of the
-six processes.
+six processes. The ranks meet through a file in the job's temporary folder, not a free port
+picked beforehand (another process could take it first), and a job not done in JOIN_TIMEOUT_S
+is stopped and fails naming itself (the quick mode once hung in CI until the test's 900 s).
 
 Writes bench/results/flight_recorder.json (`_quick` with --quick).
 """
@@ -31,10 +33,10 @@ import argparse
 import importlib
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,25 +49,21 @@ from bench.common import write_record
 
 WARMUP = 100
 WORLD = 2
+JOIN_TIMEOUT_S = 180.0  # a job of a full run takes ~30 s
 # (steps, warm-up steps, start method) of --quick
 QUICK = (100, 10, "fork")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _job(rank: int, on: bool, steps: int, warmup: int, port: int, logs: str, result: Any) -> None:
+def _job(rank: int, on: bool, steps: int, warmup: int, logs: str, result: Any) -> None:
     if on:
         flight_recorder.enable(Path(logs), rank, "bench")
     else:
         os.environ["TORCH_FR_BUFFER_SIZE"] = "0"
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
-    )
+        "gloo", init_method=f"file://{logs}/store", rank=rank, world_size=WORLD,
+        timeout=timedelta(seconds=120),
+    )  # fmt: skip
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.SiLU(), torch.nn.Linear(8, 16))
@@ -101,7 +99,7 @@ def _job(rank: int, on: bool, steps: int, warmup: int, port: int, logs: str, res
     dist.destroy_process_group()
 
 
-def _micro(_index: int, on: bool, n: int, warmup: int, port: int, logs: str, result: Any) -> None:
+def _micro(_index: int, on: bool, n: int, warmup: int, logs: str, result: Any) -> None:
     """One process, world size 1: `n` all-reduces of one number issued from 40 frames deep
     (a Lightning step's depth); CPU time per collective."""
     if on:
@@ -109,7 +107,7 @@ def _micro(_index: int, on: bool, n: int, warmup: int, port: int, logs: str, res
     else:
         os.environ["TORCH_FR_BUFFER_SIZE"] = "0"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"file://{logs}/store", rank=0, world_size=1)
     x = torch.zeros(1)
 
     def deep(level: int) -> float:
@@ -126,22 +124,30 @@ def _micro(_index: int, on: bool, n: int, warmup: int, port: int, logs: str, res
     dist.destroy_process_group()
 
 
-def run_micro(on: bool, n: int, warmup: int = WARMUP, start: str = "spawn") -> float:
+def _run(fn: Any, nprocs: int, on: bool, n: int, warmup: int, start: str) -> Any:
+    """`fn` in `nprocs` processes; what rank 0 put in the result queue. Processes not done
+    after JOIN_TIMEOUT_S are killed, and the bench fails saying which job hung."""
     ctx = mp.get_context(start)
     result = ctx.Queue()
     with tempfile.TemporaryDirectory() as logs:
-        args = (on, n, warmup, _free_port(), logs, result)
-        mp.start_processes(_micro, args=args, nprocs=1, start_method=start)
-        return float(result.get(timeout=60))
+        args = (on, n, warmup, logs, result)
+        procs = mp.start_processes(fn, args=args, nprocs=nprocs, start_method=start, join=False)
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        while not procs.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for proc in procs.processes:
+                    proc.kill()
+                raise TimeoutError(f"{fn.__name__} (recorder on: {on}) not done in "
+                                   f"{JOIN_TIMEOUT_S:.0f}s: hung")  # fmt: skip
+        return result.get(timeout=60)
+
+
+def run_micro(on: bool, n: int, warmup: int = WARMUP, start: str = "spawn") -> float:
+    return float(_run(_micro, 1, on, n, warmup, start))
 
 
 def run_job(on: bool, steps: int, warmup: int = WARMUP, start: str = "spawn") -> dict[str, Any]:
-    ctx = mp.get_context(start)
-    result = ctx.Queue()
-    with tempfile.TemporaryDirectory() as logs:
-        args = (on, steps, warmup, _free_port(), logs, result)
-        mp.start_processes(_job, args=args, nprocs=WORLD, start_method=start)
-        return result.get(timeout=60)
+    return _run(_job, WORLD, on, steps, warmup, start)
 
 
 def main() -> None:
