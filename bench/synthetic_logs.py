@@ -17,6 +17,8 @@ from ae.log_lines import (
     FATAL,
     HEARTBEAT_FIELDS,
     HEARTBEAT_FILE,
+    NONFINITE,
+    NONFINITE_RECEIVED,
     PROCESSED_TRAIN,
     RANK_EXIT,
     RANK_PROCESS,
@@ -108,6 +110,15 @@ class RankWriter:
 
     def exit(self, code: int = 0, why: str = "training finished") -> None:
         self.log(RANK_EXIT.format(code=code, why=why))
+
+    def nonfinite(self, step: int, shard: str, peers: tuple[RankWriter, ...] = ()) -> None:
+        """This rank's loss turned NaN at `step` (its batch `step - 1`, epoch 0, from `shard`);
+        `peers` got it through the all-reduce."""
+        self.log(NONFINITE.format(value="loss=nan", rank=self.rank, step=step, epoch=0,
+                                  batch=str(step - 1), samples=f"shard {shard}, keys [a]"),
+                 "ERROR")  # fmt: skip
+        for peer in peers:
+            peer.log(NONFINITE_RECEIVED.format(step=step), "WARNING")
 
     def stall(self, phase: str, step: int, idle: float, collective: str = "no",
               frame: str = "_injected_sleep (ae/forensics/faults.py:120)", report: int = 1,
