@@ -25,7 +25,7 @@ class ConfigError(UserError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         # The flags that parsed (the others at their defaults): where a launcher that stops
-        # tells the others (`ae.job.folder_lock.tell_leader`). None: not from parse_config.
+        # tells the others (`ae.job.same_job.tell_leader`). None: not from parse_config.
         self.partial: Config | None = None
         super().__init__("\n".join(problems))
 
