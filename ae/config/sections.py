@@ -290,7 +290,7 @@ class CheckpointConfig:
     """Checkpoints: how often, how many, and where to resume from."""
 
     checkpointing_period: int = _opt(
-        500, "optimizer steps between step checkpoints (0 = only at the end)", lo=0
+        500, "optimizer steps between step checkpoints (0 = none by step count)", lo=0
     )
     checkpoints_total_limit: int = _opt(3, "keep at most this many step checkpoints", lo=1)
     save_best: bool = _opt(True, "also keep best.ckpt, the one with the lowest val loss")
@@ -302,8 +302,10 @@ class CheckpointConfig:
         "load a checkpoint the safe loader refuses; runs code from the file: only for "
         "files you made",
     )
+    # On by default: with 500 steps between saves and slow steps, a kill overnight could lose
+    # hours; a timed save costs nothing between saves (the ranks' step vote carries it).
     checkpoint_minutes: float = _opt(
-        0.0, "also save at the first step boundary M minutes after the last save (0 = off)", lo=0
+        30.0, "also save at the first step boundary M minutes after the last save (0 = off)", lo=0
     )
 
 

@@ -13,8 +13,9 @@ resumes exactly (a state saved once the fit loop has finished resumes into an em
 Lightning's `trainer.save_checkpoint` is collective under DDP (every rank dumps its state, rank 0
 writes, all meet at a barrier), so every decision to save is taken identically on all ranks: step
 counts are equal on every rank, and the best-loss decision is rank 0's, broadcast. The clocks of
-the ranks are not: with `--checkpoint_minutes` one tiny all-reduce per step says whether any rank
-found the time up (none without it).
+the ranks are not: whether any rank found the `--checkpoint_minutes` time up travels in the step
+vote (`ae.training.step_vote`, about once a second, off the training process group), so every
+rank takes the timed save at the same step.
 """
 
 from __future__ import annotations

@@ -104,10 +104,19 @@ def test_a_stop_skips_sampling_and_validation(stop_at: int) -> None:
     assert trainer.global_step == stop_at
 
 
-def test_checkpoint_minutes_saves_at_the_first_step_after_m_minutes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("minutes", "step_s", "steps"),
+    [({"checkpoint_minutes": 1}, 25.0, (3, 6, 9, 10)), ({}, 420.0, (5, 10))],
+    ids=["one-minute", "default-30-minutes"],
+)
+def test_checkpoint_minutes_saves_at_the_first_step_after_m_minutes(
+    tmp_path: Path, minutes: dict[str, float], step_s: float, steps: tuple[int, ...]
+) -> None:
     """`--checkpoint_minutes=1` on a clock that moves 25 s a step: saves at steps 3, 6, 9 (the
-    first boundary 60 s or more after the previous save), besides the final one at 10."""
-    cfg = CheckpointConfig(checkpointing_period=0, checkpoints_total_limit=10, checkpoint_minutes=1)
+    first boundary 60 s or more after the previous save), besides the final one at 10. By
+    default a run saves every 30 minutes too (7-minute steps: at step 5), so a night's run killed
+    before its first `--checkpointing_period` save loses at most half an hour."""
+    cfg = CheckpointConfig(checkpointing_period=0, checkpoints_total_limit=10, **minutes)
     checkpointing = Checkpointing(cfg, RunDir(tmp_path), {}, config_yaml="")
     calls: list[tuple[str, int]] = []
     boundary = StepBoundary(
@@ -121,8 +130,8 @@ def test_checkpoint_minutes_saves_at_the_first_step_after_m_minutes(tmp_path: Pa
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
     )  # fmt: skip
-    checkpointing.clock = lambda: trainer.global_step * 25.0
+    checkpointing.clock = lambda: trainer.global_step * step_s
     data = torch.randn(16, 2)
     trainer.fit(Tiny(), DataLoader(data, batch_size=1))
     saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*.ckpt"))
-    assert saved == [f"step-{s:08d}.ckpt" for s in (3, 6, 9, 10)]
+    assert saved == [f"step-{s:08d}.ckpt" for s in steps]
