@@ -43,6 +43,13 @@ def read_loss_history(metrics_dir: Path) -> dict[str, list[tuple[float, float]]]
 
 
 def read_epoch_ends(metrics_dir: Path) -> list[tuple[float, int]]:
-    """(step, epoch) at the end of each epoch: the rows of `train/loss_epoch`."""
+    """(step, epoch) at the end of each epoch: the rows of `train/loss_epoch`, the newest of each
+    epoch (a run that --max_steps stopped mid-epoch logs the mean so far; the run resumed from it
+    logs the epoch's end later)."""
     (points,) = _read_series(metrics_dir, {"train/loss_epoch": "epoch"}).values()
-    return sorted({(step, int(float(row["epoch"]))) for step, row in points if row.get("epoch")})
+    last: dict[int, float] = {}
+    for step, row in points:
+        if row.get("epoch"):
+            epoch = int(float(row["epoch"]))
+            last[epoch] = max(step, last.get(epoch, step))
+    return sorted((step, epoch) for epoch, step in last.items())

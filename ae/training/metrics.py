@@ -347,6 +347,17 @@ class LossCurve(L.Callback):
 
     def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
+        self.cut_epoch: int | None = None  # an epoch that --max_steps ended before its last batch
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Its mean so far is logged as `train/loss_epoch` too (ae.training.model), which reads
+        # as the epoch's end: the curve's top axis would count it among the epochs done.
+        self.cut_epoch = None if trainer.is_last_batch else trainer.current_epoch
+
+    def epoch_ends(self) -> list[tuple[float, int]]:
+        """(step, epoch) of the run's whole epochs: not one that this run's --max_steps cut."""
+        ends = read_epoch_ends(self.run_dir.metrics)
+        return [(step, epoch) for step, epoch in ends if epoch != self.cut_epoch]
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or not trainer.loggers:
@@ -359,5 +370,5 @@ class LossCurve(L.Callback):
         path = self.run_dir.loss_curve
         guards = [cb for cb in trainer.callbacks if isinstance(cb, NonFiniteGuard)]
         marks = guards[0].events if guards else []
-        loss_plot(history, path, marks=marks, epoch_ends=read_epoch_ends(self.run_dir.metrics))
+        loss_plot(history, path, marks=marks, epoch_ends=self.epoch_ends())
         main_log.info(f"Loss curve: {path}")

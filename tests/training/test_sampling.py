@@ -19,8 +19,10 @@ from ae.data.shards.tar_header_count import count_samples
 from ae.data.stream import stages as stream_module
 from ae.data.stream.shard_stream import ShardStream
 from ae.forensics import faults as fault_injection
+from ae.run_paths import RunDir
 from ae.training.ema import EMA, averaged_weights
 from ae.training.loss_history import read_epoch_ends, read_loss_history
+from ae.training.metrics import LossCurve
 from ae.training.model import AutoEncoder
 from ae.training.plots import log_y_axis, loss_plot, reconstruction_grid
 from ae.training.sampling import Sampling, is_oom, reconstruct
@@ -246,6 +248,25 @@ def test_the_sampled_loss_is_the_runs_own_pixel_loss(make_shards, tmp_path: Path
     with torch.no_grad():
         l1 = torch.nn.functional.l1_loss(reconstruct(model.eval(), x), x).item()
     assert line.startswith(f"Sampling at step 2: reconstruction loss (l1) {l1:.6f} ")
+
+
+def test_an_epoch_that_max_steps_cut_is_no_epoch_done_on_the_loss_curve(tmp_path: Path) -> None:
+    """46 batches an epoch; --max_steps=60 stops in epoch 1, whose mean so far is logged as
+    `train/loss_epoch` at step 60: the curve's top axis read "2" epochs done there. Resumed to
+    step 80 (still in epoch 1), then to the end of epoch 1 at step 92."""
+    run_dir = RunDir(tmp_path)
+    header = "epoch,step,train/loss,train/loss_epoch\n"
+    runs = [("20260101_000000", ["0,46,,0.5", "1,60,,0.4"]), ("20260101_000100", ["1,80,,0.3"]),
+            ("20260101_000200", ["1,92,,0.2"])]  # fmt: skip
+    curve = LossCurve(run_dir)
+    expected = [[(46.0, 0)], [(46.0, 0)], [(46.0, 0), (92.0, 1)]]
+    for (ts, rows), whole, want in zip(runs, (False, False, True), expected, strict=True):
+        (run_dir.metrics / ts).mkdir(parents=True)
+        (run_dir.metrics / ts / "metrics.csv").write_text(header + "\n".join(rows) + "\n")
+        epoch_end = SimpleNamespace(is_last_batch=whole, current_epoch=1)
+        curve.on_train_epoch_end(epoch_end, None)  # type: ignore[arg-type]
+        assert curve.epoch_ends() == want
+    assert read_epoch_ends(run_dir.metrics) == [(46.0, 0), (92.0, 1)]  # the newest of each epoch
 
 
 def test_the_loss_curve_marks_the_epochs_and_keeps_its_legend_off_the_newest_points(
