@@ -51,7 +51,7 @@ from ae.job.outcome import (
     say_goodput,
     stop_exit_code,
 )
-from ae.job.peer_nodes import PeerNodes
+from ae.job.peer_nodes import PeerNodes, never_joined
 from ae.job.preflight import check, launcher_needs, weights_problems
 from ae.job.processes import (
     DEBUG_ENV,
@@ -60,6 +60,7 @@ from ae.job.processes import (
     processes_per_node,
     rank_command,
     shared_cores_note,
+    static_nodes,
 )
 from ae.job.rank_lines import rank_lines
 from ae.job.restarts import (
@@ -142,8 +143,7 @@ def child_command(
             "logs": str(cfg.run.dir.logs), "checkpoints": str(cfg.run.dir.checkpoints),
         })  # fmt: skip
     else:
-        nodes = [f"--nnodes={topo.nnodes}", f"--node_rank={topo.node_rank}",
-                 f"--master_addr={topo.master_addr}", f"--master_port={port}"]  # fmt: skip
+        nodes = static_nodes(topo, port)
     cmd = [
         sys.executable, "-m", TORCHRUN_MODULE, str(launcher_log), str(os.getpid()), *nodes,
         f"--nproc_per_node={nproc}", *rank_command(cfg.obs.debug, RANK_MODULE), *argv, *extra,
@@ -381,6 +381,9 @@ def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int |
         logger.warning(f"Stopped {where}: every rank saved step {saved['step']}: "
                        f"{saved['path']}; {RESUME}")  # fmt: skip
         return -stop_exit_code(signal.SIGTERM)
+    if rc != 0 and sig is None and topo.nnodes > 1 and (said := never_joined(logs, ts, topo)):
+        logger.error(said)  # not the failure report: no rank started, none wrote a log
+        return -rc
     # The first node's launcher (SLURM task 0) says how the job ended; each launcher that saw
     # another node lost says it too (that node may be the first).
     if not topo.leader and stops.lost is None:
