@@ -98,6 +98,7 @@ class PeerNodes:
     _next_refused_check: float = 0.0
     started: float = field(default_factory=time.monotonic)  # the launch (monotonic clock)
     _noted: bool = False
+    node: int = 0  # this launcher's NODE_RANK (its own note is not news)
 
     def not_joined(self, nnodes: int, now: float | None = None) -> str | None:
         """Once, NOT_JOINED_NOTE_S after the launch: a sentence when no rank of the job has
@@ -134,12 +135,31 @@ class PeerNodes:
             return f"Node {node} (host {host}) will not join this job: {message}\nStopping here too"
         return None
 
+    def failed(self) -> str | None:
+        """A sentence when another node's ranks failed (its launcher's note,
+        `ae.job.same_job.tell_leader`): this node's ranks, waiting for them in the process
+        group's setup or a collective, would wait up to --pg_timeout."""
+        root = self.logs.parent
+        for path in sorted(root.glob(RunDir(root).failed("*").name)):
+            try:
+                note = json.loads(path.read_text())
+                if note["run_ts"] != self.run_ts or note["node"] == self.node:
+                    continue
+                message, node, host = note["message"], note["node"], note["host"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            return f"Node {node} (host {host}) failed: {message}\nStopping this node's ranks"
+        return None
+
     def check(self, now: float | None = None) -> str | None:
-        """A sentence naming the lost host(s) and their ranks, or None while all beat."""
+        """A sentence naming the lost host(s) and their ranks, or another node's failure (its
+        note), or None while all beat."""
         now = time.monotonic() if now is None else now
         if now < self._next_check:
             return None
         self._next_check = now + CHECK_S
+        if (failed := self.failed()) is not None:
+            return failed
         pattern = HEARTBEAT_FILE.format(rank="*", ts=self.run_ts)
         for path in self.logs.glob(pattern):
             hb = read_heartbeat(path)
