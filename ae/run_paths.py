@@ -23,6 +23,12 @@ class RunDir:
         the pattern."""
         return self.root / f"refused_node{node}.json"
 
+    def failed(self, node: int | str) -> Path:
+        """A node whose ranks failed says so here, with their error, for the other nodes'
+        launchers, whose ranks would wait for its ranks up to --pg_timeout (ae.job.same_job);
+        `node="*"`: the pattern."""
+        return self.root / f"failed_node{node}.json"
+
     @property
     def config_yaml(self) -> Path:
         return self.root / "config.yaml"

@@ -105,3 +105,21 @@ def read_launcher_logs(paths: list[Path]) -> LauncherReport:
                 out.by_pid[pid] = end if root or pid not in out.by_pid else out.by_pid[pid]
                 rank = None
     return out
+
+
+# torchrun gave up waiting for the nodes to join, before any rank started: its static rendezvous
+# (node 0's store counts the nodes that connected) and its c10d one (`--max_restarts`, no count)
+_STORE_JOIN_TIMEOUT = re.compile(
+    r"Timed out after \d+ seconds waiting for clients\. (?P<joined>\d+)/(?P<nodes>\d+) clients "
+    r"joined"
+)
+_RDZV_TIMEOUT = "RendezvousTimeoutError"
+
+
+def join_timed_out(text: str) -> tuple[int | None, int | None] | None:
+    """Whether torchrun's output `text` ends its wait for the nodes to join: (nodes joined, nodes)
+    where its static rendezvous counted them, (None, None) where the c10d one did not; None
+    when it did not time out so."""
+    if (m := _STORE_JOIN_TIMEOUT.search(text)) is not None:
+        return int(m["joined"]), int(m["nodes"])
+    return (None, None) if _RDZV_TIMEOUT in text else None

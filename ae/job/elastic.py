@@ -44,6 +44,7 @@ from loguru import logger
 from ae.config import RunConfig
 from ae.forensics.faults import ATTEMPT_ENV
 from ae.job.folder_lock import unused_run_ts
+from ae.job.processes import JOIN_TIMEOUT_S  # fewer than --min_nodes nodes by then ends the job
 from ae.job.restarts import NO_RESTART, RESTART_ENV, Attempt, Restart, Restarts
 from ae.job.topology import Topology
 from ae.log_lines import NODES_CHANGED
@@ -58,7 +59,6 @@ DECISION_WAIT_S = 300.0  # the judging agent reads every rank's logs first
 # torchrun's rendezvous timeouts (`--rdzv-conf`; docs/RUNS.md, "what each timeout is"). They
 # matter only where --min_nodes is below the nodes: with all of them required, a round completes
 # as soon as the last node joins.
-JOIN_TIMEOUT_S = 600  # torchrun's default: fewer than --min_nodes nodes by then ends the job
 LAST_CALL_S = 15  # once --min_nodes nodes are there, the round waits this long for the others
 KEEP_ALIVE_S, KEEP_ALIVE_MISSED = 5, 3  # torchrun's defaults: a node silent 15 s is gone
 RDZV_CONF = (

@@ -39,18 +39,10 @@ from ae.diagnose.log_files import list_runs
 from ae.errors import UserError
 from ae.forensics.faults import ATTEMPT_ENV, active_faults
 from ae.job.elastic import ELASTIC_ENV, agent_args, min_nodes_problems
+from ae.job.ending import ending
 from ae.job.folder_lock import RunLock, acquire, earlier_checkpoints, follow, unused_run_ts
 from ae.job.network import prepare_node, route_to
-from ae.job.outcome import (
-    RESUME,
-    finished,
-    finished_in_teardown,
-    preempted,
-    report_failure,
-    report_stop,
-    say_goodput,
-    stop_exit_code,
-)
+from ae.job.outcome import RESUME, report_failure, say_goodput, stop_exit_code
 from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import check, launcher_needs, weights_problems
 from ae.job.processes import (
@@ -60,6 +52,7 @@ from ae.job.processes import (
     processes_per_node,
     rank_command,
     shared_cores_note,
+    static_nodes,
 )
 from ae.job.rank_lines import rank_lines
 from ae.job.restarts import (
@@ -67,7 +60,6 @@ from ae.job.restarts import (
     RESUME_NOTE_ENV,
     Restart,
     Restarts,
-    newest_checkpoint,
     requeue_job,
     resume_note,
 )
@@ -142,8 +134,7 @@ def child_command(
             "logs": str(cfg.run.dir.logs), "checkpoints": str(cfg.run.dir.checkpoints),
         })  # fmt: skip
     else:
-        nodes = [f"--nnodes={topo.nnodes}", f"--node_rank={topo.node_rank}",
-                 f"--master_addr={topo.master_addr}", f"--master_port={port}"]  # fmt: skip
+        nodes = static_nodes(topo, port)
     cmd = [
         sys.executable, "-m", TORCHRUN_MODULE, str(launcher_log), str(os.getpid()), *nodes,
         f"--nproc_per_node={nproc}", *rank_command(cfg.obs.debug, RANK_MODULE), *argv, *extra,
@@ -315,6 +306,11 @@ def attempt(
         if note := resume_note(cfg.run.dir.checkpoints, resume, logs, ts):
             logger.info(note)
             env[RESUME_NOTE_ENV] = note
+    elif restart is None and topo.task is None:  # another node: which job, its logs
+        logger.info(
+            f"Training on node {topo.node_rank}/{topo.nnodes}, {nproc} process(es) per node "
+            f"({topo.job}, run {ts})\n  rank logs : {logs}/debug_rank*_{ts}.log"
+        )
     proc = start_child(cmd, env, keep_fds=lock.descriptors() if lock is not None else ())
     # Another node that dies closes no connection: its heartbeats tell (`ae.job.peer_nodes`).
     # The leader's console also says the other ranks' errors and stalls (`ae.job.rank_lines`).
@@ -324,7 +320,7 @@ def attempt(
         # node (the agents watch each other); a stop that reached another node (its launcher
         # killed: its torchrun follows it) is still a stop, which the other nodes' torchruns
         # would otherwise wait out in their exit barrier (300 s).
-        peers = PeerNodes(logs, ts, follow_restarts=elastic(cfg, topo))
+        peers = PeerNodes(logs, ts, follow_restarts=elastic(cfg, topo), node=topo.node_rank)
         # torchrun waits for missing nodes without a word: say it, once (first attempt only).
         not_joined = partial(peers.not_joined, topo.nnodes) if restart is None else None
         # A node that refuses to join (started otherwise) ends the job, unless it can go on
@@ -336,63 +332,6 @@ def attempt(
             rc, stops = wait(proc, None, peers.stopped_elsewhere, not_joined, refused)
         else:
             rc, stops = wait(proc, peers.check, peers.stopped_elsewhere, not_joined, refused)
-    return rc, stops, relay.last_words_said if relay is not None else None
-
-
-def ending(cfg: Config, topo: Topology, ts: str, rc: int, stops: Stops) -> int | None:
-    """How an attempt ended: None when it ended well; -(the job's exit code) when it ends the
-    job and said so (a stop signal; a failure on another node than the first); else the child's
-    non-zero exit code (a failure that the caller reports, or restarts)."""
-    logs = cfg.run.dir.logs
-    if stops.refused is not None:  # no rank started: the other node's user error, said
-        return -UserError.exit_code
-    if stops.elsewhere is not None:  # every rank saved: a stop, said by each node's launcher
-        logger.warning(f"{stops.elsewhere}; {RESUME}")
-        return -stop_exit_code(signal.SIGTERM)
-    if stops.lost is not None:  # a failure, whatever the SIGKILLed torchrun returned
-        rc = rc if rc > 0 else 1
-    rc = 128 - rc if rc < 0 else rc  # a child killed by signal N: 128 + N, as a shell says
-    # Stopped by a signal (torchrun then fails; a SLURM task's one rank exits 0 after its save),
-    # unless the run ended well just before.
-    sig = stops.first
-    if sig is not None and not stops.killed and preempted(logs, ts) is None:
-        if rc == 0:
-            sig = None
-        elif (done := finished(logs, ts)) is not None:
-            # The ranks agree on a stop at their next vote (about a second apart): a signal
-            # that came in the run's last second finds it finished. torchrun, signalled too,
-            # exits non-zero; there is nothing to save and nothing to requeue.
-            logger.info(f"The stop signal came as the run ended: training finished at step "
-                        f"{done['step']}")  # fmt: skip
-            rc, sig = 0, None
-    if rc != 0 and sig is None and (done := finished_in_teardown(logs, ts)) is not None:
-        # A rank killed after training finished (in teardown): the checkpoints are complete and
-        # a restart would redo nothing. Exit 0, as schedulers and `afterok` chains read a
-        # usable result; the note says what happened. Before the per-node split: every node's
-        # launcher reads the same logs and agrees.
-        logger.warning(done)
-        rc = 0
-    if rc == 0 and sig is None and (saved := preempted(logs, ts)) is not None:
-        # Every rank saved and stopped on a signal this launcher never got (another node's
-        # launcher killed, where `PeerNodes.stopped_elsewhere` cannot tell the nodes apart: one
-        # host name; a rank signalled directly), and torchrun ended well: a stop, 143, as a
-        # scheduler must read it, never "Done" with exit 0.
-        where = "on another node" if topo.nnodes > 1 else "by a signal to a rank"
-        logger.warning(f"Stopped {where}: every rank saved step {saved['step']}: "
-                       f"{saved['path']}; {RESUME}")  # fmt: skip
-        return -stop_exit_code(signal.SIGTERM)
-    # The first node's launcher (SLURM task 0) says how the job ended; each launcher that saw
-    # another node lost says it too (that node may be the first).
-    if not topo.leader and stops.lost is None:
-        if sig is not None:
-            return -stop_exit_code(sig)
-        if rc != 0 and topo.task is None:  # one line per node; tasks share srun's output
-            logger.error(f"Training failed (exit {rc}); more: ae-diagnose {logs} --run {ts}")
-        return -rc or None
-    if sig is not None:
-        newest = newest_checkpoint(cfg.run.dir.checkpoints)
-        return -report_stop(logs, ts, sig, stops.killed, newest)
-    if rc == 0:
-        logger.info(f"Done. Logs: {logs}/ (run {ts})")
-        return None
-    return rc if topo.leader else -report_failure(logs, ts, rc)
+    # Another node's console said none of them (None: rank 0's own, on this console, were).
+    said = relay.last_words_said if relay is not None else None if topo.leader else set()
+    return rc, stops, said

@@ -13,6 +13,7 @@ Then, after any failure, the `ae-diagnose` command.
 from __future__ import annotations
 
 import signal
+import textwrap
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -209,3 +210,22 @@ def say_goodput(logs: Path, ts: str, failed: bool) -> None:
         return
     if found is not None and found["attempts"] > 1:
         logger.info(f"{goodput_line(found)}; more: ae-diagnose {logs} --run {ts} --goodput")
+
+
+def failed_here(logs: Path, ts: str, host: str) -> str | None:
+    """The diagnosis's culprits on `host`, a line each (`rank 1 on node1, phase setup: error
+    exit: ModelError`, then a user error's message); None when it blames no rank of `host` (they
+    only followed another host's failure), or no rank wrote a log."""
+    try:
+        run = read_run(find_run(logs, ts))
+    except UserError:
+        return None
+    verdict = judge(run)
+    doc = to_json(run, verdict)
+    messages = user_errors(doc, verdict.culprits) or {}
+    lines = []
+    for c in doc["culprits"]:
+        if c.get("host") == host:
+            lines.append(f"rank {c['rank']} on {host}, phase {c['phase'] or '?'}: {c['cause']}")
+            lines += [textwrap.indent(m, "    ") for m in messages.get(c["rank"], [])]
+    return "\n".join(lines) or None

@@ -33,9 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ae.diagnose.heartbeats import read_heartbeat
+from ae.diagnose.launcher_log import join_timed_out
+from ae.job.processes import JOIN_TIMEOUT_S
+from ae.job.topology import Topology
 from ae.log_lines import (
     DEBUG_LOG_FILE,
     HEARTBEAT_FILE,
+    LAUNCHER_LOG_FILE,
     PREEMPTED,
     RECORD_PATTERN,
     TRAIN_LOG_FILE,
@@ -45,8 +49,35 @@ from ae.run_paths import RunDir
 NODE_LOST_S = 20.0  # four missed heartbeats (one every 5 s at most)
 CHECK_S = 1.0
 # Past a loaded host's rank startup (imports: up to ~40 s seen), well before torchrun's join
-# timeout (600 s, static and elastic rendezvous alike), which it waits out without a word.
+# timeout (JOIN_TIMEOUT_S, static and elastic rendezvous alike), which it waits out without a word.
 NOT_JOINED_NOTE_S = 60.0
+START_EVERY_NODE = (
+    "Start the launcher on every node, each with NNODES, its own NODE_RANK, and the same "
+    "MASTER_ADDR and MASTER_PORT"
+)
+
+
+def never_joined(logs: Path, ts: str, topo: Topology) -> str | None:
+    """A sentence when torchrun ended because not every node joined within JOIN_TIMEOUT_S (its
+    own output, `launcher_<TS>.log`, says so), naming the nodes missing; else None."""
+    launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
+    try:
+        found = join_timed_out(launcher_log.read_text(errors="replace"))
+    except OSError:
+        return None
+    if found is None:
+        return None
+    joined, nodes = found
+    others = f"node {topo.nnodes - 1}" if topo.nnodes == 2 else f"nodes 1 to {topo.nnodes - 1}"
+    if joined is not None and nodes is not None and topo.nnodes > 2:
+        others = f"{nodes - joined} of {others}"
+    addr = f"{topo.master_addr}:{topo.master_port or 29500}"
+    return (
+        f"No rank started: {others} never joined this job (torchrun waited {JOIN_TIMEOUT_S} s "
+        f"for all {topo.nnodes} nodes at {addr}, then gave up). {START_EVERY_NODE}, and check "
+        f"that each reaches {addr} (its console's Network line); then start the job again on "
+        "every node"
+    )
 
 
 @dataclass
@@ -67,6 +98,7 @@ class PeerNodes:
     _next_refused_check: float = 0.0
     started: float = field(default_factory=time.monotonic)  # the launch (monotonic clock)
     _noted: bool = False
+    node: int = 0  # this launcher's NODE_RANK (its own note is not news)
 
     def not_joined(self, nnodes: int, now: float | None = None) -> str | None:
         """Once, NOT_JOINED_NOTE_S after the launch: a sentence when no rank of the job has
@@ -79,8 +111,7 @@ class PeerNodes:
             return None
         return (
             f"No rank has started {now - self.started:.0f} s after the launch: torchrun waits "
-            f"for all {nnodes} nodes to join (600 s at most). Start the launcher on every node, "
-            "each with NNODES, its own NODE_RANK, and the same MASTER_ADDR and MASTER_PORT"
+            f"for all {nnodes} nodes to join ({JOIN_TIMEOUT_S} s at most). {START_EVERY_NODE}"
         )
 
     def refused(self) -> str | None:
@@ -104,12 +135,31 @@ class PeerNodes:
             return f"Node {node} (host {host}) will not join this job: {message}\nStopping here too"
         return None
 
+    def failed(self) -> str | None:
+        """A sentence when another node's ranks failed (its launcher's note,
+        `ae.job.same_job.tell_leader`): this node's ranks, waiting for them in the process
+        group's setup or a collective, would wait up to --pg_timeout."""
+        root = self.logs.parent
+        for path in sorted(root.glob(RunDir(root).failed("*").name)):
+            try:
+                note = json.loads(path.read_text())
+                if note["run_ts"] != self.run_ts or note["node"] == self.node:
+                    continue
+                message, node, host = note["message"], note["node"], note["host"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            return f"Node {node} (host {host}) failed: {message}\nStopping this node's ranks"
+        return None
+
     def check(self, now: float | None = None) -> str | None:
-        """A sentence naming the lost host(s) and their ranks, or None while all beat."""
+        """A sentence naming the lost host(s) and their ranks, or another node's failure (its
+        note), or None while all beat."""
         now = time.monotonic() if now is None else now
         if now < self._next_check:
             return None
         self._next_check = now + CHECK_S
+        if (failed := self.failed()) is not None:
+            return failed
         pattern = HEARTBEAT_FILE.format(rank="*", ts=self.run_ts)
         for path in self.logs.glob(pattern):
             hb = read_heartbeat(path)

@@ -24,6 +24,11 @@ from ae.job.supervise import wait
 from ae.job.topology import Topology
 
 CPU_PROCESSES = 2
+# torchrun waits this long for every node to join before it starts any rank, then fails. Passed
+# to its static rendezvous (`static_nodes`): left to itself, torchrun gives it 900 s
+# (`LaunchConfig`'s default, not the static backend's 600); the c10d rendezvous's `join_timeout`
+# (`ae.job.elastic`) is the same. docs/CONTRACT.md promises it.
+JOIN_TIMEOUT_S = 600
 # torchrun, its own output into the run's launcher_<TS>.log, and it dies with the launcher
 TORCHRUN_MODULE = "ae.job.torchrun"
 # With --debug, the distributed libraries' own debug output, into each rank's native log; unless
@@ -111,6 +116,16 @@ def shared_cores_note(run: RunConfig, nproc: int) -> str | None:
     )
 
 
+def static_nodes(topo: Topology, port: str) -> list[str]:
+    """torchrun's arguments for a job of fixed nodes (its static rendezvous at the master),
+    waiting JOIN_TIMEOUT_S for all of them."""
+    return [
+        f"--nnodes={topo.nnodes}", f"--node_rank={topo.node_rank}",
+        f"--master_addr={topo.master_addr}", f"--master_port={port}",
+        f"--rdzv-conf=timeout={JOIN_TIMEOUT_S}",
+    ]  # fmt: skip
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -135,9 +150,7 @@ def run_torchrun(
     launcher_log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", TORCHRUN_MODULE, str(launcher_log), str(os.getpid()),
-        f"--nnodes={topo.nnodes}", f"--node_rank={topo.node_rank}",
-        f"--nproc_per_node={nproc}", f"--master_addr={topo.master_addr}", f"--master_port={port}",
-        *command, *args,
+        *static_nodes(topo, port), f"--nproc_per_node={nproc}", *command, *args,
     ]  # fmt: skip
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     rc, stops = wait(subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=keep_fds))

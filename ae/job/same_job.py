@@ -10,7 +10,10 @@ the job at the first epoch's end, another NNODES fails in Lightning's `num_nodes
 A node's launcher that stops before it joins (started otherwise, or a user error of its own:
 its shards missing there, a bad flag) leaves a note in the run folder (`tell_leader`,
 `RunDir.refused`); node 0's launcher reads it while it waits for the nodes to join
-(`ae.job.peer_nodes.PeerNodes.refused`), stops its torchrun and exits 2 too.
+(`ae.job.peer_nodes.PeerNodes.refused`), stops its torchrun and exits 2 too. A node whose own
+ranks failed leaves a note of another name (`RunDir.failed`, `ae.job.ending`) for every other
+node's launcher, whose ranks would wait for its ranks up to --pg_timeout. A note is written whole
+or not at all (`ae.atomic_files`): it is read from other hosts while it may be written.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from loguru import logger
 
+from ae import atomic_files
 from ae.config import Config
 from ae.errors import UserError
 from ae.job.folder_lock import FOLLOW_POLL_S, LockInfo, lock_held, read_lock
@@ -89,12 +93,14 @@ def check_same_job(
 
 
 def tell_leader(
-    run_dir: RunDir, run_ts: str | None, node: int, message: str, job: str = ""
-) -> bool:
+    run_dir: RunDir, run_ts: str | None, node: int, message: str, job: str = "",
+    failed: bool = False,
+) -> bool:  # fmt: skip
     """Node `node`'s launcher will not join run `run_ts` (`message`: why): a note for node 0's
     launcher. `run_ts` None: the run of `job`, whose lock this waits for up to TELL_WAIT_S (the
-    nodes start together; node 0's launcher takes the lock within a second or two). Whether a
-    note was left."""
+    nodes start together; node 0's launcher takes the lock within a second or two). `failed`:
+    its ranks failed instead (`RunDir.failed`, for every other node's launcher). Whether a note
+    was left. Written whole or not at all: node 0's launcher reads it from another host."""
     deadline = time.monotonic() + TELL_WAIT_S
     while run_ts is None:
         holder = read_lock(run_dir.lock)
@@ -106,7 +112,8 @@ def tell_leader(
             time.sleep(FOLLOW_POLL_S)
     note = {"run_ts": run_ts, "node": node, "host": socket.gethostname(), "message": message}
     try:
-        run_dir.refused(node).write_text(json.dumps(note))
+        path = run_dir.failed(node) if failed else run_dir.refused(node)
+        atomic_files.write(path, json.dumps(note).encode(), durable=False)
     except OSError:
         return False
     return True

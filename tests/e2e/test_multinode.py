@@ -92,6 +92,11 @@ def test_two_nodes_train_with_the_interface_chosen_for_them(tmp_path: Path, make
             # the clocks are the same here: the measured offset is that of a message's latency
             m = re.search(rf"Clock offset ([-+][\d.]+)s against rank 0 \(host node{node}, ", head)
             assert m and abs(float(m[1])) < 0.5, head[:3000]
+        # node 1's console too names its job and says how it ended (was: nothing after Network)
+        assert re.search(r"Training on node 1/2, 1 process\(es\) per node \(multi-node job at "
+                         r"192\.168\.77\.1:29611, run \d{8}_\d{6}\)\n  rank logs : ",
+                         console(out, 1)), console(out, 1)  # fmt: skip
+        assert "Done. Logs: " in console(out, 1)
 
 
 def test_unreachable_master_is_refused_at_once(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import MB, Need
 from ae.job.supervise import Stops
 from ae.job.topology import Topology
-from ae.log_lines import PREEMPTED, TRAIN_LOG_FILE, TRAINING_FINISHED
+from ae.log_lines import LAUNCHER_LOG_FILE, PREEMPTED, TRAIN_LOG_FILE, TRAINING_FINISHED
 from ae.run_paths import RunDir
 from bench.synthetic_logs import T0, TS, record
 
@@ -246,3 +246,38 @@ def test_a_follower_that_fails_on_its_own_input_tells_node_0(
     assert said is not None and said.startswith("Node 1 (host ")
     assert "will not join this job: 1 problem in the configuration:\n  - train_shards:" in said
     assert said.endswith("Stopping here too")
+
+
+# torchrun's last words when node 1 never came (static rendezvous, as measured with a 20 s join
+# timeout on the two-host setup of bench/two_hosts.py)
+STORE_TIMED_OUT = """\
+        self._store = TCPStore(  # type: ignore[call-arg]
+                      ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+    torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. 1/2 clients joined.
+"""  # noqa: E501
+
+
+def test_a_node_that_never_joined_is_named_with_what_to_do(tmp_path: Path, said: list[str]) -> None:
+    """Was: node 0 started alone ended, after torchrun's join timeout, with `Training failed (exit
+    1) before any rank wrote a log` and the tail of a torch traceback."""
+    cfg = parse_config([f"--output_dir={tmp_path}"])
+    logs = cfg.run.dir.logs
+    logs.mkdir(parents=True)
+    topo = Topology(nnodes=2, node_rank=0, master_addr="10.0.0.1", master_port="29500", job="j")
+    (logs / LAUNCHER_LOG_FILE.format(ts=TS)).write_text(STORE_TIMED_OUT)
+    assert launch.ending(cfg, topo, TS, 1, Stops()) == -1
+    assert said[-1].startswith(
+        "No rank started: node 1 never joined this job (torchrun waited 600 s for all 2 nodes "
+        "at 10.0.0.1:29500, then gave up). Start the launcher on every node, each with NNODES, "
+        "its own NODE_RANK, and the same MASTER_ADDR and MASTER_PORT"
+    )
+    # the c10d rendezvous (--max_restarts) counts no nodes; of 4, three may be missing
+    (logs / LAUNCHER_LOG_FILE.format(ts=TS)).write_text(
+        "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n"
+    )
+    topo = Topology(nnodes=4, node_rank=0, master_addr="10.0.0.1", master_port="29500", job="j")
+    assert launch.ending(cfg, topo, TS, 1, Stops()) == -1
+    assert said[-1].startswith("No rank started: nodes 1 to 3 never joined this job")
+    (logs / LAUNCHER_LOG_FILE.format(ts=TS)).write_text(STORE_TIMED_OUT.replace("1/2", "2/4"))
+    assert launch.ending(cfg, topo, TS, 1, Stops()) == -1
+    assert said[-1].startswith("No rank started: 2 of nodes 1 to 3 never joined this job")

@@ -1,4 +1,5 @@
-"""torchrun under the launcher: one stop signal is acted on, the next ones are ignored."""
+"""torchrun under the launcher: one stop signal is acted on, the next ones are ignored; it waits
+for the nodes to join as long as the contract says."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import signal
 import pytest
 from torch.distributed.elastic.multiprocessing import api
 
+from ae.config import RunConfig
+from ae.job.elastic import agent_args
+from ae.job.processes import JOIN_TIMEOUT_S, static_nodes
+from ae.job.topology import Topology
 from ae.job.torchrun import once_per_stop
 
 
@@ -32,3 +37,20 @@ def test_a_second_stop_signal_does_not_break_torchruns_shutdown(
     finally:
         for n, h in before.items():
             signal.signal(getattr(signal, n), h)
+
+
+def test_torchrun_waits_the_promised_join_timeout_for_the_nodes() -> None:
+    """Was: without --max_restarts node 0 waited 900 s for a node that never joined, not the
+    documented 600: torchrun's static rendezvous takes its timeout from the launch config, whose
+    default (900) overrides the static backend's own 600. Read as torchrun reads its arguments."""
+    from torch.distributed.run import config_from_args, parse_args
+
+    topo = Topology(nnodes=2, node_rank=0, master_addr="10.0.0.1", master_port="29500", job="j")
+    static = parse_args([*static_nodes(topo, "29500"), "--nproc_per_node=1", "-m", "x"])
+    config, _, _ = config_from_args(static)
+    assert config.rdzv_backend == "static"
+    assert int(config.rdzv_configs["timeout"]) == JOIN_TIMEOUT_S == 600
+    run = RunConfig(max_restarts=1)  # several nodes, restarts: the c10d rendezvous
+    elastic = parse_args([*agent_args(run, topo, "29500", "10.0.0.1"), "--nproc_per_node=1", "x"])
+    config, _, _ = config_from_args(elastic)
+    assert int(config.rdzv_configs["join_timeout"]) == JOIN_TIMEOUT_S
