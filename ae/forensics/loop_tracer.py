@@ -236,9 +236,12 @@ class DebugCallback(L.Callback):
         if self.batch_size is None:
             return
         samples = self.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+        # The CPUs this node's ranks may use, that their workers share (no affinity on macOS)
+        affinity = getattr(os, "sched_getaffinity", None)
+        cpus = len(affinity(0)) if affinity is not None else os.cpu_count()
         line = epoch_line(
             trainer.current_epoch, rows, samples, num_workers=self.num_workers,
-            local_ranks=trainer.num_devices, cpus=len(os.sched_getaffinity(0)),
+            local_ranks=trainer.num_devices, cpus=cpus,
         )  # fmt: skip
         if line is not None:
             main_log.info(line)
