@@ -1,5 +1,6 @@
 """Shared rules: straggler scores, applied by the writer (`ae.forensics.stragglers`) and the
-reader (`ae.diagnose.stragglers`): which rank is slow, by how much, whether it waits for data.
+reader (`ae.diagnose.stragglers`): which rank is slow, by how much, whether it waits for data;
+and what bounds the whole job (input, compute or sync: its last section).
 
 Each rank measures, per optimizer step, its *own time*: the time it waits for its next batch
 (data) plus the time of its own work (compute), without the time it waits for the other ranks in
@@ -23,6 +24,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, fields
 from typing import Any
+
+from ae.log_lines import THROUGHPUT
 
 MIN_STEPS = 5  # a rank with fewer optimizer steps in its recent window is not scored
 RECENT_S = 30.0  # the recent window, unless --straggler_window is shorter
@@ -199,3 +202,139 @@ def _mb(rate: float | None) -> str:
     if rate is None:
         return "? MB/s"
     return f"{rate:.2f} MB/s" if rate < 10 else f"{rate:.0f} MB/s"
+
+
+# --- the job's bound -------------------------------------------------------------------------
+# Where a job's step time goes, and what bounds it (data, compute or sync), with the advice that
+# follows: the train log's `Throughput epoch` line (`ae.forensics.loop_tracer`, from the epoch's
+# step clocks of every rank) and `ae-diagnose` (from the heartbeats' windows) name the same bound.
+# In synchronous DDP every rank steps at the pace of the slowest one, so the job's bound is that
+# of the rank with the longest own time: when it waits for its batches half of its own time or
+# more, more compute would not speed the job up; feeding it would.
+
+# A rank that waits for its batches this share of its own time (or more) is input-bound: its
+# workers do not keep up. Below it the step's own work (or the wait for the others) is the cost.
+INPUT_BOUND_PCT = 50.0
+BOUNDS = ("input", "compute", "sync")
+
+
+@dataclass(frozen=True)
+class RankSplit:
+    """A rank's steps over a span (an epoch, a heartbeat window), in milliseconds per step."""
+
+    rank: int
+    data_ms: float  # waiting for the next batch
+    compute_ms: float  # its own forward, backward and optimizer step
+    sync_ms: float  # waiting for the other ranks, and the bookkeeping between steps
+
+    @property
+    def own_ms(self) -> float:
+        return self.data_ms + self.compute_ms
+
+    @property
+    def step_ms(self) -> float:
+        return self.own_ms + self.sync_ms
+
+    @property
+    def data_pct(self) -> float:
+        return 100 * self.data_ms / self.own_ms if self.own_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Bound:
+    rank: int  # the rank that sets the pace (the longest own time)
+    bound: str  # input | compute | sync
+    split: RankSplit
+    words: str  # the bound and the figures behind it, in words
+
+
+def bound_of(splits: list[RankSplit]) -> Bound | None:
+    """What bounds the job: the pace-setting rank's largest part. `input` once its data wait
+    reaches INPUT_BOUND_PCT of its own time; else `compute`, or `sync` when waiting for the
+    others (and the work between steps) outweighs its own compute. None without a timed rank."""
+    timed = [s for s in splits if s.own_ms > 0]
+    if not timed:
+        return None
+    pace = max(timed, key=lambda s: s.own_ms)
+    who = f"rank {pace.rank}" if len(splits) > 1 else "the rank"
+    if pace.data_pct >= INPUT_BOUND_PCT:
+        words = f"input-bound: {who} waits for data {pace.data_pct:.0f}% of its own time"
+        return Bound(pace.rank, "input", pace, words)
+    if pace.sync_ms > pace.compute_ms:
+        words = (
+            f"sync-bound: {who} waits for the other ranks (the all-reduce) and between steps "
+            f"{100 * pace.sync_ms / pace.step_ms:.0f}% of the step"
+        )
+        return Bound(pace.rank, "sync", pace, words)
+    words = f"compute-bound: {who} waits for data {pace.data_pct:.0f}% of its own time"
+    return Bound(pace.rank, "compute", pace, words)
+
+
+def input_advice(num_workers: int | None, local_ranks: int | None, cpus: int | None) -> str:
+    """What feeds an input-bound rank faster, from its loader settings where they are known.
+    Workers past the CPUs still help while they wait on storage (a remote or cold read), not
+    while they decode: the advice says which is which rather than guess."""
+    if num_workers == 0:
+        return (
+            "the rank reads and decodes every batch itself (--num_workers=0): give it workers, "
+            "--num_workers=2 or more"
+        )
+    bench = "`ae-shards bench SPEC` measures the data alone"
+    if num_workers is not None and local_ranks and cpus and num_workers * local_ranks >= cpus:
+        return (
+            f"the workers ({num_workers} per rank x {local_ranks} ranks) already fill the {cpus} "
+            "CPUs: "
+            "more --num_workers helps only while they wait on storage; decoding gets faster "
+            f"with cheaper samples (smaller images, pre-encoded shards) or more CPUs; {bench}"
+        )
+    now = ""
+    if num_workers is not None:
+        now = f" (now {num_workers} per rank"
+        now += f", {cpus} CPUs for {local_ranks} ranks here)" if local_ranks and cpus else ")"
+    return f"raise --num_workers{now}, or make decoding cheaper; {bench}"
+
+
+def split_words(bound: Bound, ranks: int) -> str:
+    """`slowest rank 1: data wait 75.3, compute 7.4, sync 4.0 ms` (without `slowest rank N` on
+    one rank)."""
+    s = bound.split
+    who = f"slowest rank {bound.rank}: " if ranks > 1 else ""
+    return f"{who}data wait {s.data_ms:.1f}, compute {s.compute_ms:.1f}, sync {s.sync_ms:.1f} ms"
+
+
+def verdict_words(
+    bound: Bound, num_workers: int | None, local_ranks: int | None, cpus: int | None
+) -> str:
+    """The bound in words, with the advice when the input is what bounds the job."""
+    if bound.bound == "input":
+        return f"{bound.words}; {input_advice(num_workers, local_ranks, cpus)}"
+    return bound.words
+
+
+def epoch_line(
+    epoch: int,
+    rows: list[tuple[float, float, float, float]],
+    samples_per_step: int,
+    *,
+    num_workers: int | None = None,
+    local_ranks: int | None = None,
+    cpus: int | None = None,
+) -> str | None:
+    """The train log's `Throughput epoch` line from every rank's epoch sums, rank by rank:
+    (optimizer steps, data s, compute s, sync s). None when no rank made a timed step."""
+    splits = [
+        RankSplit(rank, *(1000 * x / steps for x in (data, compute, sync)))
+        for rank, (steps, data, compute, sync) in enumerate(rows)
+        if steps > 0
+    ]
+    bound = bound_of(splits)
+    if bound is None:
+        return None
+    rate = 1000 * samples_per_step / bound.split.step_ms
+    return THROUGHPUT.format(
+        epoch=epoch,
+        samples_per_s=f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}",
+        step_ms=f"{bound.split.step_ms:.1f}",
+        split=split_words(bound, len(rows)),
+        verdict=verdict_words(bound, num_workers, local_ranks, cpus),
+    )

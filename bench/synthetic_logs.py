@@ -175,11 +175,14 @@ class RankWriter:
         self.raw("", "Extension modules: numpy._core._multiarray_umath, torch._C")
 
 
-def write_train_log(logs: Path, world: int, stall_timeout: float = 3.0, ts: str = TS) -> Path:
+def write_train_log(
+    logs: Path, world: int, stall_timeout: float = 3.0, ts: str = TS, num_workers: int = 2
+) -> Path:
     lines = [
         record(T0, "INFO", 0, world, f"Setup: distributed, world size {world}"),
         record(T0, "INFO", 0, world, RESOLVED_CONFIG),
         "batch_size: 8",
+        f"num_workers: {num_workers}",
         f"stall_timeout: {stall_timeout}",
     ]
     path = logs / TRAIN_LOG_FILE.format(ts=ts)

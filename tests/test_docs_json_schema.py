@@ -56,10 +56,14 @@ def test_json_schema_in_the_contract_is_what_ae_diagnose_prints(tmp_path: Path) 
         )
         w.stall("training step", 6, 10.0, collective="no" if rank == 0 else "yes (allreduce)")
         w.flush()
-        write_heartbeat(tmp_path, rank, 2, pid=1, t=w.t, phase="training step", step=6)
+        recent = {"window_s": 30.0, "steps": 6, "step_ms": 20.0, "own_ms": 15.0, "data_ms": 5.0,
+                  "compute_ms": 10.0, "sync_ms": 5.0}  # fmt: skip
+        write_heartbeat(tmp_path, rank, 2, pid=1, t=w.t, phase="training step", step=6,
+                        timing={"recent": recent, "epoch": recent})  # fmt: skip
     doc = diagnose_job(find_run(tmp_path), tail=2)
     # every part of the schema is there
     assert doc["culprits"] and doc["data_errors"]["shards"] and doc["collectives"]["mismatches"]
+    assert doc["bound"] is not None and doc["ranks"][0]["step_time"] is not None
 
     def keys(value: object, parent: str = "") -> set[str]:
         if isinstance(value, list):

@@ -23,6 +23,7 @@ from ae.diagnose.tracebacks import Crash
 from ae.log_lines import RECORD_PATTERN, RESOLVED_CONFIG, STRAGGLER, STRAGGLER_RESOLVED
 
 _STALL_TIMEOUT = re.compile(r"^stall_timeout: (?P<value>\S+)$", re.M)
+_NUM_WORKERS = re.compile(r"^num_workers: (?P<value>\d+)$", re.M)
 
 
 @dataclass
@@ -40,6 +41,13 @@ class TrainLog:
             return None if m is None else float(m["value"])
         except ValueError:
             return None
+
+    @property
+    def num_workers(self) -> int | None:
+        """The run's `--num_workers`, from its resolved config (the advice to an input-bound
+        job names it)."""
+        m = None if self.config is None else _NUM_WORKERS.search(self.config)
+        return None if m is None else int(m["value"])
 
 
 @dataclass

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ae.diagnose import stragglers as slow_ranks
 from ae.diagnose.evidence import RunState, read_run
 from ae.diagnose.findings import Finding
 from ae.diagnose.flight_recorder import Dump
@@ -192,6 +193,7 @@ def to_json(run: RunState, verdict: Verdict, tail: int = 0) -> dict[str, Any]:
         "shard_plan_mismatch": _plan_mismatch(run),
         "data_errors": _data_errors(run),
         "stragglers": [_straggler(f) for f in find_stragglers(run)],
+        "bound": slow_ranks.job_bound(run),
         "nonfinite": nonfinite_json(run),
         "stopped_by": stopped_by(run),
         "training_finished": None
@@ -371,6 +373,8 @@ def render(doc: dict[str, Any], console: Console) -> None:
         line.append(s["cause"], style="bold yellow")
         console.print(line)
         _print_evidence(console, s["evidence"])
+    if not culprits and (bound := doc.get("bound")) is not None:
+        console.print(slow_ranks.bound_line(bound, len(doc["ranks"])))
     if (survived := survived_line(doc["nonfinite"])) is not None:
         console.print(Text(survived, style="yellow"))
     if doc["missing_ranks"]:

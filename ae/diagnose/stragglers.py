@@ -10,11 +10,12 @@ run shows where things stand now; a run without heartbeat step times keeps the l
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ae.diagnose.evidence import RunState
 from ae.diagnose.logscan import Evidence
 from ae.log_lines import STRAGGLER
-from ae.stragglers import RankTiming, judge, scores
+from ae.stragglers import RankSplit, RankTiming, bound_of, judge, scores, verdict_words
 
 
 @dataclass
@@ -60,3 +61,37 @@ def find_stragglers(run: RunState) -> list[StragglerFinding]:
             finding.evidence.append(Evidence(beat.path, 0, text))
         found.append(finding)
     return found
+
+
+def job_bound(run: RunState) -> dict[str, Any] | None:
+    """What bounds the job now (`--json`: `bound`): the rule of the train log's `Throughput`
+    line (`ae.stragglers.bound_of`) over the ranks' recent heartbeat windows, with the advice
+    for an input-bound job (from the run's `--num_workers`). None without step times."""
+    windows = {r: t.recent for r, t in timings(run).items() if t.recent is not None}
+    splits = [RankSplit(r, w.data_ms, w.compute_ms, w.sync_ms) for r, w in windows.items()]
+    bound = bound_of(splits)
+    if bound is None:
+        return None
+    hosts = [r.host for r in run.ranks.values()]
+    pace = run.ranks[bound.rank].host
+    local = sum(h == pace for h in hosts) if pace is not None else None
+    s = bound.split
+    return {
+        "rank": bound.rank,
+        "bound": bound.bound,
+        "window_s": windows[bound.rank].window_s,
+        "data_ms": round(s.data_ms, 1),
+        "compute_ms": round(s.compute_ms, 1),
+        "sync_ms": round(s.sync_ms, 1),
+        "words": verdict_words(bound, run.train.num_workers, local, None),
+    }
+
+
+def bound_line(bound: dict[str, Any], ranks: int) -> str:
+    """The table's `Where the time goes` line, from `--json`'s `bound`."""
+    who = f"rank {bound['rank']}'s heartbeat" if ranks > 1 else "the heartbeat"
+    return (
+        f"Where the time goes ({who}, last {bound['window_s']:g} s): data wait "
+        f"{bound['data_ms']:g}, compute {bound['compute_ms']:g}, sync {bound['sync_ms']:g} ms "
+        f"per step; {bound['words']}"
+    )

@@ -12,7 +12,9 @@ the rank is in "data loading" (the fetch, and Lightning's per-step SIGTERM broad
 batches beat in "validation". They live here rather than in a callback of their own: Lightning
 calls every hook of every callback each step, and one more callback costs more than the beats.
 The step clock (`ae.forensics.step_times`) is closed here too, at the end of each batch, and each
-epoch ends with a `Step times` line in the train log (one all-gather of four numbers per rank).
+epoch ends with a `Step times` line in the train log (one all-gather of four numbers per rank),
+and a `Throughput` line: samples/s, the slowest rank's split of a step, and what bounds the job
+(`ae.stragglers`), with what would feed an input-bound one faster.
 
 `AE_CUDA_SYNC_DEBUG=warn` (or `error`) turns on torch's CUDA sync debug mode in each rank from
 the first training batch on (setup's syncs are left out): every device-to-host sync then warns,
@@ -43,16 +45,28 @@ from ae.log_lines import (
     epoch_marker,
     main_log,
 )
+from ae.stragglers import epoch_line
 from logging_cfg import debug_line
 
 SYNC_DEBUG_ENV = "AE_CUDA_SYNC_DEBUG"  # warn | error: torch.cuda.set_sync_debug_mode in training
 
 
 class DebugCallback(L.Callback):
-    def __init__(self, *, debug: bool, every_train: int, every_val: int) -> None:
+    def __init__(
+        self,
+        *,
+        debug: bool,
+        every_train: int,
+        every_val: int,
+        batch_size: int | None = None,
+        num_workers: int | None = None,
+    ) -> None:
         self.debug = debug
         self.every_train = every_train
         self.every_val = every_val
+        # For the epoch's Throughput line: samples per batch per rank, the loader's workers
+        self.batch_size = batch_size
+        self.num_workers = num_workers
         self._epoch_t0 = 0.0
         self._last_t = 0.0
         self._batches = 0
@@ -192,11 +206,10 @@ class DebugCallback(L.Callback):
         """Rank 0 logs the spread of the ranks' own time per step over the epoch. Every rank
         takes part in the all-gather (this hook runs on all of them)."""
         if not self._gathered:
-            self._gathered = [torch.zeros(3, dtype=torch.float64, device=pl_module.device)
+            self._gathered = [torch.zeros(4, dtype=torch.float64, device=pl_module.device)
                               for _ in range(trainer.world_size + 1)]  # fmt: skip
         mine, parts = self._gathered[0], self._gathered[1:]
-        steps, data, compute, _ = step_times.epoch
-        mine.copy_(torch.tensor([steps, data, compute], dtype=torch.float64))
+        mine.copy_(torch.tensor(step_times.epoch, dtype=torch.float64))
         # torch.distributed's own all-gather: Lightning's goes through the autograd-aware
         # `torch.distributed.nn.functional.all_gather`, deprecated in torch (a WARNING a rank).
         if trainer.world_size > 1:
@@ -206,7 +219,7 @@ class DebugCallback(L.Callback):
         rows = torch.stack(parts).tolist()
         if trainer.global_rank != 0:
             return
-        ranked = [(r, 1000 * (d + c) / n, 100 * d / (d + c)) for r, (n, d, c) in enumerate(rows)
+        ranked = [(r, 1000 * (d + c) / n, 100 * d / (d + c)) for r, (n, d, c, _) in enumerate(rows)
                   if n > 0 and d + c > 0]  # fmt: skip
         if not ranked:
             return
@@ -220,6 +233,18 @@ class DebugCallback(L.Callback):
                 data_median=f"{statistics.median(waits):.0f}", data_max=f"{waits[-1]:.0f}",
             )
         )  # fmt: skip
+        if self.batch_size is None:
+            return
+        samples = self.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+        # The CPUs this node's ranks may use, that their workers share (no affinity on macOS)
+        affinity = getattr(os, "sched_getaffinity", None)
+        cpus = len(affinity(0)) if affinity is not None else os.cpu_count()
+        line = epoch_line(
+            trainer.current_epoch, rows, samples, num_workers=self.num_workers,
+            local_ranks=trainer.num_devices, cpus=cpus,
+        )  # fmt: skip
+        if line is not None:
+            main_log.info(line)
 
     # --- validation -------------------------------------------------------------------------
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -336,6 +336,16 @@ EPOCH_STEP_TIMES = LineFormat(
      "own_max": "float", "slowest": "int", "data_min": "float", "data_median": "float",
      "data_max": "float"},
 )  # fmt: skip
+# Right after it, rank 0, train log and console: the epoch's training throughput (samples per
+# second over the step clocks: validation and the time between epochs left out), the slowest
+# rank's split of a step, and what bounds the job (`ae.stragglers`: `input-bound`, with what would
+# feed it faster, `compute-bound` or `sync-bound`).
+THROUGHPUT = LineFormat(
+    "Throughput epoch {epoch}: {samples_per_s} samples/s, {step_ms} ms per step ({split}); "
+    "{verdict}",
+    {"epoch": "int", "samples_per_s": "float", "step_ms": "float", "split": "text",
+     "verdict": "text"},
+)  # fmt: skip
 
 # Heartbeat file per rank in the logs folder, rewritten atomically every few seconds by the
 # watchdog thread: one JSON object with exactly HEARTBEAT_FIELDS (times are Unix seconds).

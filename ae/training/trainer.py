@@ -73,6 +73,8 @@ def build_callbacks(cfg: Config, ctx: RankContext, run_ts: str) -> list[L.Callba
             debug=obs.debug,
             every_train=obs.log_every_n_train_batches,
             every_val=obs.log_every_n_val_batches,
+            batch_size=cfg.data.batch_size,
+            num_workers=cfg.data.num_workers,
         ),
         *([ema] if ema is not None else []),
         checkpointing,

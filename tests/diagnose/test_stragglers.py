@@ -101,3 +101,33 @@ def test_heartbeat_of_an_older_version_still_reads(tmp_path: Path) -> None:
     path.write_text(json.dumps(raw))
     beat = read_heartbeat(path)
     assert beat is not None and beat.step == 3 and beat.timing is None
+
+
+def test_a_healthy_but_input_bound_run_says_where_the_time_goes(tmp_path: Path) -> None:
+    """No straggler, no culprit: both ranks wait for their batches most of their own time (a
+    2-rank run with --num_workers=1 whose data is slow). The verdict has nothing to name, and
+    the diagnosis still says what bounds the job and what would feed it."""
+    now = time.time()
+    write_train_log(tmp_path, 2, num_workers=1)
+    for rank in (0, 1):
+        w = RankWriter(tmp_path, rank, 2, t=now - 5)
+        w.start()
+        w.steps(1, 10, dt=0.1)
+        w.flush()
+        mine = {**window(150.0 + rank, 140.0 + rank), "sync_ms": 6.0}
+        write_heartbeat(
+            tmp_path, rank, 2, pid=os.getpid(), t=now, phase="training step", step=10,
+            timing={"recent": mine, "epoch": mine},
+        )  # fmt: skip
+    doc = diagnose(find_run(tmp_path))
+    assert doc["culprits"] == [] and doc["stragglers"] == []
+    bound = doc["bound"]
+    assert (bound["rank"], bound["bound"], bound["data_ms"]) == (1, "input", 141.0)
+    assert bound["words"].startswith("input-bound: rank 1 waits for data 93% of its own time")
+    assert "raise --num_workers (now 1 per rank" in bound["words"]  # node0 holds both ranks
+    console = Console(record=True, width=250)
+    render(doc, console)
+    text = console.export_text()
+    assert "Verdict: no rank holds the job back (running)." in text
+    where = "Where the time goes (rank 1's heartbeat, last 30 s): data wait 141, compute 10, sync 6"
+    assert where + " ms per step; input-bound: rank 1" in text

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ae.job.folder_lock import read_lock
-from ae.log_lines import EPOCH_STEP_TIMES
+from ae.log_lines import EPOCH_STEP_TIMES, THROUGHPUT
 from tests.support.live import diagnose_json
 from tests.support.runs import ROOT, SERIAL, run_launcher
 
@@ -72,6 +72,13 @@ def test_debug_run_writes_every_spec_line_and_diagnoses_clean(launch, make_shard
     for m in spreads:
         assert float(m["own_min"]) <= float(m["own_median"]) <= float(m["own_max"])
         assert m["slowest"] in ("0", "1") and 0 <= float(m["data_max"]) <= 100
+    # and after it the epoch's throughput, the slowest rank's split and what bounds the job:
+    # 2 ranks x 8 samples a step
+    rates = [m for line in main.splitlines() if (m := THROUGHPUT.parse(line))]
+    assert [m["epoch"] for m in rates] == ["0", "1"]
+    for m in rates:
+        assert float(m["samples_per_s"]) == pytest.approx(16_000 / float(m["step_ms"]), rel=0.01)
+        assert m["verdict"].split("-bound: ")[0] in ("input", "compute", "sync")
     assert "Setup: distributed, world size 2" in main and "Resolved config:" in main
     assert "Training step" not in main  # details stay in the rank logs
     assert "has `__len__` defined" not in main  # Lightning's warning is silenced, as intended

@@ -122,3 +122,37 @@ def test_the_loss_is_read_in_the_training_step_phase() -> None:
     tracer.on_train_batch_end(trainer, None, {"loss": Loss()}, None, 0)
     assert seen == ["training step"]
     assert progress.phase == "data loading"
+
+
+def test_the_epoch_end_says_samples_per_second_and_what_bounds_the_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One rank, 10 steps of 8 samples, each 90 ms waiting for data and 10 ms of compute: the
+    train log's `Throughput` line after `Step times` says 80 samples/s and input-bound, with the
+    advice for a rank without workers."""
+    from types import SimpleNamespace
+
+    from loguru import logger
+
+    from ae.forensics import loop_tracer
+    from ae.log_lines import THROUGHPUT
+
+    times = StepTimes()
+    times.epoch = (10, 0.9, 0.1, 0.0)
+    monkeypatch.setattr(loop_tracer, "step_times", times)
+    tracer = loop_tracer.DebugCallback(
+        debug=False, every_train=1, every_val=1, batch_size=8, num_workers=0
+    )
+    trainer = SimpleNamespace(world_size=1, global_rank=0, current_epoch=3, num_devices=1,
+                              accumulate_grad_batches=1)  # fmt: skip
+    lines: list[str] = []
+    handle = logger.add(lambda m: lines.append(m.record["message"]), format="{message}")
+    try:
+        tracer._step_times_line(trainer, SimpleNamespace(device="cpu"))  # type: ignore[arg-type]
+    finally:
+        logger.remove(handle)
+    (m,) = [m for line in lines if (m := THROUGHPUT.parse(line))]
+    assert (m["epoch"], m["samples_per_s"], m["step_ms"]) == ("3", "80", "100.0")
+    assert m["split"] == "data wait 90.0, compute 10.0, sync 0.0 ms"
+    assert m["verdict"].startswith("input-bound: the rank waits for data 90% of its own time")
+    assert "(--num_workers=0): give it workers" in m["verdict"]
