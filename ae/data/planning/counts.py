@@ -7,7 +7,8 @@ then cached in a per-user count cache (`--count_cache`, default `~/.cache/ae/sha
 `$AE_CACHE_DIR` moves), so a later run over the same shards, in any `--output_dir`, counts
 nothing. The cache key hashes the URL list and, for local shards, each file's size and mtime:
 changed shards are counted again. Remote shards are keyed by URL only: delete the cache file if
-they change under the same URL.
+they change under the same URL. Counts in which a remote shard failed (maybe its server's
+failure) are never cached, nor believed from an older cache.
 
 With `--write_index=auto`, a rank that walks a local shard without a sidecar writes one next to
 it when the folder is writable, so the next count of that shard is one small read.
