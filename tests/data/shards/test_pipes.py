@@ -4,6 +4,7 @@ what failed in plain words, never WebDataset's argument tuple (ae.data.shards.pi
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,8 @@ from ae.data.input_probe import probe_decoder
 from ae.data.shards.errors import DataError
 from ae.data.shards.pipes import ShardCommandError
 from ae.data.shards.tar_samples import iter_samples
+from ae.data.shards.writer import write_shard
+from tests.support.shards import vector_samples
 
 
 def closed_port() -> int:
@@ -45,3 +48,27 @@ def test_the_no_readable_sample_message_names_the_url_and_what_failed() -> None:
     said = e.value.render()
     assert f"last problem: {url}: ShardCommandError: could not download it: curl exit 7" in said
     assert "'--connect-timeout'" not in said and "bufsize" not in said
+
+
+def test_a_misspelt_pipe_command_says_it_was_not_found() -> None:
+    with pytest.raises(ShardCommandError) as e:
+        list(iter_samples("pipe:crul -s http://127.0.0.1:1/a.tar"))
+    assert str(e.value) == (
+        "the command `crul -s http://127.0.0.1:1/a.tar` exited 127 (command not found: is it "
+        "installed, on PATH?)"
+    )
+
+
+@pytest.mark.parametrize("reader", ["fast", "tarfile"])
+def test_a_reader_that_stops_early_is_not_told_how_the_command_ended(
+    reader: str, tmp_path: Path
+) -> None:
+    """The probe takes the first sample and drops the reader; curl, whose transfer was cut
+    after it (exit 18), then failed the close: `Exception ignored in: <generator object
+    iter_samples ...>` and a traceback on the run's console."""
+    write_shard(tmp_path / "a.tar", vector_samples(6, 4))
+    samples = iter_samples(f"pipe:cat {tmp_path}/a.tar; exit 18", reader=reader)  # type: ignore[arg-type]
+    assert next(samples)["__key__"] == "00000000"
+    samples.close()  # raised ShardCommandError: the command `...` exited 18
+    with pytest.raises(ShardCommandError, match="exited 18"):  # read to the end: said
+        list(iter_samples(f"pipe:cat {tmp_path}/a.tar; exit 18", reader=reader))  # type: ignore[arg-type]
