@@ -7,11 +7,15 @@ import socket
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
 from ae.config import DataConfig
 from ae.data.input_probe import probe_decoder
 from ae.data.shards.errors import DataError
+from ae.data.shards.index import read_index
 from ae.data.shards.pipes import ShardCommandError
+from ae.data.shards.tar_header_count import scan_shard
+from ae.data.shards.tar_members import CorruptTar
 from ae.data.shards.tar_samples import iter_samples
 from ae.data.shards.writer import write_shard
 from tests.support.shards import vector_samples
@@ -72,3 +76,30 @@ def test_a_reader_that_stops_early_is_not_told_how_the_command_ended(
     samples.close()  # raised ShardCommandError: the command `...` exited 18
     with pytest.raises(ShardCommandError, match="exited 18"):  # read to the end: said
         list(iter_samples(f"pipe:cat {tmp_path}/a.tar; exit 18", reader=reader))  # type: ignore[arg-type]
+
+
+PAGE_404 = b'<!DOCTYPE HTML>\n<html lang="en">\n<head><title>Error response</title></head>\n'
+
+
+def test_an_error_page_read_as_a_shard_or_its_sidecar_is_said_so(tmp_path: Path) -> None:
+    """`pipe:curl -s URL` (no -f) writes a 404's page out as if it were the file: a missing
+    sidecar was a WARNING per shard on the console (`Ignoring malformed index ...: Expecting
+    value`), a missing shard `TruncatedTar: stream ends inside a header (335 of 512 bytes)`."""
+    write_shard(tmp_path / "a.tar", vector_samples(3, 4))
+    (tmp_path / "a.tar.idx").write_bytes(PAGE_404)  # what `curl -s` of a missing .idx gives
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="WARNING")
+    try:
+        assert read_index(f"pipe:cat {tmp_path}/a.tar") is None  # no index: counted by a walk
+        assert scan_shard(f"pipe:cat {tmp_path}/a.tar").samples == 3
+    finally:
+        logger.remove(sink)
+    assert lines == []
+    (tmp_path / "b.tar").write_bytes(PAGE_404 + b"<body>404</body>\n" * 20)
+    with pytest.raises(CorruptTar) as e:
+        list(iter_samples(f"pipe:cat {tmp_path}/b.tar"))
+    assert str(e.value) == (
+        "not a tar but a web page ('<!DOCTYPE HTML>'...): an error page sent instead of the "
+        "shard? (curl writes one out unless given -f: pipe:curl -f -s URL)"
+    )
+    assert "not a tar but a web page" in (scan_shard(f"pipe:cat {tmp_path}/b.tar").error or "")
