@@ -251,7 +251,8 @@ def shared_counts(
         if path is not None and cached is None and (failed := _remote_problems(counts)):
             # Keyed by URL alone, a remote shard's failure would be replayed by every later run,
             # the shard then never trained on though its server answers again.
-            source = f"{took}, not cached: {failed} remote shard(s) unreadable, the next run counts again"
+            retry = f"{failed} remote shard(s) unreadable, the next run counts again"
+            source = f"{took}, not cached: {retry}"
         elif path is not None and cached is None:
             _save(path, counts)
             source = f"{took}, cached in {path}"
