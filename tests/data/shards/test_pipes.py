@@ -71,11 +71,14 @@ def test_a_reader_that_stops_early_is_not_told_how_the_command_ended(
     after it (exit 18), then failed the close: `Exception ignored in: <generator object
     iter_samples ...>` and a traceback on the run's console."""
     write_shard(tmp_path / "a.tar", vector_samples(6, 4))
-    samples = iter_samples(f"pipe:cat {tmp_path}/a.tar; exit 18", reader=reader)  # type: ignore[arg-type]
+    # The shard, then its end (stdout closed), then exit 18 a little later: at the close, not
+    # at a read (WebDataset's pipe raises at a read that finds the command already failed)
+    cut = f"pipe:cat {tmp_path}/a.tar; exec 1>&-; sleep 0.2; exit 18"
+    samples = iter_samples(cut, reader=reader)  # type: ignore[arg-type]
     assert next(samples)["__key__"] == "00000000"
     samples.close()  # raised ShardCommandError: the command `...` exited 18
     with pytest.raises(ShardCommandError, match="exited 18"):  # read to the end: said
-        list(iter_samples(f"pipe:cat {tmp_path}/a.tar; exit 18", reader=reader))  # type: ignore[arg-type]
+        list(iter_samples(cut, reader=reader))  # type: ignore[arg-type]
 
 
 PAGE_404 = b'<!DOCTYPE HTML>\n<html lang="en">\n<head><title>Error response</title></head>\n'
@@ -103,3 +106,16 @@ def test_an_error_page_read_as_a_shard_or_its_sidecar_is_said_so(tmp_path: Path)
         "shard? (curl writes one out unless given -f: pipe:curl -f -s URL)"
     )
     assert "not a tar but a web page" in (scan_shard(f"pipe:cat {tmp_path}/b.tar").error or "")
+
+
+def test_a_count_cut_by_its_command_keeps_the_whole_samples_and_names_the_cause(
+    tmp_path: Path,
+) -> None:
+    """A transfer cut mid-shard (curl exit 18) was `cannot open: ... (counted 0 whole
+    samples)`: the command's failure on close threw the walk's count away."""
+    write_shard(tmp_path / "a.tar", vector_samples(6, 4))
+    half = (tmp_path / "a.tar").stat().st_size // 2
+    command = f"head -c {half} {tmp_path}/a.tar; exec 1>&-; sleep 0.2; exit 18"  # at the close
+    scan = scan_shard(f"pipe:{command}")
+    assert scan.samples > 0
+    assert scan.error == f"ShardCommandError: the command `{command}` exited 18"
