@@ -50,6 +50,7 @@ def test_the_no_readable_sample_message_names_the_url_and_what_failed() -> None:
     with pytest.raises(DataError) as e:
         probe_decoder("train", [url], DataConfig())
     said = e.value.render()
+    assert said.startswith("train_shards: no readable sample in any of 1 shards (not one could")
     assert f"last problem: {url}: ShardCommandError: could not download it: curl exit 7" in said
     assert "'--connect-timeout'" not in said and "bufsize" not in said
 
