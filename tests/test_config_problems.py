@@ -223,6 +223,22 @@ def test_a_shard_spec_split_by_the_shell_is_refused_on_the_users_command_line() 
         "(--train_shards='data/train-{000000..000099}.tar'), or join several with ::"
     ]
     assert parse_config(argv).data.train_shards == "d/a-000002.tar"
+    # The same for shards served over http (the URL's colons did not make it "not plain": the
+    # run trained on one shard of eight, exit 0)
+    urls = [f"--train_shards=http://127.0.0.1:8000/a-00000{i}.tar" for i in range(3)]
+    with pytest.raises(ConfigError) as err:
+        parse_config(urls, user=True)
+    assert err.value.problems[0].startswith("train_shards: given 3 times (http://127.0.0.1:8000/")
+    # `--train_shards a-{0..2}.tar` (a space, not `=`): one spec word, then two strays
+    words = ["--train_shards", *(f"http://h/a-00000{i}.tar" for i in range(3)), "--max_steps=5"]
+    with pytest.raises(ConfigError) as err:
+        parse_config(words, user=True)
+    assert err.value.problems == [
+        "train_shards: its value came as 3 separate arguments (http://h/a-000000.tar, "
+        "http://h/a-000001.tar and 1 more): the shell expands an unquoted {a..b} pattern or glob "
+        "into one word per file; quote the spec (--train_shards='data/train-{000000..000099}.tar'),"
+        " or join several with ::"
+    ]
     assert parse_config(["--batch_size=8", "--batch_size=16"], user=True).data.batch_size == 16
     # A spec given again on purpose (a script's defaults, then the user's): the later one wins
     for again in (["--val_shards=d/v-{0..3}.tar", "--val_shards=d/w.tar"],

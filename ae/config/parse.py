@@ -158,8 +158,9 @@ def _split_by_the_shell(values: list[str]) -> bool:
     """Whether a shard spec's repeated values are the files of one unquoted brace pattern: the
     shell expands `--train_shards=a-{000000..000099}.tar` into one flag per file, and the last
     one alone would train. Such values are plain names that differ in their digits alone; a spec
-    given again on purpose (a script's later flag overriding its defaults) is not refused."""
-    plain = all(not set(v) & set("{}*?[]:") for v in values)
+    given again on purpose (a script's later flag overriding its defaults) is not refused.
+    A URL's one colon (`http://h:8000/a-000001.tar`) is plain; `::` joins several specs."""
+    plain = all(not set(v) & set("{}*?[]") and "::" not in v for v in values)
     return plain and len(set(values)) > 1 and len({re.sub(r"\d+", "#", v) for v in values}) == 1
 
 
@@ -172,18 +173,32 @@ def _given_again(key: str, values: list[str]) -> str:
     )
 
 
+def _split_words(key: str, values: list[str]) -> str:
+    shown = ", ".join(values[:2]) + (f" and {len(values) - 2} more" if len(values) > 2 else "")
+    return (
+        f"{key}: its value came as {len(values)} separate arguments ({shown}): the shell "
+        f"expands an unquoted {{a..b}} pattern or glob into one word per file; quote the spec "
+        f"(--{key}='data/train-{{000000..000099}}.tar'), or join several with ::"
+    )
+
+
 def _split_argv(argv: list[str], problems: list[str], user: bool = False) -> dict[str, str]:
     """`--key=value`, `--key value`, and a bare `--flag` (true) for booleans; a flag given again
     wins. `user`: argv as typed, where a shard spec split by the shell is refused (a rank's argv
     repeats the flags its launcher appends, the later winning)."""
     out: dict[str, str] = {}
     specs: dict[str, list[str]] = {"train_shards": [], "val_shards": []}
+    strays: dict[str, list[str]] = {}  # words right after a spec's value: the shell split it
+    last = ""
     i = 0
     while i < len(argv):
         arg = argv[i]
         i += 1
         if not arg.startswith("--") or arg == "--":
-            problems.append(f"unexpected argument {arg!r}: flags look like --key=value")
+            if last in specs:  # `--train_shards a-{0..7}.tar` unquoted: a-1.tar ... follow
+                strays.setdefault(last, []).append(arg)
+            else:
+                problems.append(f"unexpected argument {arg!r}: flags look like --key=value")
             continue
         key, eq, value = arg[2:].partition("=")
         key = key.replace("-", "_")
@@ -201,6 +216,8 @@ def _split_argv(argv: list[str], problems: list[str], user: bool = False) -> dic
                 value, i = nxt, i + 1
         out[key] = value
         specs.get(key, []).append(value)
+        last = key
+    problems += [_split_words(k, [out[k], *v]) for k, v in strays.items()]
     if user:
         problems += [_given_again(k, v) for k, v in specs.items() if _split_by_the_shell(v)]
     return out

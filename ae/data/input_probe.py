@@ -118,9 +118,10 @@ def probe_decoder(
             problem = f"{url}: {type(e).__name__}: {e}"
         if tried == PROBE_SAMPLES:
             break
+    tried_what = f"first {tried} samples tried" if tried else "not one could be opened"
     raise DataError(
-        f"{split}_shards: no readable sample in any of {len(urls)} shards (first {tried} "
-        f"samples tried; last problem: {problem})"
+        f"{split}_shards: no readable sample in any of {len(urls)} shards ({tried_what}; "
+        f"last problem: {problem})"
     )
 
 

@@ -122,23 +122,50 @@ def _read_summary() -> str:
     return text
 
 
+# Process names of the rank and its dataloader workers (torch renames them); any other child
+# is a command a shard is read through (curl, `pipe:CMD` and its shell).
+_PYTHON_NAMES = ("python", "pt_data_worker", "pt_main_thread")
+CMDLINE_CHARS = 300
+
+
+def _is_python(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return proc.name().startswith(_PYTHON_NAMES)
+    return True
+
+
+def _command(proc: psutil.Process) -> str:
+    """The name of a Python process; the command line of any other (`curl ... URL`: which
+    shard a stalled read waits for, named)."""
+    if _is_python(proc):
+        return proc.name()
+    with contextlib.suppress(psutil.Error):
+        line = " ".join(proc.cmdline())
+        return line if len(line) <= CMDLINE_CHARS else line[: CMDLINE_CHARS - 3] + "..."
+    return proc.name()
+
+
 def _describe(proc: psutil.Process, role: str, cpu: float) -> str:
     with proc.oneshot():
         times = proc.cpu_times()
         return (
             f"{role:<7} pid={proc.pid} status={proc.status()} rss={process_rss_mb(proc):.0f}MB "
             f"cpu={cpu:.0f}% cpu_time={times.user + times.system:.1f}s fds={proc.num_fds()} "
-            f"threads={proc.num_threads()} cmd={proc.name()}"
+            f"threads={proc.num_threads()} cmd={_command(proc)}"
         )
 
 
 def process_table(cpu_window_s: float = 0.2) -> list[str]:
     """One line per process, the rank first, then its children (dataloader workers, and what they
-    run for `pipe:` shards): state, RSS, CPU % over `cpu_window_s`, CPU time, open fds, threads.
+    run for remote and `pipe:` shards, with its command line): state, RSS, CPU % over
+    `cpu_window_s`, CPU time, open fds, threads.
     CPU near 0 while stalled means blocked (I/O, lock, peer); near 100 means spinning."""
     me = psutil.Process()
     procs = [(me, "rank")]
-    procs += [(c, "worker" if c.ppid() == me.pid else "child") for c in me.children(recursive=True)]
+    procs += [
+        (c, "worker" if c.ppid() == me.pid and _is_python(c) else "child")
+        for c in me.children(recursive=True)
+    ]
     for proc, _ in procs:
         try:
             proc.cpu_percent(None)  # starts the measuring window

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import re
+import subprocess
 import time
 
 import pytest
@@ -37,3 +38,19 @@ def test_rank_and_worker_rss(monkeypatch: pytest.MonkeyPatch) -> None:
     time.sleep(0.1)
     reader.listed_at = float("-inf")  # re-list now rather than in CHILDREN_REFRESH_S
     assert child.pid not in reader.sample()[1]
+
+
+def test_a_command_reading_a_shard_is_shown_with_its_command_line() -> None:
+    """A stall in a remote read showed `worker ... cmd=curl`: which shard it waited for was in
+    no line of the report. A non-Python child is a command (curl, a `pipe:` shell), not a
+    dataloader worker."""
+    url = "http://127.0.0.1:9/data/train-000003.tar"
+    child = subprocess.Popen(["cat", "-", url], stdin=subprocess.PIPE)  # blocked on stdin
+    try:
+        time.sleep(0.1)
+        table = process_table(cpu_window_s=0.05)
+        line = next(line for line in table if f"pid={child.pid} " in line)
+        assert line.startswith("child ") and line.endswith(f"cmd=cat - {url}")
+    finally:
+        child.kill()
+        child.wait()

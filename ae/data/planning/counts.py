@@ -7,7 +7,8 @@ then cached in a per-user count cache (`--count_cache`, default `~/.cache/ae/sha
 `$AE_CACHE_DIR` moves), so a later run over the same shards, in any `--output_dir`, counts
 nothing. The cache key hashes the URL list and, for local shards, each file's size and mtime:
 changed shards are counted again. Remote shards are keyed by URL only: delete the cache file if
-they change under the same URL.
+they change under the same URL. Counts in which a remote shard failed (maybe its server's
+failure) are never cached, nor believed from an older cache.
 
 With `--write_index=auto`, a rank that walks a local shard without a sidecar writes one next to
 it when the folder is writable, so the next count of that shard is one small read.
@@ -22,7 +23,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,21 +107,34 @@ def count_shards(
 ) -> ShardCounts:
     """Count every shard; damaged ones are logged at ERROR and count their whole samples.
     Remote shards are counted on a few threads (network latency overlaps); local ones in this
-    thread (the header walk is bound by this core). `progress(done, samples)` after each local
-    shard."""
+    thread (the header walk is bound by this core). `progress(done, samples)` after each shard,
+    and every second while remote ones are still being fetched."""
     remote = [i for i, url in enumerate(urls) if is_remote(url)]
     rows: list[tuple[int, bool, str | None]] = [(0, False, None)] * len(urls)
+    done = samples = 0
+
+    def counted(i: int, row: tuple[int, bool, str | None]) -> None:
+        nonlocal done, samples
+        rows[i] = row
+        done, samples = done + 1, samples + row[0]
+
     with ThreadPoolExecutor(max(1, min(COUNT_THREADS, len(remote)))) as pool:
-        fetched = pool.map(lambda u: _count_one(u, False), [urls[i] for i in remote])
-        done = samples = 0
+        fetching: dict[Future[tuple[int, bool, str | None]], int] = {
+            pool.submit(_count_one, urls[i], False): i for i in remote
+        }
         for i, url in enumerate(urls):
             if not is_remote(url):
-                rows[i] = _count_one(url, write_sidecars)
-                done, samples = done + 1, samples + rows[i][0]
+                counted(i, _count_one(url, write_sidecars))
                 if progress is not None:
                     progress(done, samples)
-        for i, row in zip(remote, fetched, strict=True):
-            rows[i] = row
+        # As they come, so that a long count of remote shards says how far it is too
+        pending = set(fetching)
+        while pending:
+            finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in finished:
+                counted(fetching[future], future.result())
+            if progress is not None:
+                progress(done, samples)
     result = ShardCounts(counts=[samples for samples, _, _ in rows])
     for _, indexed, problem in rows:
         result.indexed += indexed
@@ -181,7 +195,7 @@ class _Progress:
 
     def __call__(self, done: int, samples: int) -> None:
         now = time.monotonic()
-        if now - self.t0 < PROGRESS_AFTER_S or now - self.last < PROGRESS_EVERY_S:
+        if now - self.t0 < PROGRESS_AFTER_S or now - self.last < PROGRESS_EVERY_S or not done:
             return
         self.last = now
         elapsed = now - self.t0
@@ -216,6 +230,8 @@ def shared_counts(
     key, files = _file_sizes(urls)
     path = None if cache_dir is None else cache_dir / f"counts-{key}.json"
     cached = _load(path, len(urls))
+    if cached is not None and _remote_problems(cached):
+        cached = None  # a remote shard unreadable then (server down, cut transfer): ask again
     mine: dict[str, Any] = {"files": files, "full": None, "share": None}
     if cached is not None:
         mine["full"] = asdict(cached)
@@ -232,7 +248,12 @@ def shared_counts(
     else:
         took = f"counted in {time.perf_counter() - t0:.2f}s on {world_size} rank(s)"
         source = f"{took}, not cached (--count_cache=off)" if path is None else took
-        if path is not None and cached is None:
+        if path is not None and cached is None and (failed := _remote_problems(counts)):
+            # Keyed by URL alone, a remote shard's failure would be replayed by every later run,
+            # the shard then never trained on though its server answers again.
+            retry = f"{failed} remote shard(s) unreadable, the next run counts again"
+            source = f"{took}, not cached: {retry}"
+        elif path is not None and cached is None:
             _save(path, counts)
             source = f"{took}, cached in {path}"
     logger.info(
@@ -246,6 +267,13 @@ def shared_counts(
         )
     )
     return counts
+
+
+def _remote_problems(counts: ShardCounts) -> int:
+    """How many of the damaged shards of `counts` are remote. The cache key knows a remote
+    shard by its URL alone, so its failure may be the server's, not the shard's."""
+    urls = [(BAD_SHARD_SCAN.parse(problem) or {}).get("url", "") for problem in counts.problems]
+    return sum(is_remote(url) for url in urls)
 
 
 def _assemble(split: str, parts: list[dict[str, Any]], n: int) -> ShardCounts:

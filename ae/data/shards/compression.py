@@ -14,6 +14,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import lzma
+import re
 from typing import IO
 
 from ae.data.shards.tar_members import CorruptTar
@@ -25,7 +26,10 @@ _MAGIC = {
     b"\xfd7zXZ\x00": "xz",
     b"\x28\xb5\x2f\xfd": "zstd",
 }
-_HEAD = max(len(m) for m in _MAGIC)
+# What a web server or object store answers instead of a shard, an error page (which `curl`
+# without -f writes out as the shard), is markup; a tar begins with its first member's name.
+_PAGE = re.compile(rb"\s*<(!doctype|html|\?xml|error|head|body)", re.IGNORECASE)
+_HEAD = 64  # enough to tell both
 
 # What a damaged compressed stream raises while it is read (besides the tar reader's own errors).
 DECOMPRESSION_ERRORS: tuple[type[Exception], ...] = (OSError, EOFError, lzma.LZMAError)
@@ -64,6 +68,12 @@ def decompressed(stream: IO[bytes]) -> tuple[IO[bytes], str | None]:
     while len(head) < _HEAD and (more := stream.read(_HEAD - len(head))):
         head += more  # a pipe may return short reads
     kind = compression_of(head)
+    if kind is None and _PAGE.match(head):
+        first = head.decode("ascii", "replace").split("\n")[0].strip()[:40]
+        raise CorruptTar(
+            f"not a tar but a web page ({first!r}...): an error page sent instead of the shard? "
+            "(curl writes one out unless given -f: pipe:curl -f -s URL)"
+        )
     raw = _Prefixed(head, stream)
     if kind is None:
         return raw, None  # type: ignore[return-value]

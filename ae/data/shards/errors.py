@@ -70,6 +70,7 @@ class SlotErrors:
 
     counts: ErrorCounts
     worker: int
+    last_shard: tuple[str, str] | None = None  # (url, reason) of the last bad shard read
 
     def bad_sample(self, url: str, key: str, reason: str) -> None:
         logger.error(BAD_SAMPLE.format(key=key, url=url, reason=reason))
@@ -83,6 +84,7 @@ class SlotErrors:
         )
         logger.error(line)
         self.counts.add(self.worker, BAD_SHARDS)
+        self.last_shard = (url, reason)
 
     def replaced(self, n: int) -> None:
         self.counts.add(self.worker, REPLACED, n)

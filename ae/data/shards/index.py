@@ -91,7 +91,11 @@ def _read_lines(url: str, with_offsets: bool) -> list[bytes] | None:
             data = f.read()
     except OSError:  # no such object / command failed: no index
         return None
-    return data.split(b"\n", 2)[:2] if data else None
+    if not data.lstrip().startswith(b"{"):
+        # No sidecar there, said by an error page (`pipe:curl -s` writes a 404's page out; S3
+        # answers NoSuchKey in XML): the shard is counted by streaming it, as for any without
+        return None
+    return data.split(b"\n", 2)[:2]
 
 
 def read_index(url: str, with_offsets: bool = False, warn: bool = True) -> ShardIndex | None:

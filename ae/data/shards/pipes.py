@@ -39,7 +39,9 @@ def describe(command: Any, status: int) -> str:
         meaning = CURL_EXIT.get(status, "see `man curl`, EXIT CODES")
         return f"could not download it: curl exit {status} ({meaning})"
     text = " ".join(map(str, argv)) if argv is not None else str(command)
-    return f"the command `{text}` exited {status}"
+    # The shell's own codes (`pipe:` runs CMD in a shell): a misspelt or uninstalled program
+    why = {126: " (not executable)", 127: " (command not found: is it installed, on PATH?)"}
+    return f"the command `{text}` exited {status}{why.get(status, '')}"
 
 
 class PlainErrors:

@@ -2,9 +2,10 @@
 
 A spec is one of: a brace pattern (`data/a-{000000..000099}.tar`), a glob (`data/*.tar`), a
 directory (every shard below it, sorted: `*.tar` and the compressed `*.tar.gz`, `*.tgz`,
-`*.tar.bz2`, `*.tar.xz`), `pipe:CMD` or an `http(s)://` URL (either may also use braces), or
-several of these joined by `::`. Local shards are checked here so that a spec that
-matches nothing fails before any worker process starts. No torch import: the launcher uses this.
+`*.tar.bz2`, `*.tar.xz`), `pipe:CMD`, an `http(s)://` or `gs://` URL (these may also use
+braces), or several of these joined by `::`. Local shards are checked here so that a spec that
+matches nothing fails before any worker process starts, and another URL scheme (`s3://`) is
+refused with the `pipe:` command that streams it. No torch import: the launcher uses this.
 """
 
 from __future__ import annotations
@@ -68,6 +69,29 @@ def _range_of(shards: list[str]) -> str:
     return f"{head}{{{numbers[0]}..{numbers[-1]}}}{tail}"
 
 
+# URL schemes a shard is opened by (WebDataset's `gopen`: curl, `gsutil cat`). Any other
+# `scheme://` (s3://, file://, a typo) would fail in every rank with "no gopen handler defined"
+# (or, as a path, "missing"): it is refused here with the command that streams it instead.
+OPENED_SCHEMES = ("http", "https", "gs")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def _scheme_problem(part: str, key: str) -> str | None:
+    """The message for a spec part whose URL scheme no shard is opened by; None otherwise."""
+    match = _SCHEME.match(part)
+    if match is None or match[1].lower() in OPENED_SCHEMES:
+        return None
+    scheme = match[1].lower()
+    if scheme == "file":
+        return f"{key}: {part!r}: name local shards by their path ({part[7:]}), not a file:// URL"
+    how = f"'pipe:aws s3 cp {part} -'" if scheme == "s3" else "'pipe:CMD'"
+    flag = f"--{key}={how}" if key.endswith("_shards") else how  # ae-shards, ae-encode: SPEC
+    return (
+        f"{key}: {part!r}: ae opens http(s):// and gs:// URLs and local paths, not {scheme}://; "
+        f"stream the shards through a command that writes each one to stdout: {flag}"
+    )
+
+
 def _expand_one(spec: str) -> list[str]:
     if is_remote(spec):
         return list(braceexpand.braceexpand(spec))
@@ -89,6 +113,8 @@ def expand_shards(spec: str, key: str = "train_shards") -> list[str]:
     for part in spec.split("::"):
         if not part.strip():
             continue
+        if (problem := _scheme_problem(part.strip(), key)) is not None:
+            raise ShardSpecError(problem)
         try:
             urls.extend(_expand_one(part.strip()))
         except braceexpand.UnbalancedBracesError:

@@ -330,9 +330,15 @@ def scan_shard(url: str) -> ShardScan:
         stream = open_shard(url)
     except TarError as e:  # a compression we cannot read
         return ShardScan(0, None, f"not a readable tar: {e}")
-    with stream:
-        seekable = stream.compression is None and not is_remote(url)
-        walk = walk_headers(stream, stream.raw.fileno() if seekable else None)  # type: ignore[arg-type]
+    seekable = stream.compression is None and not is_remote(url)
+    walk: WalkResult | None = None
+    try:
+        with stream:
+            walk = walk_headers(stream, stream.raw.fileno() if seekable else None)  # type: ignore[arg-type]
+    except OSError as e:  # the command that fed it failed on close: a transfer cut, a 5xx
+        if walk is None:
+            raise
+        walk.error = f"{type(e).__name__}: {e}"  # the cause; the whole samples before it count
     offsets = walk.offsets
     if walk.error is None:
         return ShardScan(len(offsets), offsets if seekable else None)

@@ -17,6 +17,7 @@ Two readers give the same samples in the same order: `fast` cuts members straigh
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
@@ -92,7 +93,16 @@ class TarStream:
     def __enter__(self) -> TarStream:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is GeneratorExit:
+            # The reader stopped early with every sample it wanted (a slice's end, the probe's
+            # first sample): how the command feeding the rest ends (a transfer cut later, curl
+            # stopped by the closed pipe) is not its concern. Raised here, it replaced the
+            # GeneratorExit, and Python printed "Exception ignored in: <generator ...>" and a
+            # traceback on the console.
+            with contextlib.suppress(OSError):
+                self.close()
+            return
         self.close()
 
 

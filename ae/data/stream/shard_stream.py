@@ -33,6 +33,7 @@ from ae.data.decoding.decode import Augment, InputSpec, SampleDecoder
 from ae.data.planning.plan import EpochPlan, ShardSlice, SplitMode, plan_epoch
 from ae.data.planning.shuffle_order import shuffled_order
 from ae.data.shards.errors import DataError, ErrorCounts, SlotErrors
+from ae.data.shards.spec import is_remote
 from ae.data.shards.tar_samples import RawSample, TarReader
 from ae.data.stream.batch_buffers import WorkerBuffers
 from ae.data.stream.fixed_layout_batches import column_batches, columnar_slot
@@ -55,6 +56,18 @@ from ae.log_lines import COMPLETED_ITERATION, PROCESSING_FILES
 from logging_cfg import log_worker_exceptions
 
 _POSITION = {"epoch": 0, "skip_batches": 1, "resumed": 2}  # ShardStream.position's fields
+
+
+def _last_problem(failed: tuple[str, str] | None) -> str:
+    """`; last problem: URL: Type: message` for the no-readable-sample error, and what to do
+    when the shard is remote (all of them failing at once: their source stopped answering)."""
+    if failed is None:
+        return ""
+    url, reason = failed
+    said = f"; last problem: {url}: {reason}"
+    if is_remote(url):
+        said += "; once the shards' source answers again, --resume_from_checkpoint=last goes on"
+    return said
 
 
 @dataclass
@@ -182,25 +195,28 @@ class ShardStream(IterableDataset):
         k = max(1, self.num_workers)
         return self.plan().repeats_in_batch(self.rank, batch % k, batch // k)
 
-    def _fallback_pool(self, slot: int, own: set[int]) -> list[np.ndarray]:
+    def _fallback_pool(self, slot: int, own: set[int], errors: SlotErrors) -> list[np.ndarray]:
         """Good samples from the shards outside this slot's, for a slot whose shards gave none.
         Their errors are not reported again here: they belong to the slots that own them."""
         pool: list[np.ndarray] = []
+        failed = errors.last_shard  # the last shard that failed, and how: said if none is left
         for part in self._whole():
             if part.shard in own:
                 continue
-            with contextlib.suppress(Exception):
-                url = self.urls[part.shard]
+            url = self.urls[part.shard]
+            try:
                 for sample in read_shard(url, part.start, part.stop, self.tar_reader):
                     with contextlib.suppress(Exception):
                         pool.append(self.decoder.decode(sample, self._augment()))
                     if len(pool) == REPLACEMENT_POOL:
                         return pool
+            except Exception as e:
+                failed = (url, f"{type(e).__name__}: {e}")
         if pool:
             return pool
         error = DataError(
             f"{self.split}_shards: no readable sample in any of {len(self.urls)} shards "
-            f"(rank {self.rank} slot {slot} has nothing to train on)"
+            f"(rank {self.rank} slot {slot} has nothing to train on){_last_problem(failed)}"
         )
         logger.error(str(error))  # from the worker itself, before torch wraps it
         raise error
@@ -257,7 +273,7 @@ class ShardStream(IterableDataset):
             decode_samples(raw, self.decoder, errors, self._augment()),
             planned - skip,
             random.Random(f"pool/{self.seed}/{self.epoch}/{self.rank}/{slot}"),
-            lambda: self._fallback_pool(slot, own),
+            lambda: self._fallback_pool(slot, own, errors),
             errors,
         )
         batch = batch_encoded if self.decoder.gpu_jpeg else batch_samples

@@ -181,3 +181,43 @@ def test_a_long_count_says_how_far_it_is(tmp_path: Path, monkeypatch) -> None:
     progress = [line for line in lines if line.startswith("Counting train_shards")]
     assert progress[-1].startswith("Counting train_shards: 3/3 shards of this rank's share, 18 ")
     assert COUNT_PROGRESS.parse(progress[-1])["eta"] == "0"
+
+
+def test_a_remote_shard_that_failed_is_counted_again_by_the_next_run(
+    http_dir, tmp_path: Path
+) -> None:
+    """The cache knows remote shards by URL alone: a 404 (or a server down, a cut transfer) was
+    cached as `0 samples` and replayed by every later run, with its stale ERROR, so the shard
+    was never trained on once it was there."""
+    base, root, _ = http_dir
+    write_shard(root / "a.tar", vector_samples(5, 4))
+    urls, cache = [f"{base}/a.tar", f"{base}/b.tar"], tmp_path / "cache"
+    first = shared_counts("train", urls, cache)
+    assert first.counts == [5, 0] and "curl exit 22" in first.problems[0]
+    assert not cache_path(cache, urls).exists()
+    write_shard(root / "b.tar", vector_samples(7, 4))  # uploaded, or the server is back
+    assert shared_counts("train", urls, cache).counts == [5, 7]
+    assert cache_path(cache, urls).exists()
+    # A cache written before this rule, holding a remote shard's failure, is not believed
+    stale = {"counts": [5, 0], "indexed": 1, "scanned": 1, "problems": [first.problems[0]]}
+    cache_path(cache, urls).write_text(json.dumps(stale))
+    assert shared_counts("train", urls, cache).counts == [5, 7]
+
+
+def test_a_long_count_of_remote_shards_says_how_far_it_is(http_dir, monkeypatch) -> None:
+    """The progress line came after each local shard only: remote ones (fetched on threads)
+    were counted in silence, however long they took."""
+    base, root, _ = http_dir
+    for name in ("a.tar", "b.tar"):
+        write_shard(root / name, vector_samples(6, 4))
+        (root / f"{name}.idx").unlink()
+    monkeypatch.setattr(shard_counts, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(shard_counts, "PROGRESS_EVERY_S", 0.0)
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
+    try:
+        shared_counts("train", [f"{base}/a.tar", f"{base}/b.tar"], None)
+    finally:
+        logger.remove(sink)
+    progress = [line for line in lines if line.startswith("Counting train_shards")]
+    assert progress and progress[-1].startswith("Counting train_shards: 2/2 shards of this rank")

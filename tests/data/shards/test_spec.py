@@ -75,3 +75,25 @@ def test_braces_that_do_not_expand_are_named(tmp_path: Path) -> None:
         f"val_shards: '{tmp_path}/train-{{0..3.tar' has a brace that is not closed (a range is "
         "{000000..000099}, a list {a,b})"
     )
+
+
+def test_a_url_scheme_no_shard_is_opened_by_names_the_pipe_that_streams_it() -> None:
+    """`s3://` went through the spec and failed in every rank ~10 s later: `ValueError:
+    s3://b/a-000000.tar: no gopen handler defined` (a raw traceback in `ae-shards inspect`)."""
+    with pytest.raises(ShardSpecError) as err:
+        expand_shards("s3://bucket/train-{000000..000007}.tar", "val_shards")
+    assert str(err.value) == (
+        "val_shards: 's3://bucket/train-{000000..000007}.tar': ae opens http(s):// and gs:// "
+        "URLs and local paths, not s3://; stream the shards through a command that writes each "
+        "one to stdout: --val_shards='pipe:aws s3 cp s3://bucket/train-{000000..000007}.tar -'"
+    )
+    with pytest.raises(ShardSpecError, match=r"not az://; .*--train_shards='pipe:CMD'"):
+        expand_shards("data/a.tar::az://c/a.tar")
+    with pytest.raises(ShardSpecError, match=r"by their path \(/data/a.tar\), not a file://"):
+        expand_shards("file:///data/a.tar")
+    urls = ["http://h:8000/a.tar", "gs://b/a.tar", "pipe:aws s3 cp s3://b/a.tar -"]
+    assert expand_shards("::".join(urls)) == urls
+    with pytest.raises(
+        ShardSpecError, match=r"^SPEC: .* to stdout: 'pipe:aws s3 cp s3://b/a.tar -'$"
+    ):
+        expand_shards("s3://b/a.tar", "SPEC")  # ae-encode, ae-shards: no flag to name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -108,8 +109,28 @@ def test_no_readable_sample_anywhere_names_the_split(tmp_path: Path, monkeypatch
     urls = _write(tmp_path, [4, 4])
     for url in urls:
         Path(url).write_bytes(b"junk" * 1000)
-    with pytest.raises(DataError, match="train_shards: no readable sample in any of 2 shards"):
+    with pytest.raises(DataError, match="train_shards: no readable sample in any of 2 shards") as e:
         _read(_stream(urls, [4, 4]), 0, monkeypatch)
+    # The shard that failed last, and how (it said only "no readable sample")
+    assert f"has nothing to train on); last problem: {urls[1]}: " in str(e.value)
+
+
+def test_remote_shards_that_all_fail_mid_run_say_what_failed_and_what_to_do(
+    monkeypatch,
+) -> None:
+    """The server of the shards killed in epoch 3: every rank stopped with `no readable sample in
+    any of 8 shards (rank 0 slot 0 has nothing to train on)`, as if the data were bad."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # released: nothing listens there
+    urls = [f"http://127.0.0.1:{port}/train-00000{i}.tar" for i in range(2)]
+    with pytest.raises(DataError) as e:
+        _read(_stream(urls, [4, 4]), 0, monkeypatch)
+    assert str(e.value).endswith(
+        f"has nothing to train on); last problem: {urls[1]}: ShardCommandError: could not "
+        "download it: curl exit 7 (could not connect to the server: nothing listening, or a "
+        "firewall); once the shards' source answers again, --resume_from_checkpoint=last goes on"
+    )
 
 
 def test_pipe_shard_left_mid_way_is_no_error(tmp_path: Path, monkeypatch, errors) -> None:
