@@ -179,3 +179,20 @@ def process_table(cpu_window_s: float = 0.2) -> list[str]:
         except psutil.Error as e:
             lines.append(f"{role:<7} pid={proc.pid} gone ({type(e).__name__})")
     return lines
+
+
+def kill_descendants(pid: int | None = None) -> int:
+    """SIGKILL every process below `pid` (this one by default): how many. For a rank that ends
+    itself (`--hang_timeout`): its dataloader workers, blocked in a read, never see it go, and
+    the command a remote shard is read through (curl on a server gone silent) would wait
+    forever, orphaned."""
+    try:
+        family = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return 0
+    killed = 0
+    for proc in family:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+            killed += 1
+    return killed

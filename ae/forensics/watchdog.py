@@ -33,7 +33,7 @@ import logging_cfg
 from ae.atomic_files import fs_space
 from ae.forensics import flight_recorder
 from ae.forensics.heartbeat import heartbeat_path, heartbeat_record, write_heartbeat
-from ae.forensics.process_stats import RssReader
+from ae.forensics.process_stats import RssReader, kill_descendants
 from ae.forensics.progress import STUCK_AFTER_S, Progress, progress
 from ae.forensics.resources import SHM, ResourceReader
 from ae.forensics.stall_report import (
@@ -186,6 +186,7 @@ class Watchdog(threading.Thread):
         logger.info(RANK_EXIT.format(code=HANG_EXIT_CODE, why="hang timeout"))
         if self.heartbeat is not None:
             self.write_heartbeat(state="failed")
+        kill_descendants()  # no worker, nor the curl of a remote shard, outlives the rank
         os._exit(HANG_EXIT_CODE)
 
     def _redeliver_stop_signal(self, name: str) -> None:

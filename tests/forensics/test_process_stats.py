@@ -6,8 +6,10 @@ import multiprocessing as mp
 import os
 import re
 import subprocess
+import sys
 import time
 
+import psutil
 import pytest
 
 from ae.forensics import process_stats
@@ -54,3 +56,31 @@ def test_a_command_reading_a_shard_is_shown_with_its_command_line() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_kill_descendants_leaves_no_grandchild_behind() -> None:
+    """A rank's worker and the command it reads through (here: a shell and its sleep, the
+    grandchild) are killed with it; before, a rank's hang-timeout exit left a curl orphaned."""
+    script = "import subprocess, sys, time; p = subprocess.Popen(['sleep', '300']); " \
+             "print(p.pid, flush=True); time.sleep(300)"  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        grandchild = int(child.stdout.readline())
+        assert process_stats.kill_descendants(child.pid) == 1
+        # Dead: a zombie until its parent (here still alive, not reaping) is gone, or reaped
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _alive(grandchild):
+            time.sleep(0.05)
+        assert not _alive(grandchild)
+        assert child.poll() is None  # the process itself is left to end on its own
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
