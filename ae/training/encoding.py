@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from ae.data.shards.writer import ShardWriter, npy_bytes
 from ae.errors import UserError
 from ae.forensics.faults import fault_point
 from ae.forensics.progress import progress
-from ae.log_lines import ENCODED_SHARD
+from ae.log_lines import ENCODE_PROGRESS, ENCODED_NOT, ENCODED_SHARD
 from ae.training.model_build import build_model
 from ae.training.position import checkpoint_read
 
@@ -82,14 +82,32 @@ def uses_ema(ckpt: dict[str, Any]) -> bool:
 
 class OutputShards:
     """The output shards being written: one per input shard, opened at its first batch and
-    closed (renamed into place, indexed) at its last."""
+    closed (renamed into place, indexed) at its last; that of an input shard that could not be
+    read to its end is dropped (`damaged`), so that no output holds part of its input: a run of
+    the same command, once the input is mended, encodes it whole. Every `PROGRESS_S` seconds,
+    at a shard's end, a progress line of this rank: `report` (rank 0's goes to the console)."""
 
-    def __init__(self, urls: list[str], out_paths: list[Path], field: str, dtype: str) -> None:
+    PROGRESS_S = 30.0
+
+    def __init__(
+        self,
+        urls: list[str],
+        out_paths: list[Path],
+        field: str,
+        dtype: str,
+        planned: tuple[int, int] = (0, 0),
+        report: Callable[[str], object] = logger.info,
+    ) -> None:
         self.urls, self.out_paths = urls, out_paths
         self.field, self.dtype = field, np.dtype(dtype)
         self._open: dict[int, ShardWriter] = {}
         self.samples = 0
         self.shards = 0
+        self.damaged: list[str] = []  # input URLs whose output was dropped
+        self.planned_shards, self.planned_samples = planned
+        self._report = report
+        self._start = self._last_report = time.monotonic()
+        self._read = 0  # samples through the model, those of dropped shards too: the rate
 
     def add(self, batch: dict[str, Any], latents: np.ndarray) -> None:
         shard = batch["shard"]
@@ -98,17 +116,46 @@ class OutputShards:
             writer = self._open[shard] = ShardWriter(self.out_paths[shard])
         for key, latent, kept in zip(batch["keys"], latents, batch["kept"], strict=True):
             writer.add({"__key__": key.encode(), **kept, self.field: npy_bytes(latent)})
-        if batch["last"]:
+        self._read += len(batch["keys"])
+        if not batch["last"]:
+            return
+        if batch.get("damaged"):
+            self._open.pop(shard).discard()
+            self.damaged.append(self.urls[shard])
+            logger.error(ENCODED_NOT.format(url=self.urls[shard], out=writer.path))
+        else:
             n = self._open.pop(shard).close()
             self.samples += n
             self.shards += 1
             logger.info(ENCODED_SHARD.format(url=self.urls[shard], out=writer.path, samples=n))
+        self._progress()
+
+    def _progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_report < self.PROGRESS_S or not self.planned_samples:
+            return
+        self._last_report = now
+        rate = self._read / max(now - self._start, 1e-9)
+        left = max(0, self.planned_samples - self._read)
+        eta = _clock(left / rate) if rate else "?"
+        done = self.shards + len(self.damaged)
+        self._report(
+            ENCODE_PROGRESS.format(
+                shards=done, rank_shards=self.planned_shards, samples=self._read,
+                rank_samples=self.planned_samples, rate=f"{rate:.0f}", eta=eta,
+            )
+        )  # fmt: skip
 
     def discard_open(self) -> None:
         """After a failure: the unfinished shards leave no file behind."""
         for writer in self._open.values():
             writer.discard()
         self._open.clear()
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 def encode_all(

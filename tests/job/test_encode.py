@@ -50,8 +50,20 @@ def test_output_names_follow_the_input_names(tmp_path: Path) -> None:
         check_outputs(urls, output_paths(urls, tmp_path))
     shard = tmp_path / "in.tar"
     shard.write_bytes(b"")
-    with pytest.raises(EncodeArgsError, match="would overwrite the input shard"):
+    with pytest.raises(EncodeArgsError) as err:
         check_outputs([str(shard)], output_paths([str(shard)], tmp_path))
+    assert err.value.render() == (
+        f"OUT_DIR: {tmp_path} holds the input shards: the outputs would overwrite {shard}; "
+        "encode into another folder"
+    )
+    # OUT_DIR the input folder of 50 shards: one line, not one per shard (five, cut there)
+    urls = [str(tmp_path / f"train-{i:06d}.tar") for i in range(50)]
+    with pytest.raises(EncodeArgsError) as err:
+        check_outputs(urls, output_paths(urls, tmp_path))
+    assert err.value.render() == (
+        f"OUT_DIR: {tmp_path} holds the input shards: the outputs would overwrite {urls[0]} and "
+        "49 more; encode into another folder"
+    )
 
 
 def test_an_out_dir_holding_shards_of_the_output_names_is_refused_without_overwrite(
@@ -69,8 +81,9 @@ def test_an_out_dir_holding_shards_of_the_output_names_is_refused_without_overwr
         check_outputs(urls, outs)
     assert err.value.render() == (
         f"OUT_DIR: {tmp_path / 'out'} already holds 4 of the 5 output shards (train-000000.tar, "
-        "train-000001.tar, train-000002.tar, ...); encode into another folder, or pass "
-        "--overwrite to replace them (to redo an earlier ae-encode)"
+        "train-000001.tar, train-000002.tar, ...) and no encoding.json there says which "
+        "ae-encode wrote them (another dataset, or an ae-encode older than this one); encode "
+        "into another folder, or pass --overwrite to replace them"
     )
     check_outputs(urls, outs, overwrite=True)
     assert parse_args([__file__, "s", "o", "--overwrite"]).overwrite
