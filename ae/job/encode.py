@@ -138,8 +138,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the output shards OUT_DIR already holds (to redo a stopped or failed "
-        "ae-encode); without it such a folder is refused",
+        help="encode every output again, replacing those OUT_DIR already holds; without it, a "
+        "run of the same command skips the complete outputs of an earlier one and refuses "
+        "other files of an output's name",
     )
     return p
 
