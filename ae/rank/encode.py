@@ -22,7 +22,7 @@ from ae.data.input_probe import probe_decoder
 from ae.data.planning.counts import count_cache_dir, shared_counts
 from ae.data.planning.plan import assign_shards
 from ae.data.shards.spec import expand_shards
-from ae.data.stream.encode_stream import WholeShards
+from ae.data.stream.encode_stream import KEEP_ALL, WholeShards
 from ae.data.stream.loader import PreemptibleLoader, install_worker_reaper
 from ae.forensics.progress import in_phase, progress
 from ae.forensics.watchdog import start_watchdog
@@ -140,7 +140,10 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
     )  # fmt: skip
     dataset.errors.log_summary("input")
     (samples, shards) = _totals([outputs.samples, outputs.shards])
-    damaged = [url for part in _all_gather({"damaged": outputs.damaged}) for url in part["damaged"]]
+    parts = _all_gather({"damaged": outputs.damaged, "kept": sorted(outputs.kept)})
+    damaged = [url for part in parts for url in part["damaged"]]
+    # A --keep_fields name that no sample has (a typo, `cls` for `class`): nothing was copied
+    missing = sorted(args.keep - {KEEP_ALL} - {f for part in parts for f in part["kept"]})
     if ctx.rank == 0:
         # Every sample of the plan not written is counted: bad ones, and those of input shards
         # that could not be read to their end (their outputs are not written).
@@ -152,6 +155,12 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
                 shape="x".join(map(str, latent)),
             ),
         )  # fmt: skip
+        if missing and samples:
+            main_log.warning(
+                f"keep_fields: no input sample has a field {', '.join(missing)}: nothing of it "
+                "was copied (fields are named as WebDataset names them: 000123.cls.txt -> "
+                "cls.txt; ae-shards inspect SPEC lists them)"
+            )
         if damaged:
             raise EncodeError(_damaged_message(damaged, shards, args.out_dir))
     return "encoding finished"

@@ -104,6 +104,7 @@ class OutputShards:
         self.samples = 0
         self.shards = 0
         self.damaged: list[str] = []  # input URLs whose output was dropped
+        self.kept: set[str] = set()  # the --keep_fields found in some sample
         self.planned_shards, self.planned_samples = planned
         self._report = report
         self._start = self._last_report = time.monotonic()
@@ -116,6 +117,7 @@ class OutputShards:
             writer = self._open[shard] = ShardWriter(self.out_paths[shard])
         for key, latent, kept in zip(batch["keys"], latents, batch["kept"], strict=True):
             writer.add({"__key__": key.encode(), **kept, self.field: npy_bytes(latent)})
+            self.kept.update(kept)
         self._read += len(batch["keys"])
         if not batch["last"]:
             return

@@ -32,7 +32,7 @@ def test_a_shard_damaged_in_the_middle_is_named_not_written_and_the_exit_is_hone
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "ae.cli.encode_rank", str(ckpt), spec, str(out), "--devices=1",
-         "--num_workers=0"],
+         "--num_workers=0", "--keep_fields=npy,cls"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "AE_CACHE_DIR": str(tmp_path / "cache")},
     )  # fmt: skip
@@ -44,6 +44,8 @@ def test_a_shard_damaged_in_the_middle_is_named_not_written_and_the_exit_is_hone
     assert "Encoding done: 10 of 14 samples written (4 bad samples skipped) to 2 shards" in text
     assert "(after sample 00000005; 3 of 4 planned samples lost)" in text
     assert f"Not encoded: {damaged} could not be read to its end" in text
+    # --keep_fields naming a field no sample has: nothing copied, silently; now said
+    assert "WARNING  | [Rank 0/1] keep_fields: no input sample has a field cls: nothing" in text
     assert (
         f'SPEC: 1 input shard(s) could not be read to their end: {damaged} (grep "Bad shard" '
         f"{out}/logs/train_*.log says where); their outputs are not written, the other 2 are. "
