@@ -154,7 +154,9 @@ def parse_args(argv: list[str]) -> EncodeArgs:
         raise EncodeArgsError(hint or unknown)
     args = EncodeArgs(**vars(parsed))
     problems = []
-    if not Path(args.ckpt).is_file():
+    if Path(args.ckpt).is_dir():
+        problems.append(_ckpt_folder_problem(Path(args.ckpt)))
+    elif not Path(args.ckpt).is_file():
         problems.append(f"CKPT: no such checkpoint file: {args.ckpt}")
     if args.batch_size < 1:
         problems.append(f"batch_size: must be >= 1; got {args.batch_size}")
@@ -175,6 +177,14 @@ def parse_args(argv: list[str]) -> EncodeArgs:
     if problems:
         raise EncodeArgsError("\n".join(problems))
     return args
+
+
+def _ckpt_folder_problem(folder: Path) -> str:
+    """A run folder or its checkpoints/ given as CKPT: name the files to pick from."""
+    found = sorted(folder.glob("*.ckpt")) or sorted(RunDir(folder).checkpoints.glob("*.ckpt"))
+    names = ", ".join(str(p) for p in found[:3]) + (", ..." if len(found) > 3 else "")
+    pick = f"; name one of its checkpoints: {names}" if found else "; name a checkpoint file"
+    return f"CKPT: {folder} is a folder{pick}"
 
 
 def output_paths(urls: list[str], out_dir: Path) -> list[Path]:

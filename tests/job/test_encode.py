@@ -181,6 +181,19 @@ def test_a_file_that_is_no_ae_checkpoint_is_named(tmp_path: Path) -> None:
         load_checkpoint(junk)
 
 
+def test_a_run_folder_as_ckpt_names_its_checkpoints(tmp_path: Path) -> None:
+    """It said "no such checkpoint file: runs/ae" of a folder that is there."""
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    for ckpt in (tmp_path / "run", tmp_path / "run" / "checkpoints"):
+        with pytest.raises(EncodeArgsError) as err:
+            parse_args([str(ckpt), "in.tar", str(tmp_path / "out")])
+        assert err.value.render() == (
+            f"CKPT: {ckpt} is a folder; name one of its checkpoints: "
+            f"{tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"
+        )
+
+
 def test_a_training_runs_folder_is_no_out_dir(tmp_path: Path) -> None:
     ckpt = encode_checkpoint(tmp_path, InputSpec("vector", (12,)))
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
