@@ -83,15 +83,19 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
     with in_phase("shard planning"):
         urls = expand_shards(args.spec, "SPEC")
         outs = output_paths(urls, Path(args.out_dir))
-        # Rank 0's view: every rank plans the same shards (no rank writes before this gather).
-        skipped = _all_gather(
-            {"skip": skipped_outputs(urls, outs, Path(args.out_dir), overwrite=args.overwrite)}
-        )[0]["skip"]
+        # Rank 0 looks (two small reads per output), every rank plans by what it found: the
+        # same shards on every rank (no rank writes before this gather).
+        looked = (
+            skipped_outputs(urls, outs, Path(args.out_dir), overwrite=args.overwrite)
+            if ctx.rank == 0
+            else []
+        )
+        skipped = set(_all_gather({"skip": looked})[0]["skip"])
         if skipped:
             (main_log.bind(console=False) if ctx.rank == 0 else logger).info(
                 ENCODE_SKIPPED.format(skipped=len(skipped), shards=len(urls), out=args.out_dir)
             )
-        todo = [i for i in range(len(urls)) if i not in set(skipped)]
+        todo = [i for i in range(len(urls)) if i not in skipped]
         counts = shared_counts(
             "input", [urls[i] for i in todo], count_cache_dir("auto"), rank=ctx.rank,
             world_size=ctx.world_size, gather=_all_gather,

@@ -4,8 +4,10 @@ says when an input shard is damaged in the middle."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ae.data.decoding.decode import InputSpec
@@ -52,3 +54,21 @@ def test_a_shard_damaged_in_the_middle_is_named_not_written_and_the_exit_is_hone
         "Replace or remove those inputs, then run the same command again: it skips the "
         "complete outputs"
     ) in text
+
+
+def test_ctrl_c_during_the_imports_ends_the_rank_without_a_traceback(tmp_path: Path) -> None:
+    """torchrun passes the launcher's SIGINT on to its ranks; an ae-encode rank still in its
+    imports printed a KeyboardInterrupt traceback (from inside Lightning, re, ...) on the
+    console, where a training rank ends quietly. Now it ends as on SIGTERM."""
+    ckpt = encode_checkpoint(tmp_path, InputSpec("vector", (12,)))
+    spec = write_test_shards(tmp_path / "in", [3], dim=12)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ae.cli.encode_rank", str(ckpt), spec, str(tmp_path / "out")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "AE_CACHE_DIR": str(tmp_path / "cache")},
+    )  # fmt: skip
+    time.sleep(1.0)  # python is up, torch is being imported (several seconds)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGINT, out + err
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
