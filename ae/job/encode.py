@@ -208,10 +208,10 @@ def check_outputs(
     mix)."""
     problems = []
     seen: dict[Path, str] = {}
-    inputs = []
+    inputs, twice = [], []
     for url, out in zip(urls, outs, strict=True):
         if out in seen:
-            problems.append(f"SPEC: {seen[out]} and {url} would both be written to {out}")
+            twice.append(f"{seen[out]} and {url} -> {out}")
         seen[out] = url
         if not is_remote(url) and out.resolve() == Path(url).resolve():
             inputs.append(url)
@@ -220,6 +220,12 @@ def check_outputs(
         problems.append(
             f"OUT_DIR: {outs[0].parent} holds the input shards: the outputs would overwrite "
             f"{inputs[0]}{more}; encode into another folder"
+        )
+    if twice:
+        more = f" (and {len(twice) - 1} more pairs)" if len(twice) > 1 else ""
+        problems.append(
+            f"SPEC: input shards of one file name would both be written to one output: "
+            f"{twice[0]}{more}; encode each set into its own folder"
         )
     found = found or survey(urls, outs, None, None)
     if found.foreign and not overwrite and not problems:
@@ -232,6 +238,22 @@ def check_outputs(
         )
     if problems:
         raise EncodeArgsError("\n".join(problems[:5]))
+
+
+def check_out_dir_outside_inputs(spec: str, out_dir: Path) -> None:
+    """OUT_DIR inside a folder given as SPEC: its latents would be inputs of the next run of
+    the same command (and of a training run on that folder)."""
+    for part in spec.split("::"):
+        folder = Path(part.strip())
+        if is_remote(part.strip()) or not folder.is_dir():
+            continue
+        inside = out_dir.resolve().is_relative_to(folder.resolve())
+        if inside and out_dir.resolve() != folder.resolve():  # the same: check_outputs says
+            raise EncodeArgsError(
+                f"OUT_DIR: {out_dir} is inside the input folder {part.strip()}: its shards would "
+                "be inputs of a run of the same command again (and of training on that folder);"
+                " encode into a folder outside it"
+            )
 
 
 def make_out_dir(args: EncodeArgs) -> None:
@@ -288,6 +310,7 @@ def _launch(argv: list[str], held: contextlib.ExitStack) -> int:
     env = dict(os.environ)
     try:
         args = parse_args(argv)
+        check_out_dir_outside_inputs(args.spec, Path(args.out_dir))
         urls = expand_shards(args.spec, "SPEC")
         outs = output_paths(urls, Path(args.out_dir))
         check_checkpoint(args)

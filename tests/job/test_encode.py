@@ -21,6 +21,7 @@ from ae.data.shards.writer import png_bytes, write_shard
 from ae.job.encode import (
     EncodeArgsError,
     check_checkpoint,
+    check_out_dir_outside_inputs,
     check_outputs,
     help_text,
     make_out_dir,
@@ -45,9 +46,14 @@ def test_output_names_follow_the_input_names(tmp_path: Path) -> None:
             "https://h/p/shard-7.tar?sig=1", "pipe:make-a-shard"]  # fmt: skip
     assert [p.name for p in output_paths(urls, tmp_path)] == [
         "train-000001.tar", "val-000002.tar", "shard-7.tar", "shard-000003.tar"]  # fmt: skip
-    with pytest.raises(EncodeArgsError, match="would both be written to"):
-        urls = ["/a/train-0.tar", "/b/train-0.tar"]
+    with pytest.raises(EncodeArgsError) as err:
+        urls = ["/a/train-0.tar", "/b/train-0.tar", "/a/train-1.tar", "/b/train-1.tar"]
         check_outputs(urls, output_paths(urls, tmp_path))
+    assert err.value.render() == (  # one line, not one per pair
+        "SPEC: input shards of one file name would both be written to one output: "
+        f"/a/train-0.tar and /b/train-0.tar -> {tmp_path}/train-0.tar (and 1 more pairs); "
+        "encode each set into its own folder"
+    )
     shard = tmp_path / "in.tar"
     shard.write_bytes(b"")
     with pytest.raises(EncodeArgsError) as err:
@@ -192,6 +198,20 @@ def test_a_run_folder_as_ckpt_names_its_checkpoints(tmp_path: Path) -> None:
             f"CKPT: {ckpt} is a folder; name one of its checkpoints: "
             f"{tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"
         )
+
+
+def test_an_out_dir_inside_the_input_folder_is_refused(tmp_path: Path) -> None:
+    """`ae-encode CKPT data data/latents` ran; run again it took data/latents/*.tar for inputs
+    and refused with a line per shard that two inputs had one output name."""
+    (tmp_path / "data" / "latents").mkdir(parents=True)
+    with pytest.raises(EncodeArgsError) as err:
+        check_out_dir_outside_inputs(f"x.tar::{tmp_path / 'data'}", tmp_path / "data" / "latents")
+    assert err.value.render().startswith(
+        f"OUT_DIR: {tmp_path / 'data' / 'latents'} is inside the input folder {tmp_path / 'data'}"
+    )
+    check_out_dir_outside_inputs(str(tmp_path / "data"), tmp_path / "latents")  # beside: fine
+    check_out_dir_outside_inputs(f"{tmp_path}/data/*.tar", tmp_path / "data" / "latents")
+    check_out_dir_outside_inputs(str(tmp_path / "data"), tmp_path / "data")  # check_outputs
 
 
 def test_a_training_runs_folder_is_no_out_dir(tmp_path: Path) -> None:
