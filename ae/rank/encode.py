@@ -18,7 +18,6 @@ from loguru import logger
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
-from ae.data.input_probe import probe_decoder
 from ae.data.planning.counts import count_cache_dir, shared_counts
 from ae.data.planning.plan import assign_shards
 from ae.data.shards.spec import expand_shards
@@ -34,9 +33,9 @@ from ae.training.encoding import (
     EncodeError,
     OutputShards,
     encode_all,
-    input_config,
     load_checkpoint,
     model_from_checkpoint,
+    probe_inputs,
     uses_ema,
 )
 from ae.training.startup_header import describe, log_rank_header
@@ -112,7 +111,7 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
         logger.info(f"Shards of this rank: {', '.join(urls[i] for i in mine) or 'none'}")
     with in_phase("shard planning"):
         # Inputs decoded as the training run decoded them (its field, mode, image size).
-        decoder = probe_decoder("input", urls, input_config(ckpt))
+        decoder = probe_inputs(ckpt, urls, args.ckpt)
         spec = decoder.spec
     module, latent = model_from_checkpoint(ckpt, spec, args.ckpt)
     weights = "EMA weights" if uses_ema(ckpt) else "weights"

@@ -20,7 +20,9 @@ import torch
 from loguru import logger
 
 from ae.config import Config, DataConfig
-from ae.data.decoding.decode import InputSpec
+from ae.data.decoding.decode import InputSpec, SampleDecoder
+from ae.data.input_probe import probe_decoder
+from ae.data.shards.errors import DataError
 from ae.data.shards.writer import ShardWriter, npy_bytes
 from ae.errors import UserError
 from ae.forensics.faults import fault_point
@@ -50,6 +52,25 @@ def input_config(ckpt: dict[str, Any]) -> DataConfig:
     if data.channels == 0 and trained_on is not None and trained_on.kind == "image":
         data = dataclasses.replace(data, channels=trained_on.shape[0])
     return data
+
+
+def probe_inputs(ckpt: dict[str, Any], urls: list[str], name: str) -> SampleDecoder:
+    """The decoder of the shards to encode, with the training run's data settings; shards
+    that these do not fit (arrays for a model trained on images: "--channels applies to
+    images", a flag the user never gave ae-encode) are named against what the model saw."""
+    try:
+        return probe_decoder("input", urls, input_config(ckpt))
+    except DataError as e:
+        trained_on = checkpoint_read.spec_from_record(ckpt.get("hyper_parameters", {}).get("spec"))
+        saw = (
+            f" ({trained_on.kind}s of shape {'x'.join(map(str, trained_on.shape))})"
+            if trained_on is not None
+            else ""
+        )
+        raise EncodeError(
+            f"SPEC: these shards do not decode as the data {name} was trained on{saw}, by the "
+            f"settings its run recorded: {e.brief()}"
+        ) from None
 
 
 def model_from_checkpoint(

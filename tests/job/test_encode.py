@@ -17,7 +17,7 @@ import torch
 from ae.config import ModelConfig
 from ae.data.decoding.decode import InputSpec
 from ae.data.input_probe import probe_decoder
-from ae.data.shards.writer import png_bytes, write_shard
+from ae.data.shards.writer import npy_bytes, png_bytes, write_shard
 from ae.job.encode import (
     EncodeArgsError,
     check_checkpoint,
@@ -34,6 +34,7 @@ from ae.training.encoding import (
     input_config,
     load_checkpoint,
     model_from_checkpoint,
+    probe_inputs,
 )
 from ae.training.model import AutoEncoder
 from ae.training.position.checkpoint_read import DamagedCheckpoint, NotAnAeCheckpoint
@@ -174,6 +175,24 @@ def test_images_are_decoded_with_the_channels_the_model_was_trained_on(tmp_path:
     decoder = probe_decoder("input", [str(tmp_path / "in.tar")], cfg)
     assert decoder.spec == InputSpec("image", (3, 8, 8))
     model_from_checkpoint(ckpt, decoder.spec, "m.ckpt")  # no shape error
+
+
+def test_arrays_for_a_model_trained_on_images_are_named_against_what_it_saw(
+    tmp_path: Path,
+) -> None:
+    """Latents (arrays) given to an image model's checkpoint: the rank said "--channels applies
+    to images; the input field latent.npy is an array (leave it unset)", of a flag ae-encode
+    does not have (the training run's, recorded in the checkpoint)."""
+    ckpt = load_checkpoint(encode_checkpoint(tmp_path, InputSpec("image", (1, 8, 8))))
+    ckpt["ae_config"]["channels"] = 1
+    write_shard(tmp_path / "in.tar", [{"__key__": b"0", "latent.npy": npy_bytes(np.ones(4))}])
+    with pytest.raises(EncodeError) as err:
+        probe_inputs(ckpt, [str(tmp_path / "in.tar")], "m.ckpt")
+    assert err.value.render() == (
+        "SPEC: these shards do not decode as the data m.ckpt was trained on (images of shape "
+        "1x8x8), by the settings its run recorded: --channels applies to images; the input "
+        "field latent.npy is an array (leave it unset)"
+    )
 
 
 def test_a_file_that_is_no_ae_checkpoint_is_named(tmp_path: Path) -> None:
