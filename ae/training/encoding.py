@@ -135,7 +135,10 @@ class OutputShards:
         shard = batch["shard"]
         writer = self._open.get(shard)
         if writer is None:
-            writer = self._open[shard] = ShardWriter(self.out_paths[shard])
+            path = self.out_paths[shard]
+            # Gzip'd under a gzip'd input's name (`.tar.gz`): a plain tar there fails `tar xzf`
+            gz = path.name.endswith((".gz", ".tgz"))
+            writer = self._open[shard] = ShardWriter(path, "gz" if gz else "none")
         for key, latent, kept in zip(batch["keys"], latents, batch["kept"], strict=True):
             writer.add({"__key__": key.encode(), **kept, self.field: npy_bytes(latent)})
             self.kept.update(kept)

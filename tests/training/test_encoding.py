@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ae.data.shards.tar_samples import iter_samples
+from ae.job.encode_outputs import is_complete
 from ae.training.encoding import OutputShards
 
 
@@ -40,3 +41,14 @@ def test_a_damaged_input_leaves_no_output_and_progress_is_said(
     assert said[0].startswith("Encode progress of this rank: 1 of 3 shards, 2 of 6 samples, ")
     assert said[1].startswith("Encode progress of this rank: 2 of 3 shards, 4 of 6 samples, ")
     assert said[1].split("ETA ")[1].count(":") == 2  # h:mm:ss
+
+
+def test_the_output_of_a_gzipd_input_is_gzipd(tmp_path: Path) -> None:
+    """`train-000000.tar.gz` in, `train-000000.tar.gz` out: it was a plain tar under that name
+    (ae read it; `tar xzf` and other readers fail on it)."""
+    out = tmp_path / "train-000000.tar.gz"
+    outputs = OutputShards(["/in/train-000000.tar.gz"], [out], "latent.npy", "float32")
+    outputs.add(_batch(0, ["a"], last=True), np.zeros((1, 2), np.float32))
+    assert out.read_bytes()[:2] == b"\x1f\x8b"  # gzip's magic
+    assert [s["__key__"] for s in iter_samples(str(out))] == ["a"]
+    assert is_complete(out)
