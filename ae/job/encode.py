@@ -313,6 +313,7 @@ def _launch(argv: list[str], held: contextlib.ExitStack) -> int:
         check_out_dir_outside_inputs(args.spec, Path(args.out_dir))
         urls = expand_shards(args.spec, "SPEC")
         outs = output_paths(urls, Path(args.out_dir))
+        check_outputs(urls, outs, overwrite=True)  # the names alone, before the checkpoint
         check_checkpoint(args)
         settings = settings_of(Path(args.ckpt), args.field, args.dtype, args.keep)
         found = survey(urls, outs, read_record(Path(args.out_dir)), settings)

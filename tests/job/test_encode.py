@@ -118,6 +118,20 @@ def test_bad_arguments_fail_in_the_launcher_without_ranks(tmp_path: Path) -> Non
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
 
 
+def test_out_dir_the_input_folder_is_said_before_the_checkpoint_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: list[str]
+) -> None:
+    """The output names are checked first, in no time; the checkpoint check (torch, in a
+    process of its own) and its hash after."""
+    from ae.job import encode as job_encode
+
+    write_shard(tmp_path / "train-000000.tar", [{"__key__": b"0", "npy": npy_bytes(np.ones(2))}])
+    (tmp_path / "m.ckpt").write_bytes(b"")
+    monkeypatch.setattr(job_encode, "check_checkpoint", lambda args: pytest.fail("read"))
+    assert job_encode.launch([str(tmp_path / "m.ckpt"), str(tmp_path), str(tmp_path)]) == 2
+    assert said[-1].startswith(f"OUT_DIR: {tmp_path} holds the input shards")
+
+
 def test_a_spec_the_shell_split_into_files_is_named(tmp_path: Path) -> None:
     """`ae-encode CKPT data/train-{000000..000002}.tar OUT`, unquoted: the shell passed three
     files, the second read as OUT_DIR, and the message was `unrecognized arguments: OUT`."""
