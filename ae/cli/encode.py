@@ -10,6 +10,8 @@ every field), and each shard's index sidecar: a dataset `ae` itself trains on. R
 processes through torchrun like training (`--devices`, NNODES/NODE_RANK for several nodes), with
 the same per-rank logs in OUT_DIR/logs/, the stall watchdog, and `ae-diagnose OUT_DIR/logs`.
 Ranks get whole shards, balanced by sample count, so every sample is encoded exactly once.
+Run again into the same OUT_DIR, it skips the outputs an earlier run of the same checkpoint and
+settings completed (`ae.job.encode_outputs`); `--overwrite` encodes everything again.
 
 Everything checkable without the model (the arguments, the output names, the checkpoint file)
 is checked before any process starts (`ae.job.encode`); bad input exits 2 with one message.

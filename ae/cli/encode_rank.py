@@ -1,10 +1,35 @@
-"""The process torchrun starts for each rank of ae-encode: one rank's flow, `ae.rank.encode`."""
+"""The process torchrun starts for each rank of ae-encode: one rank's flow, `ae.rank.encode`.
+
+As for a training rank (`ae.cli.rank_process`): Ctrl-C ends it at once, as SIGTERM does (torchrun
+passes the launcher's SIGINT on to its ranks), not with a KeyboardInterrupt traceback from the
+middle of its imports on the console; and its native output goes to its native log from the
+first line, before torch is imported.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
-from ae.rank.encode import main
+import logging_cfg
+from ae.errors import UserError
+from ae.job.encode import parse_args
+from logging_cfg import RankContext
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        logs = parse_args(argv).logs
+    except UserError:
+        logs = None  # ae.rank.encode says what is wrong, once
+    if logs is not None:
+        logging_cfg.start_native_capture(logs, RankContext.from_env(), os.environ.get("AE_RUN_TS"))
+    from ae.rank.encode import main as rank_main  # torch and Lightning: after the capture
+
+    return rank_main(argv)
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -23,6 +23,17 @@ from loguru import logger
 from ae.config import RunConfig
 from ae.data.shards.spec import expand_shards, is_remote, split_by_shell
 from ae.errors import UserError
+from ae.job.encode_outputs import (
+    Survey,
+    job_outputs,
+    read_record,
+    remove_leftovers,
+    settings_of,
+    skipped_outputs,
+    survey,
+    updated_record,
+    write_record,
+)
 from ae.job.folder_lock import (
     ENCODING,
     TRAINING,
@@ -127,8 +138,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the output shards OUT_DIR already holds (to redo a stopped or failed "
-        "ae-encode); without it such a folder is refused",
+        help="encode every output again, replacing those OUT_DIR already holds; without it, a "
+        "run of the same command skips the complete outputs of an earlier one and refuses "
+        "other files of an output's name",
     )
     return p
 
@@ -142,7 +154,9 @@ def parse_args(argv: list[str]) -> EncodeArgs:
         raise EncodeArgsError(hint or unknown)
     args = EncodeArgs(**vars(parsed))
     problems = []
-    if not Path(args.ckpt).is_file():
+    if Path(args.ckpt).is_dir():
+        problems.append(_ckpt_folder_problem(Path(args.ckpt)))
+    elif not Path(args.ckpt).is_file():
         problems.append(f"CKPT: no such checkpoint file: {args.ckpt}")
     if args.batch_size < 1:
         problems.append(f"batch_size: must be >= 1; got {args.batch_size}")
@@ -165,6 +179,14 @@ def parse_args(argv: list[str]) -> EncodeArgs:
     return args
 
 
+def _ckpt_folder_problem(folder: Path) -> str:
+    """A run folder or its checkpoints/ given as CKPT: name the files to pick from."""
+    found = sorted(folder.glob("*.ckpt")) or sorted(RunDir(folder).checkpoints.glob("*.ckpt"))
+    names = ", ".join(str(p) for p in found[:3]) + (", ..." if len(found) > 3 else "")
+    pick = f"; name one of its checkpoints: {names}" if found else "; name a checkpoint file"
+    return f"CKPT: {folder} is a folder{pick}"
+
+
 def output_paths(urls: list[str], out_dir: Path) -> list[Path]:
     """Each input shard's output: its file name in `out_dir` (for `pipe:` commands, the word
     ending in `.tar`; without one, `shard-<i>.tar`)."""
@@ -175,28 +197,63 @@ def output_paths(urls: list[str], out_dir: Path) -> list[Path]:
     return [out_dir / name for name in names]
 
 
-def check_outputs(urls: list[str], outs: list[Path], *, overwrite: bool = False) -> None:
+def check_outputs(
+    urls: list[str], outs: list[Path], *, overwrite: bool = False, found: Survey | None = None
+) -> None:
     """Refuse outputs that would collide or replace an input shard, and, without `overwrite`,
-    files OUT_DIR already holds under an output's name: an earlier encoding, or a dataset of the
-    same shard names (ae-encode into the folder of other shards would replace them silently)."""
+    files OUT_DIR already holds under an output's name that a run of this command cannot take
+    as its own (`found.foreign`: `ae.job.encode_outputs`; without `found`, every such file): a
+    dataset of the same shard names (ae-encode into the folder of other shards would replace
+    them silently), or an encoding with another checkpoint (its latents and this one's would
+    mix)."""
     problems = []
     seen: dict[Path, str] = {}
+    inputs, twice = [], []
     for url, out in zip(urls, outs, strict=True):
         if out in seen:
-            problems.append(f"SPEC: {seen[out]} and {url} would both be written to {out}")
+            twice.append(f"{seen[out]} and {url} -> {out}")
         seen[out] = url
         if not is_remote(url) and out.resolve() == Path(url).resolve():
-            problems.append(f"OUT_DIR: would overwrite the input shard {url}")
-    existing = [out for out in seen if out.exists()]
-    if existing and not overwrite and not problems:
-        names = ", ".join(out.name for out in existing[:3]) + (", ..." if len(existing) > 3 else "")
+            inputs.append(url)
+    if inputs:
+        more = f" and {len(inputs) - 1} more" if len(inputs) > 1 else ""
         problems.append(
-            f"OUT_DIR: {existing[0].parent} already holds {len(existing)} of the "
-            f"{len(outs)} output shards ({names}); encode into another folder, or pass "
-            "--overwrite to replace them (to redo an earlier ae-encode)"
+            f"OUT_DIR: {outs[0].parent} holds the input shards: the outputs would overwrite "
+            f"{inputs[0]}{more}; encode into another folder"
+        )
+    if twice:
+        more = f" (and {len(twice) - 1} more pairs)" if len(twice) > 1 else ""
+        problems.append(
+            f"SPEC: input shards of one file name would both be written to one output: "
+            f"{twice[0]}{more}; encode each set into its own folder"
+        )
+    found = found or survey(urls, outs, None, None)
+    if found.foreign and not overwrite and not problems:
+        foreign = [outs[i] for i in found.foreign]
+        names = ", ".join(out.name for out in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        problems.append(
+            f"OUT_DIR: {foreign[0].parent} already holds {len(foreign)} of the {len(outs)} "
+            f"output shards ({names}) and {found.why}; encode into another folder, or pass "
+            "--overwrite to replace them"
         )
     if problems:
         raise EncodeArgsError("\n".join(problems[:5]))
+
+
+def check_out_dir_outside_inputs(spec: str, out_dir: Path) -> None:
+    """OUT_DIR inside a folder given as SPEC: its latents would be inputs of the next run of
+    the same command (and of a training run on that folder)."""
+    for part in spec.split("::"):
+        folder = Path(part.strip())
+        if is_remote(part.strip()) or not folder.is_dir():
+            continue
+        inside = out_dir.resolve().is_relative_to(folder.resolve())
+        if inside and out_dir.resolve() != folder.resolve():  # the same: check_outputs says
+            raise EncodeArgsError(
+                f"OUT_DIR: {out_dir} is inside the input folder {part.strip()}: its shards would "
+                "be inputs of a run of the same command again (and of training on that folder);"
+                " encode into a folder outside it"
+            )
 
 
 def make_out_dir(args: EncodeArgs) -> None:
@@ -253,10 +310,14 @@ def _launch(argv: list[str], held: contextlib.ExitStack) -> int:
     env = dict(os.environ)
     try:
         args = parse_args(argv)
+        check_out_dir_outside_inputs(args.spec, Path(args.out_dir))
         urls = expand_shards(args.spec, "SPEC")
         outs = output_paths(urls, Path(args.out_dir))
-        check_outputs(urls, outs, overwrite=args.overwrite)
+        check_outputs(urls, outs, overwrite=True)  # the names alone, before the checkpoint
         check_checkpoint(args)
+        settings = settings_of(Path(args.ckpt), args.field, args.dtype, args.keep)
+        found = survey(urls, outs, read_record(Path(args.out_dir)), settings)
+        check_outputs(urls, outs, overwrite=args.overwrite, found=found)
         run = RunConfig(devices=args.devices, accelerator=args.accelerator)
         topo = topology(run)
         nproc, problems = processes_per_node(run, topo)
@@ -266,14 +327,35 @@ def _launch(argv: list[str], held: contextlib.ExitStack) -> int:
         lock = claim_out_dir(args, topo, env)
         if lock is not None:
             held.callback(lock.release)
-        check_outputs(urls, outs, overwrite=args.overwrite)
+        # Again under the lock: a job that ended a moment ago may have written outputs.
+        record = read_record(Path(args.out_dir))
+        found = survey(urls, outs, record, settings)
+        check_outputs(urls, outs, overwrite=args.overwrite, found=found)
     except UserError as e:
         logger.error(e.render())
         return e.exit_code
+    if lock is not None:
+        # Before any rank starts: a job stopped from here on leaves the record of what it wrote.
+        write_record(Path(args.out_dir), updated_record(record, settings, job_outputs(urls, outs)))
+        remove_leftovers(outs)
+    todo = len(urls) if args.overwrite else len(found.todo(len(urls)))
+    skipped = len(urls) - todo
+    resumed = (
+        f" ({skipped} of {len(urls)} complete in {args.out_dir} from an earlier run of this "
+        "command: skipped; --overwrite encodes them again)"
+        if skipped
+        else ""
+    )
+    if not todo:
+        logger.info(
+            f"Nothing to encode: all {len(urls)} output shards are complete in {args.out_dir} "
+            "from an earlier run of this command; --overwrite encodes them again"
+        )
+        return 0
     ts = env["AE_RUN_TS"]
     launcher_log = Path(args.logs) / LAUNCHER_LOG_FILE.format(ts=ts)
     logger.info(
-        f"Encoding {len(urls)} shards on {nproc} process(es) per node into {args.out_dir}"
+        f"Encoding {todo} shards{resumed} on {nproc} process(es) per node into {args.out_dir}"
         f"\n  summary   : {args.logs}/train_{ts}.log"
         f"\n  rank logs : {args.logs}/debug_rank*_{ts}.log"
         f"\n  launcher  : {launcher_log} (torchrun's own output)"
@@ -281,14 +363,23 @@ def _launch(argv: list[str], held: contextlib.ExitStack) -> int:
     rc, stopped = run_torchrun(
         rank_command(args.debug, RANK_MODULE), [*argv, f"--devices={nproc}"], nproc=nproc,
         topo=topo, env=env, launcher_log=launcher_log, keep_fds=lock.descriptors() if lock else (),
+        on_stop="every rank stops now; the output shards it finished stay in place",
     )  # fmt: skip
     if stopped is not None:
         logger.warning(
-            f"Stopped by {stopped.name}: finished shards are in place; run again with --overwrite"
+            f"Stopped by {stopped.name}: the output shards finished are in place; run the same "
+            "command again to encode the rest (complete shards are skipped)"
         )
         return stop_exit_code(stopped)
     if rc == 0:
         logger.info(f"Done. Shards in {args.out_dir}/, logs in {args.logs}/ (run {ts})")
         return rc
     # The ranks' own words, not torchrun's: the verdict, or a user error's one message (exit 2)
-    return report_failure(Path(args.logs), ts, rc, job="Encoding")
+    code = report_failure(Path(args.logs), ts, rc, job="Encoding")
+    done = skipped_outputs(urls, outs, Path(args.out_dir), overwrite=False)
+    if code != UserError.exit_code and done:
+        logger.info(
+            f"{len(done)} of {len(urls)} output shards are complete; once the cause is fixed, "
+            "run the same command again to encode the rest (complete shards are skipped)"
+        )
+    return code

@@ -141,11 +141,13 @@ def run_torchrun(
     env: dict[str, str],
     launcher_log: Path,
     keep_fds: tuple[int, ...] = (),
+    on_stop: str | None = None,
 ) -> tuple[int, signal.Signals | None]:
     """torchrun for this node over `command` (`rank_command(...)`) with `args`, passing stop
     signals on (ae-encode's launcher), its own output in `launcher_log`; it and its ranks stop
     when this process dies, however it dies. `keep_fds` (the folder's lock) stay open in it.
-    Returns its exit code and the stop signal, if any."""
+    `on_stop`: what the ranks do on a stop signal (said on the console). Returns its exit code
+    and the stop signal, if any."""
     port = topo.master_port or str(free_port())
     launcher_log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -153,5 +155,6 @@ def run_torchrun(
         *static_nodes(topo, port), f"--nproc_per_node={nproc}", *command, *args,
     ]  # fmt: skip
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    rc, stops = wait(subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=keep_fds))
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=keep_fds)
+    rc, stops = wait(proc, on_stop=on_stop)
     return rc, stops.first

@@ -108,6 +108,7 @@ def wait(
     stopped_elsewhere: Callable[[], str | None] | None = None,
     note: Callable[[], str | None] | None = None,
     refused: Callable[[], str | None] | None = None,
+    on_stop: str | None = None,
 ) -> tuple[int, Stops]:
     """Wait for the child, passing stop signals on; returns its exit code and what came.
     `peers_lost` (multi-node runs) says when another node is gone: the child is then stopped
@@ -115,7 +116,8 @@ def wait(
     when the job saved and stopped on another node's stop signal: torchrun, waiting for that
     node in its exit barrier, is stopped with SIGTERM. `note`: a warning to say when it returns
     one (the other nodes not joined yet), nothing done. `refused` says when another node will
-    not join (started otherwise): the child, waiting for it, is killed (no rank has started)."""
+    not join (started otherwise): the child, waiting for it, is killed (no rank has started).
+    `on_stop`: what the ranks do on a stop signal, when not training's save (ae-encode's)."""
     with stop_signals(proc) as stops:
         told, lost_at = False, 0.0
         while True:
@@ -149,8 +151,8 @@ def wait(
                 told = True
                 ctrl_c = stops.first == signal.SIGINT
                 then = ", then the job is requeued" if stops.requeue else ""
-                logger.warning(
-                    f"{'Ctrl-C' if ctrl_c else stops.first.name}: every rank saves a checkpoint "
-                    f"at its next step, then stops{' (Ctrl-C again to stop at once)' * ctrl_c}"
-                    f"{then}"
+                does = on_stop or (
+                    "every rank saves a checkpoint at its next step, then stops"
+                    f"{' (Ctrl-C again to stop at once)' * ctrl_c}"
                 )
+                logger.warning(f"{'Ctrl-C' if ctrl_c else stops.first.name}: {does}{then}")

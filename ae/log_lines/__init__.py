@@ -28,7 +28,10 @@ from ae.log_lines.data import VALIDATION_HELD_OUT as VALIDATION_HELD_OUT
 from ae.log_lines.data import VALIDATION_OFF as VALIDATION_OFF
 from ae.log_lines.encode import ENCODE_DONE as ENCODE_DONE
 from ae.log_lines.encode import ENCODE_PLAN as ENCODE_PLAN
+from ae.log_lines.encode import ENCODE_PROGRESS as ENCODE_PROGRESS
 from ae.log_lines.encode import ENCODE_RANK_DONE as ENCODE_RANK_DONE
+from ae.log_lines.encode import ENCODE_SKIPPED as ENCODE_SKIPPED
+from ae.log_lines.encode import ENCODED_NOT as ENCODED_NOT
 from ae.log_lines.encode import ENCODED_SHARD as ENCODED_SHARD
 from ae.log_lines.health import CHECKPOINT_REFUSED as CHECKPOINT_REFUSED
 from ae.log_lines.health import GAN_STATS as GAN_STATS

@@ -18,23 +18,24 @@ from loguru import logger
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import logging_cfg
-from ae.data.input_probe import probe_decoder
 from ae.data.planning.counts import count_cache_dir, shared_counts
 from ae.data.planning.plan import assign_shards
 from ae.data.shards.spec import expand_shards
-from ae.data.stream.encode_stream import WholeShards
+from ae.data.stream.encode_stream import KEEP_ALL, WholeShards
 from ae.data.stream.loader import PreemptibleLoader, install_worker_reaper
 from ae.forensics.progress import in_phase, progress
 from ae.forensics.watchdog import start_watchdog
 from ae.job.encode import EncodeArgs, output_paths, parse_args
-from ae.log_lines import ENCODE_DONE, ENCODE_PLAN, ENCODE_RANK_DONE, main_log
+from ae.job.encode_outputs import skipped_outputs
+from ae.log_lines import ENCODE_DONE, ENCODE_PLAN, ENCODE_RANK_DONE, ENCODE_SKIPPED, main_log
 from ae.rank.exit import run_to_exit
 from ae.training.encoding import (
+    EncodeError,
     OutputShards,
     encode_all,
-    input_config,
     load_checkpoint,
     model_from_checkpoint,
+    probe_inputs,
     uses_ema,
 )
 from ae.training.startup_header import describe, log_rank_header
@@ -80,20 +81,37 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
 
     with in_phase("shard planning"):
         urls = expand_shards(args.spec, "SPEC")
+        outs = output_paths(urls, Path(args.out_dir))
+        # Rank 0 looks (two small reads per output), every rank plans by what it found: the
+        # same shards on every rank (no rank writes before this gather).
+        looked = (
+            skipped_outputs(urls, outs, Path(args.out_dir), overwrite=args.overwrite)
+            if ctx.rank == 0
+            else []
+        )
+        skipped = set(_all_gather({"skip": looked})[0]["skip"])
+        if skipped:
+            (main_log.bind(console=False) if ctx.rank == 0 else logger).info(
+                ENCODE_SKIPPED.format(skipped=len(skipped), shards=len(urls), out=args.out_dir)
+            )
+        todo = [i for i in range(len(urls)) if i not in skipped]
         counts = shared_counts(
-            "input", urls, count_cache_dir("auto"), rank=ctx.rank, world_size=ctx.world_size,
-            gather=_all_gather,
+            "input", [urls[i] for i in todo], count_cache_dir("auto"), rank=ctx.rank,
+            world_size=ctx.world_size, gather=_all_gather,
         ).counts  # fmt: skip
-        mine = assign_shards(counts, ctx.world_size)[ctx.rank]
+        mine = [todo[j] for j in assign_shards(counts, ctx.world_size)[ctx.rank]]
+        planned = dict(zip(todo, counts, strict=True))
         log.info(
             ENCODE_PLAN.format(
-                shards=len(urls), samples=sum(counts), ranks=ctx.world_size,
-                rank_shards=len(mine), rank_samples=sum(counts[i] for i in mine),
+                shards=len(todo), samples=sum(counts), ranks=ctx.world_size,
+                rank_shards=len(mine), rank_samples=sum(planned[i] for i in mine),
             )
         )  # fmt: skip
+        # Which input shards this rank encodes (the debug log only: a long line for many).
+        logger.info(f"Shards of this rank: {', '.join(urls[i] for i in mine) or 'none'}")
     with in_phase("shard planning"):
         # Inputs decoded as the training run decoded them (its field, mode, image size).
-        decoder = probe_decoder("input", urls, input_config(ckpt))
+        decoder = probe_inputs(ckpt, urls, args.ckpt)
         spec = decoder.spec
     module, latent = model_from_checkpoint(ckpt, spec, args.ckpt)
     weights = "EMA weights" if uses_ema(ckpt) else "weights"
@@ -102,7 +120,7 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
     del ckpt
 
     dataset = WholeShards(
-        urls, mine, decoder, args.batch_size, args.num_workers, args.keep, args.tar_reader
+        urls, mine, decoder, args.batch_size, args.num_workers, args.keep, args.tar_reader, planned
     )
     loader = PreemptibleLoader(
         dataset,
@@ -110,26 +128,55 @@ def encode(args: EncodeArgs, ctx: RankContext) -> str:
         num_workers=args.num_workers,
         prefetch_factor=4 if args.num_workers else None,
     )
-    outputs = OutputShards(urls, output_paths(urls, Path(args.out_dir)), args.field, args.dtype)
+    rank_samples = sum(planned[i] for i in mine)
+    outputs = OutputShards(
+        urls, outs, args.field, args.dtype, planned=(len(mine), rank_samples),
+        report=log.info,
+    )  # fmt: skip
     progress.enter("data loading", step=0)
     seconds = encode_all(module, loader, outputs, _device(args, ctx))
-    bad_samples, bad_shards, _ = dataset.errors.totals()
     logger.info(
         ENCODE_RANK_DONE.format(
-            samples=outputs.samples, shards=outputs.shards, bad=bad_samples,
-            seconds=f"{seconds:.2f}",
+            samples=outputs.samples, shards=outputs.shards,
+            bad=rank_samples - outputs.samples, seconds=f"{seconds:.2f}",
         )
     )  # fmt: skip
     dataset.errors.log_summary("input")
-    samples, shards, bad = _totals([outputs.samples, outputs.shards, bad_samples + bad_shards])
+    (samples, shards) = _totals([outputs.samples, outputs.shards])
+    parts = _all_gather({"damaged": outputs.damaged, "kept": sorted(outputs.kept)})
+    damaged = [url for part in parts for url in part["damaged"]]
+    # A --keep_fields name that no sample has (a typo, `cls` for `class`): nothing was copied
+    missing = sorted(args.keep - {KEEP_ALL} - {f for part in parts for f in part["kept"]})
     if ctx.rank == 0:
-        main_log.info(
+        # Every sample of the plan not written is counted: bad ones, and those of input shards
+        # that could not be read to their end (their outputs are not written).
+        main_log.log(
+            "WARNING" if samples < sum(counts) else "INFO",
             ENCODE_DONE.format(
-                samples=samples, planned=sum(counts), bad=bad, shards=shards, out=args.out_dir,
-                field=args.field, dtype=args.dtype, shape="x".join(map(str, latent)),
-            )
+                samples=samples, planned=sum(counts), bad=sum(counts) - samples, shards=shards,
+                out=args.out_dir, field=args.field, dtype=args.dtype,
+                shape="x".join(map(str, latent)),
+            ),
         )  # fmt: skip
+        if missing and samples:
+            main_log.warning(
+                f"keep_fields: no input sample has a field {', '.join(missing)}: nothing of it "
+                "was copied (fields are named as WebDataset names them: 000123.cls.txt -> "
+                "cls.txt; ae-shards inspect SPEC lists them)"
+            )
+        if damaged:
+            raise EncodeError(_damaged_message(damaged, shards, args.out_dir))
     return "encoding finished"
+
+
+def _damaged_message(damaged: list[str], written: int, out_dir: str) -> str:
+    names = ", ".join(damaged[:5]) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
+    return (
+        f"SPEC: {len(damaged)} input shard(s) could not be read to their end: {names} (grep "
+        f'"Bad shard" {out_dir}/logs/train_*.log says where); their outputs are not written, the '
+        f"other {written} are. Replace or remove those inputs, then run the same command again: "
+        "it skips the complete outputs"
+    )
 
 
 @record  # the traceback goes into torchrun's error file, so its failure report shows it

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,14 @@ import torch
 from loguru import logger
 
 from ae.config import Config, DataConfig
-from ae.data.decoding.decode import InputSpec
+from ae.data.decoding.decode import InputSpec, SampleDecoder
+from ae.data.input_probe import probe_decoder
+from ae.data.shards.errors import DataError
 from ae.data.shards.writer import ShardWriter, npy_bytes
 from ae.errors import UserError
 from ae.forensics.faults import fault_point
 from ae.forensics.progress import progress
-from ae.log_lines import ENCODED_SHARD
+from ae.log_lines import ENCODE_PROGRESS, ENCODED_NOT, ENCODED_SHARD
 from ae.training.model_build import build_model
 from ae.training.position import checkpoint_read
 
@@ -50,6 +52,25 @@ def input_config(ckpt: dict[str, Any]) -> DataConfig:
     if data.channels == 0 and trained_on is not None and trained_on.kind == "image":
         data = dataclasses.replace(data, channels=trained_on.shape[0])
     return data
+
+
+def probe_inputs(ckpt: dict[str, Any], urls: list[str], name: str) -> SampleDecoder:
+    """The decoder of the shards to encode, with the training run's data settings; shards
+    that these do not fit (arrays for a model trained on images: "--channels applies to
+    images", a flag the user never gave ae-encode) are named against what the model saw."""
+    try:
+        return probe_decoder("input", urls, input_config(ckpt))
+    except DataError as e:
+        trained_on = checkpoint_read.spec_from_record(ckpt.get("hyper_parameters", {}).get("spec"))
+        saw = (
+            f" ({trained_on.kind}s of shape {'x'.join(map(str, trained_on.shape))})"
+            if trained_on is not None
+            else ""
+        )
+        raise EncodeError(
+            f"SPEC: these shards do not decode as the data {name} was trained on{saw}, by the "
+            f"settings its run recorded: {e.brief()}"
+        ) from None
 
 
 def model_from_checkpoint(
@@ -82,33 +103,85 @@ def uses_ema(ckpt: dict[str, Any]) -> bool:
 
 class OutputShards:
     """The output shards being written: one per input shard, opened at its first batch and
-    closed (renamed into place, indexed) at its last."""
+    closed (renamed into place, indexed) at its last; that of an input shard that could not be
+    read to its end is dropped (`damaged`), so that no output holds part of its input: a run of
+    the same command, once the input is mended, encodes it whole. Every `PROGRESS_S` seconds,
+    at a shard's end, a progress line of this rank: `report` (rank 0's goes to the console)."""
 
-    def __init__(self, urls: list[str], out_paths: list[Path], field: str, dtype: str) -> None:
+    PROGRESS_S = 30.0
+
+    def __init__(
+        self,
+        urls: list[str],
+        out_paths: list[Path],
+        field: str,
+        dtype: str,
+        planned: tuple[int, int] = (0, 0),
+        report: Callable[[str], object] = logger.info,
+    ) -> None:
         self.urls, self.out_paths = urls, out_paths
         self.field, self.dtype = field, np.dtype(dtype)
         self._open: dict[int, ShardWriter] = {}
         self.samples = 0
         self.shards = 0
+        self.damaged: list[str] = []  # input URLs whose output was dropped
+        self.kept: set[str] = set()  # the --keep_fields found in some sample
+        self.planned_shards, self.planned_samples = planned
+        self._report = report
+        self._start = self._last_report = time.monotonic()
+        self._read = 0  # samples through the model, those of dropped shards too: the rate
 
     def add(self, batch: dict[str, Any], latents: np.ndarray) -> None:
         shard = batch["shard"]
         writer = self._open.get(shard)
         if writer is None:
-            writer = self._open[shard] = ShardWriter(self.out_paths[shard])
+            path = self.out_paths[shard]
+            # Gzip'd under a gzip'd input's name (`.tar.gz`): a plain tar there fails `tar xzf`
+            gz = path.name.endswith((".gz", ".tgz"))
+            writer = self._open[shard] = ShardWriter(path, "gz" if gz else "none")
         for key, latent, kept in zip(batch["keys"], latents, batch["kept"], strict=True):
             writer.add({"__key__": key.encode(), **kept, self.field: npy_bytes(latent)})
-        if batch["last"]:
+            self.kept.update(kept)
+        self._read += len(batch["keys"])
+        if not batch["last"]:
+            return
+        if batch.get("damaged"):
+            self._open.pop(shard).discard()
+            self.damaged.append(self.urls[shard])
+            logger.error(ENCODED_NOT.format(url=self.urls[shard], out=writer.path))
+        else:
             n = self._open.pop(shard).close()
             self.samples += n
             self.shards += 1
             logger.info(ENCODED_SHARD.format(url=self.urls[shard], out=writer.path, samples=n))
+        self._progress()
+
+    def _progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_report < self.PROGRESS_S or not self.planned_samples:
+            return
+        self._last_report = now
+        rate = self._read / max(now - self._start, 1e-9)
+        left = max(0, self.planned_samples - self._read)
+        eta = _clock(left / rate) if rate else "?"
+        done = self.shards + len(self.damaged)
+        self._report(
+            ENCODE_PROGRESS.format(
+                shards=done, rank_shards=self.planned_shards, samples=self._read,
+                rank_samples=self.planned_samples, rate=f"{rate:.0f}", eta=eta,
+            )
+        )  # fmt: skip
 
     def discard_open(self) -> None:
         """After a failure: the unfinished shards leave no file behind."""
         for writer in self._open.values():
             writer.discard()
         self._open.clear()
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 def encode_all(

@@ -159,6 +159,12 @@ def test_mlp_then_encode_on_two_ranks_then_a_user_class_on_the_latents(tmp_path:
         for p in sorted(logs.glob("debug_rank*.log"))
     ]
     assert sorted((int(m[1]), int(m[2])) for m in plans if m) == [(1, 20), (2, 32)]
+    # The same command again (a job that stopped halfway would): the complete outputs skipped
+    # (here all of them: no rank starts), not refused as another dataset of the same names
+    again = subprocess.run(enc.args, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"Nothing to encode: all 3 output shards are complete in {out} " in again.stderr
+    assert len(list(logs.glob("train_*.log"))) == 1
 
     # 3. a user class, by import path with model_args from the config file, on those latents
     config = tmp_path / "user.yaml"

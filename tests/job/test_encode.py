@@ -17,10 +17,11 @@ import torch
 from ae.config import ModelConfig
 from ae.data.decoding.decode import InputSpec
 from ae.data.input_probe import probe_decoder
-from ae.data.shards.writer import png_bytes, write_shard
+from ae.data.shards.writer import npy_bytes, png_bytes, write_shard
 from ae.job.encode import (
     EncodeArgsError,
     check_checkpoint,
+    check_out_dir_outside_inputs,
     check_outputs,
     help_text,
     make_out_dir,
@@ -33,6 +34,7 @@ from ae.training.encoding import (
     input_config,
     load_checkpoint,
     model_from_checkpoint,
+    probe_inputs,
 )
 from ae.training.model import AutoEncoder
 from ae.training.position.checkpoint_read import DamagedCheckpoint, NotAnAeCheckpoint
@@ -45,13 +47,30 @@ def test_output_names_follow_the_input_names(tmp_path: Path) -> None:
             "https://h/p/shard-7.tar?sig=1", "pipe:make-a-shard"]  # fmt: skip
     assert [p.name for p in output_paths(urls, tmp_path)] == [
         "train-000001.tar", "val-000002.tar", "shard-7.tar", "shard-000003.tar"]  # fmt: skip
-    with pytest.raises(EncodeArgsError, match="would both be written to"):
-        urls = ["/a/train-0.tar", "/b/train-0.tar"]
+    with pytest.raises(EncodeArgsError) as err:
+        urls = ["/a/train-0.tar", "/b/train-0.tar", "/a/train-1.tar", "/b/train-1.tar"]
         check_outputs(urls, output_paths(urls, tmp_path))
+    assert err.value.render() == (  # one line, not one per pair
+        "SPEC: input shards of one file name would both be written to one output: "
+        f"/a/train-0.tar and /b/train-0.tar -> {tmp_path}/train-0.tar (and 1 more pairs); "
+        "encode each set into its own folder"
+    )
     shard = tmp_path / "in.tar"
     shard.write_bytes(b"")
-    with pytest.raises(EncodeArgsError, match="would overwrite the input shard"):
+    with pytest.raises(EncodeArgsError) as err:
         check_outputs([str(shard)], output_paths([str(shard)], tmp_path))
+    assert err.value.render() == (
+        f"OUT_DIR: {tmp_path} holds the input shards: the outputs would overwrite {shard}; "
+        "encode into another folder"
+    )
+    # OUT_DIR the input folder of 50 shards: one line, not one per shard (five, cut there)
+    urls = [str(tmp_path / f"train-{i:06d}.tar") for i in range(50)]
+    with pytest.raises(EncodeArgsError) as err:
+        check_outputs(urls, output_paths(urls, tmp_path))
+    assert err.value.render() == (
+        f"OUT_DIR: {tmp_path} holds the input shards: the outputs would overwrite {urls[0]} and "
+        "49 more; encode into another folder"
+    )
 
 
 def test_an_out_dir_holding_shards_of_the_output_names_is_refused_without_overwrite(
@@ -69,8 +88,9 @@ def test_an_out_dir_holding_shards_of_the_output_names_is_refused_without_overwr
         check_outputs(urls, outs)
     assert err.value.render() == (
         f"OUT_DIR: {tmp_path / 'out'} already holds 4 of the 5 output shards (train-000000.tar, "
-        "train-000001.tar, train-000002.tar, ...); encode into another folder, or pass "
-        "--overwrite to replace them (to redo an earlier ae-encode)"
+        "train-000001.tar, train-000002.tar, ...) and no encoding.json there says which "
+        "ae-encode wrote them (another dataset, or an ae-encode older than this one); encode "
+        "into another folder, or pass --overwrite to replace them"
     )
     check_outputs(urls, outs, overwrite=True)
     assert parse_args([__file__, "s", "o", "--overwrite"]).overwrite
@@ -96,6 +116,20 @@ def test_bad_arguments_fail_in_the_launcher_without_ranks(tmp_path: Path) -> Non
     )  # fmt: skip
     assert proc.returncode == 2 and "float64" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_out_dir_the_input_folder_is_said_before_the_checkpoint_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: list[str]
+) -> None:
+    """The output names are checked first, in no time; the checkpoint check (torch, in a
+    process of its own) and its hash after."""
+    from ae.job import encode as job_encode
+
+    write_shard(tmp_path / "train-000000.tar", [{"__key__": b"0", "npy": npy_bytes(np.ones(2))}])
+    (tmp_path / "m.ckpt").write_bytes(b"")
+    monkeypatch.setattr(job_encode, "check_checkpoint", lambda args: pytest.fail("read"))
+    assert job_encode.launch([str(tmp_path / "m.ckpt"), str(tmp_path), str(tmp_path)]) == 2
+    assert said[-1].startswith(f"OUT_DIR: {tmp_path} holds the input shards")
 
 
 def test_a_spec_the_shell_split_into_files_is_named(tmp_path: Path) -> None:
@@ -157,6 +191,24 @@ def test_images_are_decoded_with_the_channels_the_model_was_trained_on(tmp_path:
     model_from_checkpoint(ckpt, decoder.spec, "m.ckpt")  # no shape error
 
 
+def test_arrays_for_a_model_trained_on_images_are_named_against_what_it_saw(
+    tmp_path: Path,
+) -> None:
+    """Latents (arrays) given to an image model's checkpoint: the rank said "--channels applies
+    to images; the input field latent.npy is an array (leave it unset)", of a flag ae-encode
+    does not have (the training run's, recorded in the checkpoint)."""
+    ckpt = load_checkpoint(encode_checkpoint(tmp_path, InputSpec("image", (1, 8, 8))))
+    ckpt["ae_config"]["channels"] = 1
+    write_shard(tmp_path / "in.tar", [{"__key__": b"0", "latent.npy": npy_bytes(np.ones(4))}])
+    with pytest.raises(EncodeError) as err:
+        probe_inputs(ckpt, [str(tmp_path / "in.tar")], "m.ckpt")
+    assert err.value.render() == (
+        "SPEC: these shards do not decode as the data m.ckpt was trained on (images of shape "
+        "1x8x8), by the settings its run recorded: --channels applies to images; the input "
+        "field latent.npy is an array (leave it unset)"
+    )
+
+
 def test_a_file_that_is_no_ae_checkpoint_is_named(tmp_path: Path) -> None:
     junk = tmp_path / "junk.ckpt"
     junk.write_bytes(b"not a checkpoint")
@@ -166,6 +218,33 @@ def test_a_file_that_is_no_ae_checkpoint_is_named(tmp_path: Path) -> None:
     torch.save({"state_dict": {}}, junk)
     with pytest.raises(NotAnAeCheckpoint, match="not a checkpoint written by ae"):
         load_checkpoint(junk)
+
+
+def test_a_run_folder_as_ckpt_names_its_checkpoints(tmp_path: Path) -> None:
+    """It said "no such checkpoint file: runs/ae" of a folder that is there."""
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    for ckpt in (tmp_path / "run", tmp_path / "run" / "checkpoints"):
+        with pytest.raises(EncodeArgsError) as err:
+            parse_args([str(ckpt), "in.tar", str(tmp_path / "out")])
+        assert err.value.render() == (
+            f"CKPT: {ckpt} is a folder; name one of its checkpoints: "
+            f"{tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"
+        )
+
+
+def test_an_out_dir_inside_the_input_folder_is_refused(tmp_path: Path) -> None:
+    """`ae-encode CKPT data data/latents` ran; run again it took data/latents/*.tar for inputs
+    and refused with a line per shard that two inputs had one output name."""
+    (tmp_path / "data" / "latents").mkdir(parents=True)
+    with pytest.raises(EncodeArgsError) as err:
+        check_out_dir_outside_inputs(f"x.tar::{tmp_path / 'data'}", tmp_path / "data" / "latents")
+    assert err.value.render().startswith(
+        f"OUT_DIR: {tmp_path / 'data' / 'latents'} is inside the input folder {tmp_path / 'data'}"
+    )
+    check_out_dir_outside_inputs(str(tmp_path / "data"), tmp_path / "latents")  # beside: fine
+    check_out_dir_outside_inputs(f"{tmp_path}/data/*.tar", tmp_path / "data" / "latents")
+    check_out_dir_outside_inputs(str(tmp_path / "data"), tmp_path / "data")  # check_outputs
 
 
 def test_a_training_runs_folder_is_no_out_dir(tmp_path: Path) -> None:

@@ -6,11 +6,13 @@ whole shards (`assign_shards`) and a rank's dataloader workers split them again,
 of K reads the rank's shards w, w+K, w+2K, ... Each item is a batch of one shard's samples:
 
     {"shard": index in the URL list, "keys": [...], "inputs": float32 (n, *shape),
-     "kept": [{field: bytes}] (the fields asked for), "last": True on the shard's last batch}
+     "kept": [{field: bytes}] (the fields asked for), "last": True on the shard's last batch,
+     "damaged": True when the shard could not be read to its end}
 
 A shard's last batch (possibly empty: a shard whose samples were all bad) always comes, so the
-consumer knows when to close its output shard. Bad samples and unreadable or truncated shards
-are logged at ERROR naming the shard and key (as in training), counted, and skipped.
+consumer knows when to close its output shard, or, for a damaged shard, to drop it. Bad samples
+and unreadable or truncated shards are logged at ERROR naming the shard and key (as in
+training, with the samples the plan counted that were not read), counted, and skipped.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class WholeShards(IterableDataset):
     num_workers: int
     keep: frozenset[str] = frozenset()
     tar_reader: TarReader = "fast"
+    planned: dict[int, int] = field(default_factory=dict)  # samples per shard, as counted
     errors: ErrorCounts = field(init=False)
 
     def __post_init__(self) -> None:
@@ -62,7 +65,13 @@ class WholeShards(IterableDataset):
         return self.decoder.spec
 
     def _batch(
-        self, shard: int, keys: list[str], arrays: list[np.ndarray], kept: list, last: bool
+        self,
+        shard: int,
+        keys: list[str],
+        arrays: list[np.ndarray],
+        kept: list,
+        last: bool,
+        damaged: bool = False,
     ) -> dict[str, Any]:
         inputs = np.stack(arrays) if arrays else np.empty((0, *self.spec.shape), np.float32)
         return {
@@ -71,6 +80,7 @@ class WholeShards(IterableDataset):
             "inputs": torch.from_numpy(inputs),
             "kept": kept,
             "last": last,
+            "damaged": damaged,
         }
 
     def _shard_batches(self, shard: int, errors: SlotErrors) -> Iterator[dict[str, Any]]:
@@ -78,7 +88,7 @@ class WholeShards(IterableDataset):
         keys: list[str] = []
         arrays: list[np.ndarray] = []
         kept: list[dict[str, bytes]] = []
-        last_key, n = None, 0
+        last_key, n, damaged = None, 0, False
         samples = iter_samples(url, reader=self.tar_reader)
         try:
             for sample in samples:
@@ -94,12 +104,15 @@ class WholeShards(IterableDataset):
                 if len(arrays) == self.batch_size:
                     yield self._batch(shard, keys, arrays, kept, last=False)
                     keys, arrays, kept = [], [], []
-        except Exception as e:  # unreadable or truncated shard: what was read is kept
-            errors.bad_shard(url, f"{type(e).__name__}: {e}", last_key, 0, n)
+        except Exception as e:  # unreadable or truncated shard: its output is dropped
+            planned = self.planned.get(shard, n)
+            lost = max(0, planned - n)
+            errors.bad_shard(url, f"{type(e).__name__}: {e}", last_key, lost, planned)
+            damaged = True
         finally:
             with contextlib.suppress(Exception):
                 samples.close()
-        yield self._batch(shard, keys, arrays, kept, last=True)
+        yield self._batch(shard, keys, arrays, kept, last=True, damaged=damaged)
 
     @log_worker_exceptions
     def __iter__(self) -> Iterator[dict[str, Any]]:

@@ -45,17 +45,24 @@ def test_each_sample_once_with_one_last_batch_per_shard(tmp_path: Path, workers:
     assert keys[1] == [] and keys[3] == [f"{i:08d}" for i in range(12, 15)]
 
 
-def test_bad_sample_and_truncated_shard_are_logged_and_skipped(tmp_path: Path) -> None:
+def test_bad_sample_and_truncated_shard_are_logged_and_skipped(
+    tmp_path: Path, records: list[tuple[str, str]]
+) -> None:
     urls = _shards(tmp_path, [4, 6])
     samples = vector_samples(3, 4, 100)
     samples[1]["npy"] = b"not an array"
     write_shard(Path(urls[0]), samples)
     data = Path(urls[1]).read_bytes()
     Path(urls[1]).write_bytes(data[: len(data) // 2])  # truncated mid-shard
-    ds = WholeShards(urls, [0, 1], vector_decoder(4), 8, 0)
+    ds = WholeShards(urls, [0, 1], vector_decoder(4), 8, 0, planned={0: 3, 1: 6})
     items = list(ds)
     assert [i["keys"] for i in items if i["shard"] == 0] == [["00000100", "00000102"]]
     truncated = [k for i in items if i["shard"] == 1 for k in i["keys"]]
     assert 0 < len(truncated) < 6 and items[-1]["last"]
+    # The truncated shard's last batch says so (its output is dropped), and its ERROR line
+    # counts the samples of the plan it lost (it said "0 of <read> planned samples lost")
+    assert items[-1]["damaged"] and not any(i["damaged"] for i in items if i["shard"] == 0)
+    (line,) = [m for _, m in records if m.startswith("Bad shard")]
+    assert f"; {6 - len(truncated)} of 6 planned samples lost)" in line
     bad_samples, bad_shards, _ = ds.errors.totals()
     assert (bad_samples, bad_shards) == (1, 1)
