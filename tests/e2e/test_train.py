@@ -148,7 +148,9 @@ def test_two_nodes_on_localhost(tmp_path: Path, make_shards) -> None:
     assert holder.job == f"multi-node job at 127.0.0.1:{env['MASTER_PORT']}"
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    assert "Training on node 0/2" in outputs[0] and "Training on" not in outputs[1]
+    # each node's console names its part of the job, and says how it ended
+    assert "Training on node 0/2" in outputs[0] and "Training on node 1/2" in outputs[1]
+    assert all("Done. Logs: " in text for text in outputs), outputs
     logs = out / "logs"
     ranks = sorted(p.name.split("_")[1] for p in logs.glob("debug_rank*.log"))
     assert ranks == ["rank0", "rank1"]  # one shared TS: exactly one file per rank
