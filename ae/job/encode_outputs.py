@@ -28,6 +28,7 @@ from pathlib import Path
 from ae import atomic_files
 from ae.data.shards.index import read_index
 from ae.data.shards.spec import is_remote
+from ae.data.shards.writer import compression_of
 
 RECORD_NAME = "encoding.json"
 FORMAT = "ae-encoding"
@@ -124,7 +125,7 @@ def is_complete(out: Path) -> bool:
         return False
     if index is None:
         return False
-    if out.name.endswith((".gz", ".tgz")):  # gzip'd: its size, as indexed, is all to check
+    if compression_of(out.name) != "none":  # compressed: its size, as indexed, is all to check
         return True
     if index.bytes < _TAR_END or index.bytes % 512:
         return False

@@ -23,7 +23,7 @@ from ae.config import Config, DataConfig
 from ae.data.decoding.decode import InputSpec, SampleDecoder
 from ae.data.input_probe import probe_decoder
 from ae.data.shards.errors import DataError
-from ae.data.shards.writer import ShardWriter, npy_bytes
+from ae.data.shards.writer import ShardWriter, compression_of, npy_bytes
 from ae.errors import UserError
 from ae.forensics.faults import fault_point
 from ae.forensics.progress import progress
@@ -136,9 +136,9 @@ class OutputShards:
         writer = self._open.get(shard)
         if writer is None:
             path = self.out_paths[shard]
-            # Gzip'd under a gzip'd input's name (`.tar.gz`): a plain tar there fails `tar xzf`
-            gz = path.name.endswith((".gz", ".tgz"))
-            writer = self._open[shard] = ShardWriter(path, "gz" if gz else "none")
+            # Compressed as the input's name says (`.tar.gz`, `.tar.xz`): a plain tar under such
+            # a name fails `tar xzf` (and `tar xf`, which picks the decompressor by name)
+            writer = self._open[shard] = ShardWriter(path, compression_of(path.name))
         for key, latent, kept in zip(batch["keys"], latents, batch["kept"], strict=True):
             writer.add({"__key__": key.encode(), **kept, self.field: npy_bytes(latent)})
             self.kept.update(kept)

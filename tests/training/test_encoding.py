@@ -43,12 +43,23 @@ def test_a_damaged_input_leaves_no_output_and_progress_is_said(
     assert said[1].split("ETA ")[1].count(":") == 2  # h:mm:ss
 
 
-def test_the_output_of_a_gzipd_input_is_gzipd(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("suffix", "magic"),
+    [
+        (".tar.gz", b"\x1f\x8b"),
+        (".tgz", b"\x1f\x8b"),
+        (".tar.bz2", b"BZh"),
+        (".tar.xz", b"\xfd7zXZ"),
+    ],
+)
+def test_the_output_of_a_compressed_input_is_compressed_alike(
+    tmp_path: Path, suffix: str, magic: bytes
+) -> None:
     """`train-000000.tar.gz` in, `train-000000.tar.gz` out: it was a plain tar under that name
-    (ae read it; `tar xzf` and other readers fail on it)."""
-    out = tmp_path / "train-000000.tar.gz"
-    outputs = OutputShards(["/in/train-000000.tar.gz"], [out], "latent.npy", "float32")
+    (ae read it; `tar xzf` and other readers fail on it); bzip2 and xz likewise."""
+    out = tmp_path / f"train-000000{suffix}"
+    outputs = OutputShards([f"/in/train-000000{suffix}"], [out], "latent.npy", "float32")
     outputs.add(_batch(0, ["a"], last=True), np.zeros((1, 2), np.float32))
-    assert out.read_bytes()[:2] == b"\x1f\x8b"  # gzip's magic
+    assert out.read_bytes()[: len(magic)] == magic
     assert [s["__key__"] for s in iter_samples(str(out))] == ["a"]
     assert is_complete(out)

@@ -23,9 +23,18 @@ from ae.data.shards.index import write_index
 from ae.data.shards.keys import safe_key
 
 Sample = dict[str, bytes]  # {"__key__": b"000123", "png": b"...", "cls": b"3"}
-Compression = Literal["none", "gz"]
+Compression = Literal["none", "gz", "bz2", "xz"]
+# What `ae-shards write --compress` offers (bz2 and xz are read, and written by ae-encode under
+# an input's name, but cost more CPU to read than gzip for what they save)
 SUFFIXES: dict[Compression, str] = {"none": ".tar", "gz": ".tar.gz"}
 GZIP_LEVEL = 6  # gzip's own default: level 9 takes twice as long here for 1% fewer bytes
+_BY_NAME: dict[str, Compression] = {".tar.gz": "gz", ".tgz": "gz", ".tar.bz2": "bz2",
+                                    ".tar.xz": "xz"}  # fmt: skip
+
+
+def compression_of(name: str) -> Compression:
+    """The compression a shard's file name says (`x.tar.gz`: gz), as `tar` reads it by name."""
+    return next((c for suffix, c in _BY_NAME.items() if name.endswith(suffix)), "none")
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
@@ -54,9 +63,10 @@ class ShardWriter:
         # Open across add() calls: committed by close(), dropped by discard().
         self._out = AtomicFile(path, durable=False)
         out = self._out.file
-        kw = {"compresslevel": GZIP_LEVEL} if self.compressed else {}
+        kw = {"compresslevel": GZIP_LEVEL} if compress == "gz" else {}
+        mode = "w" if compress == "none" else f"w:{compress}"
         self._tar = tarfile.open(  # noqa: SIM115
-            str(path), "w:gz" if self.compressed else "w", out, format=tarfile.USTAR_FORMAT, **kw
+            str(path), mode, out, format=tarfile.USTAR_FORMAT, **kw
         )
         self.offsets: list[int] = []
         self._keys: set[str] = set()
