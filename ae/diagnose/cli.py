@@ -117,6 +117,11 @@ def _one_view(args: argparse.Namespace) -> None:
             f"{' and '.join(chosen + report)} are separate views of a run: give one at a time "
             "(the diagnosis takes --json, --goodput and --tail)"
         )
+    if args.goodput and args.tail > 0 and not args.json:  # --json holds both
+        raise DiagnoseError(
+            "--goodput and --tail are separate views of a run: --tail adds the ranks' last log "
+            "lines to the table, which --goodput replaces; give one at a time (--json holds both)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

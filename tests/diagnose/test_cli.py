@@ -75,11 +75,13 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("case", ["no folder", "no run", "unknown run", "bad tail", "two views"])
+@pytest.mark.parametrize(
+    "case", ["no folder", "no run", "unknown run", "bad tail", "two views", "goodput tail"]
+)
 def test_user_mistakes_give_one_message(tmp_path: Path, case: str) -> None:
     if case != "no folder":
         (tmp_path / "logs").mkdir()
-    if case in ("unknown run", "bad tail", "two views"):
+    if case in ("unknown run", "bad tail", "two views", "goodput tail"):
         finished_run(tmp_path / "logs")
     args = {
         "no folder": [str(tmp_path / "nope")],
@@ -87,13 +89,15 @@ def test_user_mistakes_give_one_message(tmp_path: Path, case: str) -> None:
         "unknown run": [str(tmp_path), "--run", "19990101_000000"],
         "bad tail": [str(tmp_path), "--tail", "-1"],
         "two views": [str(tmp_path), "--watch", "--json"],
+        "goodput tail": [str(tmp_path), "--goodput", "--tail", "5"],  # the tails were dropped
     }[case]
     res = run_cli(*args)
     assert res.returncode == 2, res
     assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1, res.stderr
     expected = {"no folder": "no such folder", "no run": "no run in",
                 "unknown run": f"newest runs: {TS}", "bad tail": "--tail",
-                "two views": "--watch and --json are separate views of a run"}[case]  # fmt: skip
+                "two views": "--watch and --json are separate views of a run",
+                "goodput tail": "--goodput and --tail are separate views"}[case]  # fmt: skip
     assert expected in res.stderr
 
 
