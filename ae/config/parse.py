@@ -164,21 +164,18 @@ def _split_by_the_shell(values: list[str]) -> bool:
     return plain and len(set(values)) > 1 and len({re.sub(r"\d+", "#", v) for v in values}) == 1
 
 
-def _given_again(key: str, values: list[str]) -> str:
+def _shell_split(key: str, values: list[str], words: bool = False) -> str:
+    """The message for a spec the shell split: into flags (`--key=a-{0..7}.tar` unquoted: one
+    flag per file) or, `words`, into separate words (`--key a-{0..7}.tar`)."""
     shown = ", ".join(values[:2]) + (f" and {len(values) - 2} more" if len(values) > 2 else "")
-    return (
-        f"{key}: given {len(values)} times ({shown}): the shell expands an unquoted "
-        f"{{a..b}} pattern into one flag per file; quote the spec "
-        f"(--{key}='data/train-{{000000..000099}}.tar'), or join several with ::"
+    how, what = (
+        (f"its value came as {len(values)} separate arguments", "pattern or glob into one word")
+        if words
+        else (f"given {len(values)} times", "pattern into one flag")
     )
-
-
-def _split_words(key: str, values: list[str]) -> str:
-    shown = ", ".join(values[:2]) + (f" and {len(values) - 2} more" if len(values) > 2 else "")
     return (
-        f"{key}: its value came as {len(values)} separate arguments ({shown}): the shell "
-        f"expands an unquoted {{a..b}} pattern or glob into one word per file; quote the spec "
-        f"(--{key}='data/train-{{000000..000099}}.tar'), or join several with ::"
+        f"{key}: {how} ({shown}): the shell expands an unquoted {{a..b}} {what} per file; quote "
+        f"the spec (--{key}='data/train-{{000000..000099}}.tar'), or join several with ::"
     )
 
 
@@ -217,9 +214,9 @@ def _split_argv(argv: list[str], problems: list[str], user: bool = False) -> dic
         out[key] = value
         specs.get(key, []).append(value)
         last = key
-    problems += [_split_words(k, [out[k], *v]) for k, v in strays.items()]
+    problems += [_shell_split(k, [out[k], *v], words=True) for k, v in strays.items()]
     if user:
-        problems += [_given_again(k, v) for k, v in specs.items() if _split_by_the_shell(v)]
+        problems += [_shell_split(k, v) for k, v in specs.items() if _split_by_the_shell(v)]
     return out
 
 
