@@ -24,6 +24,7 @@ with its stack, in the rank's logs. It is how a GPU run shows which syncs a step
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -40,6 +41,7 @@ from ae.forensics.step_times import step_times
 from ae.log_lines import (
     EPOCH_STEP_TIMES,
     PROCESSED_TRAIN,
+    TRAIN_PROGRESS,
     TRAIN_STEP,
     VAL_STEP,
     epoch_marker,
@@ -49,6 +51,9 @@ from ae.stragglers import epoch_line
 from logging_cfg import debug_line
 
 SYNC_DEBUG_ENV = "AE_CUDA_SYNC_DEBUG"  # warn | error: torch.cuda.set_sync_debug_mode in training
+# The console's TRAIN_PROGRESS line (rank 0, no progress bar): the first this long into an epoch,
+# then at this interval. An epoch of hours said nothing between its start and its end.
+CONSOLE_PROGRESS_FIRST_S, CONSOLE_PROGRESS_EVERY_S = 60.0, 600.0
 
 
 class DebugCallback(L.Callback):
@@ -69,6 +74,8 @@ class DebugCallback(L.Callback):
         self.num_workers = num_workers
         self._epoch_t0 = 0.0
         self._last_t = 0.0
+        # When the next TRAIN_PROGRESS line is due (perf_counter; set as an epoch opens)
+        self._console_at = math.inf
         self._batches = 0
         self._resumed_at = 0  # the batch a resumed epoch started at in this run (0: from the top)
         self._train_open = False
@@ -86,6 +93,7 @@ class DebugCallback(L.Callback):
     # --- training ---------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_t0 = self._last_t = time.perf_counter()
+        self._console_at = self._epoch_t0 + CONSOLE_PROGRESS_FIRST_S
         self._batches = self._resumed_at = 0
         self._train_open = True
         self._validated = False
@@ -101,6 +109,7 @@ class DebugCallback(L.Callback):
         # A resumed epoch gets no epoch-start hook from Lightning: open it at its first batch.
         if not self._train_open:
             self._epoch_t0 = self._last_t = time.perf_counter()
+            self._console_at = self._epoch_t0 + CONSOLE_PROGRESS_FIRST_S
             self._batches = self._resumed_at = idx
             self._train_open = True
             self._global_step = trainer.global_step
@@ -126,8 +135,13 @@ class DebugCallback(L.Callback):
         self._global_step = step
         self._batches += 1
         on_cadence = self._batches % self.every_train == 0
+        # One clock read a batch; the line itself once in minutes (rank 0, no progress bar)
+        console = time.perf_counter() >= self._console_at
+        if console:
+            self._console_at = time.perf_counter() + CONSOLE_PROGRESS_EVERY_S
+            console = trainer.global_rank == 0 and trainer.progress_bar_callback is None
         loss = float("nan")
-        if (self.debug or on_cadence) and isinstance(outputs, dict):
+        if (self.debug or on_cadence or console) and isinstance(outputs, dict):
             # .item() waits for the device to finish the step: only on the lines that print the
             # loss, and still in `training step`, so a kernel that hangs is reported as the step
             # it is (on an H200 a hung kernel read as `data loading`: bench/gpu_proof).
@@ -140,9 +154,27 @@ class DebugCallback(L.Callback):
                 logger.info(self._processed_line(trainer))
                 if not self.debug:
                     logger.info(self._step_line(trainer, loss, ""))
+        if console:
+            self._say_progress(trainer, loss)
         self._last_t = time.perf_counter()
         if self._batches == trainer.num_training_batches:
             self._end_training(trainer)
+
+    def _say_progress(self, trainer: L.Trainer, loss: float) -> None:
+        """How far the epoch is, its rate and what is left of it (TRAIN_PROGRESS: train log and
+        console)."""
+        ran = self._batches - self._resumed_at  # this run's part of a resumed epoch
+        rate = ran / max(time.perf_counter() - self._epoch_t0, 1e-9)
+        planned = trainer.num_training_batches
+        known = isinstance(planned, int) and planned > 0
+        left = (planned - self._batches) / rate if known and rate > 0 else None
+        main_log.info(TRAIN_PROGRESS.format(
+            epoch=trainer.current_epoch, batch=self._batches,
+            batches=planned if known else "?",
+            pct=f"{100 * self._batches / planned:.0f}" if known else "?",
+            rate=f"{rate:.3g}", eta=_duration(left) if left is not None else "?",
+            step=trainer.global_step, loss=f"{loss:.5g}" if loss == loss else "?",
+        ))  # fmt: skip
 
     def _debug_detail(self, trainer: L.Trainer, batch: Any) -> str:
         batch_n = len(batch) if isinstance(batch, torch.Tensor) else 0
@@ -290,3 +322,11 @@ class DebugCallback(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         progress.enter("teardown")
+
+
+def _duration(seconds: float) -> str:
+    """`42s`, `17m`, `3h05m`: an ETA at a glance."""
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes = round(seconds / 60)
+    return f"{minutes}m" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"

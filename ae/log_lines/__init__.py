@@ -73,6 +73,15 @@ PROCESSED_TRAIN = LineFormat(
     "Processed {batches} training batches (epoch {epoch}, {rate} batches/s)",
     {"batches": "int", "epoch": "int", "rate": "float"},
 )
+# Rank 0, train log and console, by time (`ae.forensics.loop_tracer`: CONSOLE_PROGRESS_*): a
+# long epoch says how far it is where no progress bar shows (the launcher's console, SLURM's
+# output file); the batch-cadence lines above go to the debug logs.
+TRAIN_PROGRESS = LineFormat(
+    "Epoch {epoch}: batch {batch} of {batches} ({pct}%), {rate} batches/s, epoch ETA {eta}; "
+    "step {step}, loss {loss}",
+    {"epoch": "int", "batch": "int", "batches": "word", "pct": "word", "rate": "float",
+     "eta": "word", "step": "int", "loss": "word"},
+)  # fmt: skip
 TRAIN_STEP = LineFormat(
     "Training step {step}, loss={loss}{detail}",
     {"step": "int", "loss": "float", "detail": "text"},

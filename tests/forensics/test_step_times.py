@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from ae.forensics import step_times as st
 from ae.forensics.step_times import StepTimes
@@ -156,3 +157,43 @@ def test_the_epoch_end_says_samples_per_second_and_what_bounds_the_job(
     assert m["split"] == "data wait 90.0, compute 10.0, sync 0.0 ms"
     assert m["verdict"].startswith("input-bound: the rank waits for data 90% of its own time")
     assert "(--num_workers=0): give it workers" in m["verdict"]
+
+
+def test_a_long_epoch_says_how_far_it_is_on_the_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 without a progress bar (the launcher's console, a SLURM output file): a minute into
+    the epoch, then every ten minutes, a TRAIN_PROGRESS line in the main log; an epoch of hours
+    said nothing between its start and its end. Not on another rank, nor beside a progress bar."""
+    from types import SimpleNamespace
+
+    from loguru import logger
+
+    from ae.forensics import loop_tracer
+    from ae.log_lines import TRAIN_PROGRESS
+
+    now = [1000.0]
+    monkeypatch.setattr(loop_tracer.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(loop_tracer, "step_times", StepTimes())
+    lines: list[str] = []
+    handle = logger.add(lambda m: lines.append(m.record["message"]), format="{message}")
+    try:
+        for rank, bar in ((0, None), (1, None), (0, object())):
+            tracer = loop_tracer.DebugCallback(debug=False, every_train=10**6, every_val=1)
+            trainer = SimpleNamespace(global_rank=rank, progress_bar_callback=bar, current_epoch=2,
+                                      global_step=0, num_training_batches=4000)  # fmt: skip
+            now[0] = 1000.0
+            tracer.on_train_epoch_start(trainer, None)  # type: ignore[arg-type]
+            for batch in range(1, 3001):  # a batch every 0.5 s: 25 minutes
+                now[0] += 0.5
+                trainer.global_step = batch
+                out = {"loss": torch.tensor(0.25)}
+                tracer.on_train_batch_end(trainer, None, out, None, batch - 1)  # type: ignore[arg-type]
+    finally:
+        logger.remove(handle)
+    said = [m for line in lines if (m := TRAIN_PROGRESS.parse(line))]
+    assert [(m["batch"], m["pct"], m["eta"]) for m in said] == [
+        ("120", "3", "32m"),
+        ("1320", "33", "22m"),
+        ("2520", "63", "12m"),
+    ]  # at 1, 11 and 21 minutes; 2 batches/s, 3880 / 2 s left after the first
+    assert all((m["epoch"], m["batches"], m["rate"], m["loss"]) == ("2", "4000", "2", "0.25")
+               for m in said)  # fmt: skip
