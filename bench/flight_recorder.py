@@ -18,11 +18,10 @@ steps, rank 0 of each `on` job dumps its buffer (full: 2,000 entries) twice thro
 the second is what later dumps cost.
 
 `--quick` (the suite's smoke run): one pair of 100 steps after 10 warm-up steps, the processes
-forked from this one (which has imported torch already, and what DDP imports when first built)
-instead of spawned: the same jobs, without a fresh interpreter importing torch for each of the
-six processes. The ranks meet through a file in the job's temporary folder, not a free port
-picked beforehand (another process could take it first), and a job not done in JOIN_TIMEOUT_S
-is stopped and fails naming itself (the quick mode once hung in CI until the test's 900 s).
+spawned as in a full run (forked from this one, which has imported torch, a job hung in CI
+twice). The ranks meet through a file in the job's temporary folder, not a free port picked
+beforehand (another process could take it first), and a job not done in JOIN_TIMEOUT_S is
+stopped and fails naming itself (the quick mode once hung in CI until the test's 900 s).
 
 Writes bench/results/flight_recorder.json (`_quick` with --quick).
 """
@@ -30,7 +29,6 @@ Writes bench/results/flight_recorder.json (`_quick` with --quick).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -51,7 +49,9 @@ WARMUP = 100
 WORLD = 2
 JOIN_TIMEOUT_S = 180.0  # a job of a full run takes ~30 s
 # (steps, warm-up steps, start method) of --quick
-QUICK = (100, 10, "fork")
+# Spawned, not forked, in the quick mode too: a fork of this process (torch imported, its threads
+# started) hung one job in CI twice, at 4 s of CPU (a child deadlocked at birth)
+QUICK = (100, 10, "spawn")
 
 
 def _job(rank: int, on: bool, steps: int, warmup: int, logs: str, result: Any) -> None:
@@ -159,8 +159,6 @@ def main() -> None:
     pairs, steps, warmup, start = (
         (1, *QUICK) if args.quick else (args.pairs, args.steps, WARMUP, "spawn")
     )
-    if args.quick:  # DDP's first construction imports torch._dynamo (and sympy): ~2 s of CPU, paid
-        importlib.import_module("torch._dynamo")  # here once instead of in each forked rank
     runs, micro = [], []
     for _ in range(pairs):
         off, on = run_job(False, steps, warmup, start), run_job(True, steps, warmup, start)
