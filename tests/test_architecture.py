@@ -80,8 +80,8 @@ def test_top_level_of_ae_stays_small() -> None:
     entries = [p for p in ROOT.joinpath("ae").iterdir() if p.name != "__pycache__"]
     # 7 packages and 8 modules: the core holds what forensics and diagnose share (config, errors,
     # log_lines, run_paths, stragglers: the straggler rules both the detector and ae-diagnose
-    # apply), atomic_files (the one write-to-temp-then-rename of every layer) and parent_death
-    # (torchrun's wrapper and the dataloader workers: children that die with their parent)
+    # apply), atomic_files (the one write-to-temp-then-rename of every layer) and process_end
+    # (children that die with their parent; ranks that exit without the interpreter's teardown)
     assert len(entries) <= 15, sorted(p.name for p in entries)
 
 

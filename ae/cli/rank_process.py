@@ -15,6 +15,7 @@ import sys
 import logging_cfg
 from ae.config import help_text, parse_config
 from ae.errors import UserError
+from ae.process_end import exit_without_teardown
 from logging_cfg import RankContext
 
 
@@ -40,4 +41,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_without_teardown(main(sys.argv[1:]))

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from ae.parent_death import die_with_parent
+from ae.process_end import die_with_parent
 from logging_cfg import streams_to_native_in_child
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
