@@ -14,7 +14,7 @@ data module, the model and the Lightning trainer, fit, and clean up.
 import sys
 
 from ae.cli.rank_process import main
-from ae.process_end import exit_without_teardown
+from ae.process_end import run_then_exit
 
 if __name__ == "__main__":
-    exit_without_teardown(main(sys.argv[1:]))
+    run_then_exit(main, sys.argv[1:])

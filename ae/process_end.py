@@ -13,9 +13,10 @@ CPU; then `exit_without_teardown`, 4.9 s), which a rank spends after its last li
 with nothing left to do; it is also where a native library can hang at exit.
 `exit_without_teardown` keeps everything Python's exit promises but the teardown: other threads
 joined, `atexit` handlers run (loguru's sinks closed, multiprocessing's dataloader workers
-ended, a W&B run finished), the standard streams flushed; then `os._exit`. Used by the rank
-processes (training and ae-encode) and by torchrun's wrapper, on their normal return only: an
-exception still goes through Python's own exit, to the handlers that report it.
+ended, a W&B run finished), the standard streams flushed; then `os._exit`. `run_then_exit` ends
+the rank processes (training and ae-encode) and torchrun's wrapper that way, whether their main
+returns or raises (the exception reported by `sys.excepthook` as Python would: logging_cfg's
+FATAL record).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -57,3 +59,17 @@ def exit_without_teardown(code: int) -> NoReturn:
             with contextlib.suppress(OSError, ValueError, AttributeError):  # closed, or None
                 stream.flush()
         os._exit(code)
+
+
+def run_then_exit(main: Callable[[list[str]], int], argv: list[str]) -> NoReturn:
+    """`sys.exit(main(argv))` without the teardown. An exception out of `main` is reported by
+    `sys.excepthook` and exits 1, as Python does; SystemExit and KeyboardInterrupt keep Python's
+    own ways out (their codes, and the SIGINT exit status)."""
+    try:
+        code = main(argv)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    exit_without_teardown(code)

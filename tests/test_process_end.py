@@ -12,15 +12,18 @@ from tests.support.runs import ROOT
 SCRIPT = """
 import atexit, sys, threading, time
 from pathlib import Path
-from ae.process_end import exit_without_teardown
+from ae.process_end import exit_without_teardown, run_then_exit
 
 out = Path(sys.argv[1])
 
 class TornDown:
-    def __del__(self):
-        (out / "torn_down").write_text("")
+    def __init__(self, path):
+        self.path, self.open = path, open  # what __del__ needs, kept while modules are cleared
 
-kept = TornDown()  # a module global: only the interpreter's teardown deletes it
+    def __del__(self):
+        self.open(self.path, "w").close()
+
+kept = TornDown(str(out / "torn_down"))  # a module global: only the teardown deletes it
 
 def late_writer():
     time.sleep(0.3)
@@ -28,6 +31,7 @@ def late_writer():
 
 threading.Thread(target=late_writer).start()  # not a daemon: exit waits for it
 atexit.register(lambda: (out / "atexit").write_text(""))
+sys.excepthook = lambda t, e, tb: (out / "reported").write_text(repr(e))
 sys.stdout.write("buffered, no newline")  # a pipe: block-buffered until flushed
 {end}
 """
@@ -55,3 +59,15 @@ def test_the_script_sees_a_teardown_where_python_exits_its_own_way(tmp_path: Pat
     proc = _run(tmp_path, "sys.exit(3)")
     assert proc.returncode == 3, proc.stderr
     assert (tmp_path / "torn_down").exists()
+
+
+def test_an_exception_is_reported_by_the_excepthook_and_exits_1_without_teardown(
+    tmp_path: Path,
+) -> None:
+    proc = _run(tmp_path, "run_then_exit(lambda argv: 1 / 0, [])")
+    assert proc.returncode == 1, proc.stderr
+    assert (tmp_path / "reported").read_text() == "ZeroDivisionError('division by zero')"
+    assert (tmp_path / "thread").exists() and (tmp_path / "atexit").exists()
+    assert not (tmp_path / "torn_down").exists()
+    assert _run(tmp_path, "run_then_exit(lambda argv: sys.exit(4), [])").returncode == 4
+    assert _run(tmp_path, "run_then_exit(lambda argv: 5, [])").returncode == 5

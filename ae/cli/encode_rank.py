@@ -15,7 +15,7 @@ import sys
 import logging_cfg
 from ae.errors import UserError
 from ae.job.encode import parse_args
-from ae.process_end import exit_without_teardown
+from ae.process_end import run_then_exit
 from logging_cfg import RankContext
 
 
@@ -33,4 +33,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(main(sys.argv[1:]))
+    run_then_exit(main, sys.argv[1:])

@@ -29,7 +29,7 @@ from types import FrameType
 import logging_cfg
 from ae.job.elastic import ELASTIC_ENV, JobEnds, install
 from ae.log_lines import LAUNCHER_GONE
-from ae.process_end import die_with_parent, exit_without_teardown
+from ae.process_end import die_with_parent, run_then_exit
 
 
 def follow_launcher(launcher_pid: int) -> None:
@@ -92,4 +92,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(main(sys.argv[1:]))
+    run_then_exit(main, sys.argv[1:])
