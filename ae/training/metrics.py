@@ -17,9 +17,11 @@ collection, some 1,000 Python calls each time (docs/BENCHMARKS.md). The LR is lo
 
 Resume: each checkpoint records the loggers' run ids (LOGGER_RUNS); a run resumed from it
 continues those runs (the same TensorBoard folder, W&B run id, MLflow run id), its steps going on
-from the checkpoint's. The CSV is per launch, and the loss curve joins them (a run that starts
-at step s replaces what earlier runs logged from step s on, since it branched from their
-checkpoint).
+from the checkpoint's. The CSV is per launch, and the loss curve joins those of the run's line:
+from the launch that started it fresh (its `<TS>`, recorded as the csv run), not an earlier run
+of the folder (one that `--overwrite` replaced, or that failed before its first checkpoint). A
+run that starts at step s replaces what earlier runs of its line logged from step s on, since it
+branched from their checkpoint.
 """
 
 from __future__ import annotations
@@ -72,7 +74,18 @@ def build_loggers(
             loggers.append(_make_logger(name, obs, run_dir, run_ts, runs.get(name), resumed_step))
         except Exception as e:  # any library's failure to start is the same user problem
             raise _cannot_start(name, e) from None
+        if isinstance(loggers[-1], NumberedCSVLogger):
+            loggers[-1].first_run = first_csv_run(runs, run_ts, resumed_step)
     return loggers
+
+
+def first_csv_run(runs: dict[str, str], run_ts: str, resumed_step: int | None) -> str:
+    """The `<TS>` of the launch that started this run's line fresh: its own for a fresh run, the
+    checkpoint's record for a resumed one (older checkpoints: the TensorBoard run's, which is the
+    same launch's `<TS>`; else "": every metrics.csv of the folder, as before it was recorded)."""
+    if resumed_step is None:
+        return run_ts
+    return runs.get("csv") or runs.get("tensorboard") or ""
 
 
 class StepsDoneNumbering:
@@ -120,7 +133,9 @@ class StepsDoneNumbering:
 
 
 class NumberedCSVLogger(StepsDoneNumbering, CSVLogger):
-    pass
+    # `<TS>` of the first launch of this run's line (`first_csv_run`): the loss curve joins the
+    # metrics.csv of that launch and those after it, not those of an earlier run of the folder.
+    first_run: str = ""
 
 
 class NumberedTensorBoardLogger(StepsDoneNumbering, TensorBoardLogger):
@@ -236,6 +251,8 @@ def logger_runs(loggers: list[Logger]) -> dict[str, str]:
         name = _logger_name(lg)
         if name == "mlflow":
             out[name] = str(lg.run_id)  # type: ignore[attr-defined]
+        elif isinstance(lg, NumberedCSVLogger) and lg.first_run:
+            out[name] = lg.first_run
         elif name in ("tensorboard", "wandb") and lg.version is not None:
             out[name] = str(lg.version)
     return out
@@ -354,9 +371,10 @@ class LossCurve(L.Callback):
         # as the epoch's end: the curve's top axis would count it among the epochs done.
         self.cut_epoch = None if trainer.is_last_batch else trainer.current_epoch
 
-    def epoch_ends(self) -> list[tuple[float, int]]:
-        """(step, epoch) of the run's whole epochs: not one that this run's --max_steps cut."""
-        ends = read_epoch_ends(self.run_dir.metrics)
+    def epoch_ends(self, since: str = "") -> list[tuple[float, int]]:
+        """(step, epoch) of the run's whole epochs: not one that this run's --max_steps cut;
+        `since`: the run's line's first `<TS>` (`NumberedCSVLogger.first_run`)."""
+        ends = read_epoch_ends(self.run_dir.metrics, since)
         return [(step, epoch) for step, epoch in ends if epoch != self.cut_epoch]
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -364,11 +382,13 @@ class LossCurve(L.Callback):
             return
         for lg in trainer.loggers:
             lg.save()  # loggers are finalized only after this hook
-        history = read_loss_history(self.run_dir.metrics)
+        csvs = [lg for lg in trainer.loggers if isinstance(lg, NumberedCSVLogger)]
+        since = csvs[0].first_run if csvs else ""
+        history = read_loss_history(self.run_dir.metrics, since)
         if not any(math.isfinite(y) for pts in history.values() for _, y in pts):
             return
         path = self.run_dir.loss_curve
         guards = [cb for cb in trainer.callbacks if isinstance(cb, NonFiniteGuard)]
         marks = guards[0].events if guards else []
-        loss_plot(history, path, marks=marks, epoch_ends=self.epoch_ends())
+        loss_plot(history, path, marks=marks, epoch_ends=self.epoch_ends(since))
         main_log.info(f"Loss curve: {path}")

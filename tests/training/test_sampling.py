@@ -134,6 +134,57 @@ def test_loss_history_of_a_resumed_run_continues_the_curve(tmp_path: Path) -> No
     assert not (tmp_path / "none.png").exists()
 
 
+def test_the_loss_curve_of_a_fresh_run_leaves_out_the_folders_earlier_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 10-step run logged every step, then `--overwrite` started a 100-step run afresh in the
+    folder (logging every 10 steps): its curve began with the old run's steps 1-9 and the old
+    run's epochs on its top axis. A resume of the fresh run keeps to its line too, and so does
+    one from a checkpoint that recorded only the TensorBoard run (older code)."""
+    from ae.training import metrics
+
+    cfg = parse_config([f"--output_dir={tmp_path}", "--logger=csv,tensorboard"])
+    run_dir = cfg.run.dir
+    old = run_dir.metrics / "20260101_000000"
+    old.mkdir(parents=True)
+    (old / "metrics.csv").write_text(
+        "epoch,step,train/loss,train/loss_epoch\n"
+        + "".join(f"0,{s},9.0,\n" for s in range(1, 10))
+        + "0,5,,9.5\n"
+    )
+    drawn: list[tuple[dict, list]] = []
+    monkeypatch.setattr(
+        metrics,
+        "loss_plot",
+        lambda history, path, marks, epoch_ends: drawn.append((history, epoch_ends)),
+    )
+
+    def launch(ts: str, runs: dict[str, str], resumed: int | None, steps: range) -> dict:
+        loggers = metrics.build_loggers(cfg.obs, run_dir, ts, runs, resumed_step=resumed)
+        for step in steps:
+            for lg in loggers:
+                lg.log_metrics({"train/loss": 1.0 / step}, step)
+        for lg in loggers:
+            lg.log_metrics({"train/loss_epoch": 0.5, "epoch": 0}, steps[-1])
+        trainer = SimpleNamespace(is_global_zero=True, loggers=loggers, callbacks=[])
+        metrics.LossCurve(run_dir).on_fit_end(trainer, None)  # type: ignore[arg-type]
+        return metrics.logger_runs(loggers)
+
+    runs = launch("20260102_000000", {}, None, range(10, 101, 10))
+    assert runs == {"csv": "20260102_000000", "tensorboard": "20260102_000000"}
+    history, ends = drawn[-1]
+    assert [s for s, _ in history["train loss"]] == list(range(10, 101, 10))
+    assert ends == [(100.0, 0)]
+    # resumed at step 50 from the fresh run's checkpoint: its line, the old run left out
+    again = launch("20260103_000000", runs, 50, range(60, 121, 10))
+    assert again["csv"] == "20260102_000000"
+    assert [s for s, _ in drawn[-1][0]["train loss"]] == list(range(10, 121, 10))
+    # a checkpoint of older code holds the TensorBoard run alone: the same first launch
+    launch("20260104_000000", {"tensorboard": "20260102_000000"}, 50, range(60, 71, 10))
+    assert [s for s, _ in drawn[-1][0]["train loss"]] == [10, 20, 30, 40, 50, 60, 70]
+    assert metrics.first_csv_run({}, "20260105_000000", 50) == ""  # nothing recorded: all
+
+
 def test_the_log_axis_labels_enough_ticks_for_the_range_of_losses() -> None:
     """0.065-0.17 (under half a decade) has labels above 0.1 (0.12, 0.15); 0.01-0.35 labels
     0.02, 0.05, 0.2 besides the decades; 5-2e-4 only the decades."""
