@@ -48,9 +48,6 @@ from PIL import Image
 from ae.config import ConfigError, ObservabilityConfig, logger_names
 from ae.log_lines import main_log
 from ae.run_paths import RunDir
-from ae.training.loss_history import read_epoch_ends, read_loss_history
-from ae.training.nonfinite import NonFiniteGuard
-from ae.training.plots import loss_plot
 
 GRID_TAG = "samples/reconstructions"  # inputs above their reconstructions
 LOG_EVERY_N_STEPS = 10  # the loggers' cadence (Trainer log_every_n_steps), for runs of 100+ steps
@@ -348,47 +345,12 @@ class LearningRates(L.Callback):
                     lg.log_metrics(lrs, step=step)
 
 
-def metric_callbacks(run_dir: RunDir) -> list[L.Callback]:
+def metric_callbacks() -> list[L.Callback]:
     """After `StepBoundary` in the trainer's callbacks (`LearningRates` reads its stop
-    decision)."""
+    decision); `ae.training.loss_curve.LossCurve` goes with them."""
     return [
         LearningRates(),
         LoggerRuns(),
         StepsDone(),
-        LossCurve(run_dir),
     ]
 
-
-class LossCurve(L.Callback):
-    """Renders `loss_curve.png` when fitting ends (normally or preempted)."""
-
-    def __init__(self, run_dir: RunDir) -> None:
-        self.run_dir = run_dir
-        self.cut_epoch: int | None = None  # an epoch that --max_steps ended before its last batch
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Its mean so far is logged as `train/loss_epoch` too (ae.training.model), which reads
-        # as the epoch's end: the curve's top axis would count it among the epochs done.
-        self.cut_epoch = None if trainer.is_last_batch else trainer.current_epoch
-
-    def epoch_ends(self, since: str = "") -> list[tuple[float, int]]:
-        """(step, epoch) of the run's whole epochs: not one that this run's --max_steps cut;
-        `since`: the run's line's first `<TS>` (`NumberedCSVLogger.first_run`)."""
-        ends = read_epoch_ends(self.run_dir.metrics, since)
-        return [(step, epoch) for step, epoch in ends if epoch != self.cut_epoch]
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.is_global_zero or not trainer.loggers:
-            return
-        for lg in trainer.loggers:
-            lg.save()  # loggers are finalized only after this hook
-        csvs = [lg for lg in trainer.loggers if isinstance(lg, NumberedCSVLogger)]
-        since = csvs[0].first_run if csvs else ""
-        history = read_loss_history(self.run_dir.metrics, since)
-        if not any(math.isfinite(y) for pts in history.values() for _, y in pts):
-            return
-        path = self.run_dir.loss_curve
-        guards = [cb for cb in trainer.callbacks if isinstance(cb, NonFiniteGuard)]
-        marks = guards[0].events if guards else []
-        loss_plot(history, path, marks=marks, epoch_ends=self.epoch_ends(since))
-        main_log.info(f"Loss curve: {path}")
