@@ -353,4 +353,3 @@ def metric_callbacks() -> list[L.Callback]:
         LoggerRuns(),
         StepsDone(),
     ]
-
