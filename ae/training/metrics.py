@@ -214,7 +214,10 @@ def start_loggers(loggers: list[Logger]) -> None:
         except Exception as e:  # any library's failure to start is the same user problem
             raise _cannot_start(_logger_name(lg), e) from None
     if loggers:
-        main_log.info("Metrics: " + "; ".join(_where(lg) for lg in loggers))
+        where = [_where(lg) for lg in loggers]
+        if not any(isinstance(lg, CSVLogger) for lg in loggers):  # the curve's only source
+            where.append("no loss_curve.png: it is drawn from the csv logger (--logger=csv,...)")
+        main_log.info("Metrics: " + "; ".join(where))
 
 
 def _where(lg: Logger) -> str:

@@ -92,6 +92,21 @@ def test_started_loggers_say_where_their_metrics_go(tmp_path: Path) -> None:
     )
     assert f"csv {tmp_path}/metrics/20260102_000000/metrics.csv" in second
     assert f"tensorboard {tmp_path}/tensorboard/20251231_000000 " in second
+    assert "loss_curve" not in first
+
+
+def test_loggers_without_csv_say_that_no_loss_curve_is_drawn(tmp_path: Path) -> None:
+    """`--logger=tensorboard` (or wandb, mlflow alone) ended without loss_curve.png and without
+    a word: the curve is drawn from the CSV logger's metrics.csv."""
+    cfg = parse_config([f"--output_dir={tmp_path}", "--logger=tensorboard"])
+    lines: list[str] = []
+    sink = loguru_logger.add(lines.append, format="{message}")
+    try:
+        start_loggers(build_loggers(cfg.obs, cfg.run.dir, "20260101_000000", {}))
+    finally:
+        loguru_logger.remove(sink)
+    (line,) = (ln.strip() for ln in lines if ln.startswith("Metrics: "))
+    assert line.endswith("; no loss_curve.png: it is drawn from the csv logger (--logger=csv,...)")
 
 
 def test_a_resumed_tensorboard_run_drops_the_points_after_its_checkpoint(tmp_path: Path) -> None:
