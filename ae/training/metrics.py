@@ -193,9 +193,20 @@ class ResumableMLFlowLogger(StepsDoneNumbering, MLFlowLogger):
             super().log_hyperparams(fresh)
 
 
+# W&B's own words for a missing login or server ("api_key not configured (no-tty)", "Run
+# initialization has timed out") do not say that a run can go on without either.
+WANDB_OFFLINE_HINT = (
+    "; to log without a W&B login or network, set WANDB_MODE=offline (the run stays in "
+    "<output_dir>/wandb/; `wandb sync` uploads it later)"
+)
+
+
 def _cannot_start(name: str, e: Exception) -> ConfigError:
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return ConfigError([f"logger: {name} cannot start: {type(e).__name__}: {first}"])
+    hint = (
+        WANDB_OFFLINE_HINT if name == "wandb" and os.environ.get("WANDB_MODE") != "offline" else ""
+    )
+    return ConfigError([f"logger: {name} cannot start: {type(e).__name__}: {first}{hint}"])
 
 
 def _logger_name(lg: Logger) -> str:

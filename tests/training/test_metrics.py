@@ -73,6 +73,26 @@ def test_a_logger_that_cannot_start_is_a_config_error(tmp_path: Path) -> None:
     assert err.value.exit_code == 2
 
 
+def test_wandb_that_cannot_start_says_how_to_log_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B without a login (ranks have no terminal: its prompt is skipped) or without its
+    server stops the run with W&B's words alone; they do not say that WANDB_MODE=offline runs
+    without either. The same failure offline is not told to go offline."""
+    from ae.training.metrics import _cannot_start
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    error = _cannot_start("wandb", RuntimeError("api_key not configured (no-tty). call login"))
+    assert error.problems == [
+        "logger: wandb cannot start: RuntimeError: api_key not configured (no-tty). call login; "
+        "to log without a W&B login or network, set WANDB_MODE=offline (the run stays in "
+        "<output_dir>/wandb/; `wandb sync` uploads it later)"
+    ]
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert _cannot_start("wandb", OSError("disk")).problems == [
+        "logger: wandb cannot start: OSError: disk"
+    ]
+    assert "WANDB_MODE" not in _cannot_start("mlflow", OSError("x")).problems[0]
+
+
 def test_started_loggers_say_where_their_metrics_go(tmp_path: Path) -> None:
     """One console line names the CSV file and the TensorBoard folder (with the command that
     opens it); a resumed TensorBoard run continues its first launch's folder."""
