@@ -120,7 +120,8 @@ def change_trainer(variant: str, trainer: Any) -> None:
     from ae.data.epoch_sync import EpochSync
     from ae.forensics.loop_tracer import DebugCallback
     from ae.training.clock import ClockOffset
-    from ae.training.metrics import LearningRates, LoggerRuns, LossCurve, StepsDone
+    from ae.training.loss_curve import LossCurve
+    from ae.training.metrics import LearningRates, LoggerRuns, StepsDone
     from ae.training.nonfinite import NonFiniteGuard
 
     changes: dict[str, Callable[[Any], None]] = {

@@ -163,6 +163,15 @@ def test_logger_choices_and_missing_packages(monkeypatch: pytest.MonkeyPatch) ->
         "logger: csv is listed twice",
         "logger: unknown logger 'neptune'; choose from csv, tensorboard, wandb, mlflow",
     ]
+    # A slip of the keys or of case names the logger meant.
+    for slip, meant in (("tensorbord", "tensorboard"), ("TensorBoard", "tensorboard"),
+                        ("wandbb", "wandb"), ("CSV", "csv")):  # fmt: skip
+        with pytest.raises(ConfigError) as err:
+            parse_config([f"--logger={slip}"])
+        assert err.value.problems == [
+            f"logger: unknown logger {slip!r} (did you mean {meant}?); "
+            "choose from csv, tensorboard, wandb, mlflow"
+        ]
     # A chosen logger whose package is missing names what installs it, before anything starts.
     real = importlib.util.find_spec
     monkeypatch.setattr(

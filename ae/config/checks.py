@@ -3,6 +3,7 @@ can express, run on the values that parsed."""
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import types
 from pathlib import Path
@@ -30,7 +31,10 @@ def logger_problems(value: str) -> list[str]:
     problems = [f"{name} is listed twice" for name in sorted(set(names)) if names.count(name) > 1]
     for name in names:
         if name not in LOGGERS:
-            problems.append(f"unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
+            # A slip of the keys or of case (`tensorbord`, `TensorBoard`): the name meant.
+            near = difflib.get_close_matches(name.lower(), list(LOGGERS), n=1, cutoff=0.6)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            problems.append(f"unknown logger {name!r}{hint}; choose from {', '.join(LOGGERS)}")
         elif (need := LOGGERS[name]) and importlib.util.find_spec(need[0]) is None:
             problems.append(
                 f"{name} is not installed; install it with .venv/bin/pip install -e '{need[1]}'"

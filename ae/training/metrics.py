@@ -17,9 +17,11 @@ collection, some 1,000 Python calls each time (docs/BENCHMARKS.md). The LR is lo
 
 Resume: each checkpoint records the loggers' run ids (LOGGER_RUNS); a run resumed from it
 continues those runs (the same TensorBoard folder, W&B run id, MLflow run id), its steps going on
-from the checkpoint's. The CSV is per launch, and the loss curve joins them (a run that starts
-at step s replaces what earlier runs logged from step s on, since it branched from their
-checkpoint).
+from the checkpoint's. The CSV is per launch, and the loss curve joins those of the run's line:
+from the launch that started it fresh (its `<TS>`, recorded as the csv run), not an earlier run
+of the folder (one that `--overwrite` replaced, or that failed before its first checkpoint). A
+run that starts at step s replaces what earlier runs of its line logged from step s on, since it
+branched from their checkpoint.
 """
 
 from __future__ import annotations
@@ -46,9 +48,6 @@ from PIL import Image
 from ae.config import ConfigError, ObservabilityConfig, logger_names
 from ae.log_lines import main_log
 from ae.run_paths import RunDir
-from ae.training.loss_history import read_epoch_ends, read_loss_history
-from ae.training.nonfinite import NonFiniteGuard
-from ae.training.plots import loss_plot
 
 GRID_TAG = "samples/reconstructions"  # inputs above their reconstructions
 LOG_EVERY_N_STEPS = 10  # the loggers' cadence (Trainer log_every_n_steps), for runs of 100+ steps
@@ -72,7 +71,18 @@ def build_loggers(
             loggers.append(_make_logger(name, obs, run_dir, run_ts, runs.get(name), resumed_step))
         except Exception as e:  # any library's failure to start is the same user problem
             raise _cannot_start(name, e) from None
+        if isinstance(loggers[-1], NumberedCSVLogger):
+            loggers[-1].first_run = first_csv_run(runs, run_ts, resumed_step)
     return loggers
+
+
+def first_csv_run(runs: dict[str, str], run_ts: str, resumed_step: int | None) -> str:
+    """The `<TS>` of the launch that started this run's line fresh: its own for a fresh run, the
+    checkpoint's record for a resumed one (older checkpoints: the TensorBoard run's, which is the
+    same launch's `<TS>`; else "": every metrics.csv of the folder, as before it was recorded)."""
+    if resumed_step is None:
+        return run_ts
+    return runs.get("csv") or runs.get("tensorboard") or ""
 
 
 class StepsDoneNumbering:
@@ -120,7 +130,9 @@ class StepsDoneNumbering:
 
 
 class NumberedCSVLogger(StepsDoneNumbering, CSVLogger):
-    pass
+    # `<TS>` of the first launch of this run's line (`first_csv_run`): the loss curve joins the
+    # metrics.csv of that launch and those after it, not those of an earlier run of the folder.
+    first_run: str = ""
 
 
 class NumberedTensorBoardLogger(StepsDoneNumbering, TensorBoardLogger):
@@ -181,9 +193,20 @@ class ResumableMLFlowLogger(StepsDoneNumbering, MLFlowLogger):
             super().log_hyperparams(fresh)
 
 
+# W&B's own words for a missing login or server ("api_key not configured (no-tty)", "Run
+# initialization has timed out") do not say that a run can go on without either.
+WANDB_OFFLINE_HINT = (
+    "; to log without a W&B login or network, set WANDB_MODE=offline (the run stays in "
+    "<output_dir>/wandb/; `wandb sync` uploads it later)"
+)
+
+
 def _cannot_start(name: str, e: Exception) -> ConfigError:
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return ConfigError([f"logger: {name} cannot start: {type(e).__name__}: {first}"])
+    hint = (
+        WANDB_OFFLINE_HINT if name == "wandb" and os.environ.get("WANDB_MODE") != "offline" else ""
+    )
+    return ConfigError([f"logger: {name} cannot start: {type(e).__name__}: {first}{hint}"])
 
 
 def _logger_name(lg: Logger) -> str:
@@ -202,7 +225,10 @@ def start_loggers(loggers: list[Logger]) -> None:
         except Exception as e:  # any library's failure to start is the same user problem
             raise _cannot_start(_logger_name(lg), e) from None
     if loggers:
-        main_log.info("Metrics: " + "; ".join(_where(lg) for lg in loggers))
+        where = [_where(lg) for lg in loggers]
+        if not any(isinstance(lg, CSVLogger) for lg in loggers):  # the curve's only source
+            where.append("no loss_curve.png: it is drawn from the csv logger (--logger=csv,...)")
+        main_log.info("Metrics: " + "; ".join(where))
 
 
 def _where(lg: Logger) -> str:
@@ -236,6 +262,8 @@ def logger_runs(loggers: list[Logger]) -> dict[str, str]:
         name = _logger_name(lg)
         if name == "mlflow":
             out[name] = str(lg.run_id)  # type: ignore[attr-defined]
+        elif isinstance(lg, NumberedCSVLogger) and lg.first_run:
+            out[name] = lg.first_run
         elif name in ("tensorboard", "wandb") and lg.version is not None:
             out[name] = str(lg.version)
     return out
@@ -331,44 +359,11 @@ class LearningRates(L.Callback):
                     lg.log_metrics(lrs, step=step)
 
 
-def metric_callbacks(run_dir: RunDir) -> list[L.Callback]:
+def metric_callbacks() -> list[L.Callback]:
     """After `StepBoundary` in the trainer's callbacks (`LearningRates` reads its stop
-    decision)."""
+    decision); `ae.training.loss_curve.LossCurve` goes with them."""
     return [
         LearningRates(),
         LoggerRuns(),
         StepsDone(),
-        LossCurve(run_dir),
     ]
-
-
-class LossCurve(L.Callback):
-    """Renders `loss_curve.png` when fitting ends (normally or preempted)."""
-
-    def __init__(self, run_dir: RunDir) -> None:
-        self.run_dir = run_dir
-        self.cut_epoch: int | None = None  # an epoch that --max_steps ended before its last batch
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Its mean so far is logged as `train/loss_epoch` too (ae.training.model), which reads
-        # as the epoch's end: the curve's top axis would count it among the epochs done.
-        self.cut_epoch = None if trainer.is_last_batch else trainer.current_epoch
-
-    def epoch_ends(self) -> list[tuple[float, int]]:
-        """(step, epoch) of the run's whole epochs: not one that this run's --max_steps cut."""
-        ends = read_epoch_ends(self.run_dir.metrics)
-        return [(step, epoch) for step, epoch in ends if epoch != self.cut_epoch]
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.is_global_zero or not trainer.loggers:
-            return
-        for lg in trainer.loggers:
-            lg.save()  # loggers are finalized only after this hook
-        history = read_loss_history(self.run_dir.metrics)
-        if not any(math.isfinite(y) for pts in history.values() for _, y in pts):
-            return
-        path = self.run_dir.loss_curve
-        guards = [cb for cb in trainer.callbacks if isinstance(cb, NonFiniteGuard)]
-        marks = guards[0].events if guards else []
-        loss_plot(history, path, marks=marks, epoch_ends=self.epoch_ends())
-        main_log.info(f"Loss curve: {path}")

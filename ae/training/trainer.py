@@ -21,6 +21,7 @@ from ae.training.batch_hooks import route
 from ae.training.checkpointing import AtomicCheckpointIO, Checkpointing
 from ae.training.clock import ClockOffset
 from ae.training.ema import EMA
+from ae.training.loss_curve import LossCurve
 from ae.training.metrics import LOG_EVERY_N_STEPS, build_loggers, metric_callbacks
 from ae.training.nonfinite import NonFiniteGuard
 from ae.training.position.sync import PositionSync
@@ -91,7 +92,8 @@ def build_callbacks(cfg: Config, ctx: RankContext, run_ts: str) -> list[L.Callba
             val_interval=cfg.run.val_interval,
             vote_timeout=timedelta(seconds=cfg.obs.pg_timeout),
         ),
-        *metric_callbacks(cfg.run.dir),
+        *metric_callbacks(),
+        LossCurve(cfg.run.dir),
     ]
     callbacks = route(callbacks)  # their per-batch hooks through one callback (batch_hooks.py)
     if sys.stderr.isatty() and ctx.rank == 0:

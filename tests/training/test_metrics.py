@@ -73,6 +73,26 @@ def test_a_logger_that_cannot_start_is_a_config_error(tmp_path: Path) -> None:
     assert err.value.exit_code == 2
 
 
+def test_wandb_that_cannot_start_says_how_to_log_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B without a login (ranks have no terminal: its prompt is skipped) or without its
+    server stops the run with W&B's words alone; they do not say that WANDB_MODE=offline runs
+    without either. The same failure offline is not told to go offline."""
+    from ae.training.metrics import _cannot_start
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    error = _cannot_start("wandb", RuntimeError("api_key not configured (no-tty). call login"))
+    assert error.problems == [
+        "logger: wandb cannot start: RuntimeError: api_key not configured (no-tty). call login; "
+        "to log without a W&B login or network, set WANDB_MODE=offline (the run stays in "
+        "<output_dir>/wandb/; `wandb sync` uploads it later)"
+    ]
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert _cannot_start("wandb", OSError("disk")).problems == [
+        "logger: wandb cannot start: OSError: disk"
+    ]
+    assert "WANDB_MODE" not in _cannot_start("mlflow", OSError("x")).problems[0]
+
+
 def test_started_loggers_say_where_their_metrics_go(tmp_path: Path) -> None:
     """One console line names the CSV file and the TensorBoard folder (with the command that
     opens it); a resumed TensorBoard run continues its first launch's folder."""
@@ -92,6 +112,21 @@ def test_started_loggers_say_where_their_metrics_go(tmp_path: Path) -> None:
     )
     assert f"csv {tmp_path}/metrics/20260102_000000/metrics.csv" in second
     assert f"tensorboard {tmp_path}/tensorboard/20251231_000000 " in second
+    assert "loss_curve" not in first
+
+
+def test_loggers_without_csv_say_that_no_loss_curve_is_drawn(tmp_path: Path) -> None:
+    """`--logger=tensorboard` (or wandb, mlflow alone) ended without loss_curve.png and without
+    a word: the curve is drawn from the CSV logger's metrics.csv."""
+    cfg = parse_config([f"--output_dir={tmp_path}", "--logger=tensorboard"])
+    lines: list[str] = []
+    sink = loguru_logger.add(lines.append, format="{message}")
+    try:
+        start_loggers(build_loggers(cfg.obs, cfg.run.dir, "20260101_000000", {}))
+    finally:
+        loguru_logger.remove(sink)
+    (line,) = (ln.strip() for ln in lines if ln.startswith("Metrics: "))
+    assert line.endswith("; no loss_curve.png: it is drawn from the csv logger (--logger=csv,...)")
 
 
 def test_a_resumed_tensorboard_run_drops_the_points_after_its_checkpoint(tmp_path: Path) -> None:

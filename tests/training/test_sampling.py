@@ -21,8 +21,8 @@ from ae.data.stream.shard_stream import ShardStream
 from ae.forensics import faults as fault_injection
 from ae.run_paths import RunDir
 from ae.training.ema import EMA, averaged_weights
+from ae.training.loss_curve import LossCurve
 from ae.training.loss_history import read_epoch_ends, read_loss_history
-from ae.training.metrics import LossCurve
 from ae.training.model import AutoEncoder
 from ae.training.plots import log_y_axis, loss_plot, reconstruction_grid
 from ae.training.sampling import Sampling, is_oom, reconstruct
@@ -132,6 +132,88 @@ def test_loss_history_of_a_resumed_run_continues_the_curve(tmp_path: Path) -> No
         assert img.format == "PNG" and img.size == (720, 420)
     loss_plot({"x": []}, tmp_path / "none.png")  # nothing to draw: no file
     assert not (tmp_path / "none.png").exists()
+
+
+def test_the_loss_curve_of_a_fresh_run_leaves_out_the_folders_earlier_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 10-step run logged every step, then `--overwrite` started a 100-step run afresh in the
+    folder (logging every 10 steps): its curve began with the old run's steps 1-9 and the old
+    run's epochs on its top axis. A resume of the fresh run keeps to its line too, and so does
+    one from a checkpoint that recorded only the TensorBoard run (older code)."""
+    from ae.training import loss_curve, metrics
+
+    cfg = parse_config([f"--output_dir={tmp_path}", "--logger=csv,tensorboard"])
+    run_dir = cfg.run.dir
+    old = run_dir.metrics / "20260101_000000"
+    old.mkdir(parents=True)
+    (old / "metrics.csv").write_text(
+        "epoch,step,train/loss,train/loss_epoch\n"
+        + "".join(f"0,{s},9.0,\n" for s in range(1, 10))
+        + "0,5,,9.5\n"
+    )
+    drawn: list[tuple[dict, list]] = []
+    monkeypatch.setattr(
+        loss_curve,
+        "loss_plot",
+        lambda history, path, marks, epoch_ends: drawn.append((history, epoch_ends)),
+    )
+
+    def launch(ts: str, runs: dict[str, str], resumed: int | None, steps: range) -> dict:
+        loggers = metrics.build_loggers(cfg.obs, run_dir, ts, runs, resumed_step=resumed)
+        for step in steps:
+            for lg in loggers:
+                lg.log_metrics({"train/loss": 1.0 / step}, step)
+        for lg in loggers:
+            lg.log_metrics({"train/loss_epoch": 0.5, "epoch": 0}, steps[-1])
+        trainer = SimpleNamespace(is_global_zero=True, loggers=loggers, callbacks=[])
+        LossCurve(run_dir).on_fit_end(trainer, None)  # type: ignore[arg-type]
+        return metrics.logger_runs(loggers)
+
+    runs = launch("20260102_000000", {}, None, range(10, 101, 10))
+    assert runs == {"csv": "20260102_000000", "tensorboard": "20260102_000000"}
+    history, ends = drawn[-1]
+    assert [s for s, _ in history["train loss"]] == list(range(10, 101, 10))
+    assert ends == [(100.0, 0)]
+    # resumed at step 50 from the fresh run's checkpoint: its line, the old run left out
+    again = launch("20260103_000000", runs, 50, range(60, 121, 10))
+    assert again["csv"] == "20260102_000000"
+    assert [s for s, _ in drawn[-1][0]["train loss"]] == list(range(10, 121, 10))
+    # a checkpoint of older code holds the TensorBoard run alone: the same first launch
+    launch("20260104_000000", {"tensorboard": "20260102_000000"}, 50, range(60, 71, 10))
+    assert [s for s, _ in drawn[-1][0]["train loss"]] == [10, 20, 30, 40, 50, 60, 70]
+    assert metrics.first_csv_run({}, "20260105_000000", 50) == ""  # nothing recorded: all
+
+
+def test_a_failed_run_draws_its_loss_curve_up_to_the_failure(tmp_path: Path) -> None:
+    """A run that failed (a NaN that stopped it, a peer that died) left no loss_curve.png, or
+    the one of the launch it resumed: drawn in `on_exception` from what was logged. A failure
+    while drawing it is a warning in the rank's log, never in place of the run's own error."""
+    from ae.training.metrics import build_loggers
+
+    cfg = parse_config([f"--output_dir={tmp_path}", "--logger=csv"])
+    (csv_logger,) = build_loggers(cfg.obs, cfg.run.dir, "20260101_000000", {})
+    for step in range(1, 6):
+        csv_logger.log_metrics({"train/loss": 1.0 / step}, step)
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[csv_logger], callbacks=[])
+    lines: list[str] = []
+    sink = logger.add(lines.append, format="{level} {message}")
+    try:
+        LossCurve(cfg.run.dir).on_exception(trainer, None, RuntimeError("peer died"))  # type: ignore[arg-type]
+        with Image.open(cfg.run.dir.loss_curve) as img:
+            assert img.format == "PNG"
+        assert f"INFO Loss curve (up to the failure): {cfg.run.dir.loss_curve}\n" in lines
+
+        def broken() -> None:
+            raise OSError("No space left on device")
+
+        csv_logger.save = broken  # type: ignore[method-assign]
+        LossCurve(cfg.run.dir).on_exception(trainer, None, RuntimeError("peer died"))  # type: ignore[arg-type]
+    finally:
+        logger.remove(sink)
+    assert lines[-1] == (
+        "WARNING Loss curve not drawn after the failure: OSError: No space left on device\n"
+    )
 
 
 def test_the_log_axis_labels_enough_ticks_for_the_range_of_losses() -> None:
