@@ -130,15 +130,15 @@ class DebugCallback(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
-        step = trainer.global_step
-        step_times.batch_end(time.perf_counter(), step - self._global_step)
+        step, now = trainer.global_step, time.perf_counter()  # the one clock read a batch
+        step_times.batch_end(now, step - self._global_step)
         self._global_step = step
         self._batches += 1
         on_cadence = self._batches % self.every_train == 0
-        # One clock read a batch; the line itself once in minutes (rank 0, no progress bar)
-        console = time.perf_counter() >= self._console_at
+        # The console line once in minutes (rank 0, no progress bar)
+        console = now >= self._console_at
         if console:
-            self._console_at = time.perf_counter() + CONSOLE_PROGRESS_EVERY_S
+            self._console_at = now + CONSOLE_PROGRESS_EVERY_S
             console = trainer.global_rank == 0 and trainer.progress_bar_callback is None
         loss = float("nan")
         if (self.debug or on_cadence or console) and isinstance(outputs, dict):
@@ -156,7 +156,7 @@ class DebugCallback(L.Callback):
                     logger.info(self._step_line(trainer, loss, ""))
         if console:
             self._say_progress(trainer, loss)
-        self._last_t = time.perf_counter()
+        self._last_t = now
         if self._batches == trainer.num_training_batches:
             self._end_training(trainer)
 
