@@ -182,6 +182,20 @@ def test_launcher_and_diagnose_do_not_import_torch() -> None:
         assert heavy == [], f"{module} imports {heavy[:5]}"
 
 
+def test_a_training_rank_imports_neither_the_launcher_nor_diagnose() -> None:
+    """A rank imports what it runs (~0.15 s of CPU a rank went to the launcher and ae-diagnose,
+    for three names of the environment: ae.job.rank_env holds them)."""
+    graph = import_graph(at_import=True)
+    seen, todo = set(), ["ae.rank.train"]
+    while todo:
+        for dep in graph[todo.pop()] - seen:
+            seen.add(dep)
+            todo.append(dep)
+    assert {"ae.job.preflight", "ae.job.rank_env"} <= seen  # the walk itself works
+    extra = sorted(m for m in seen if package_of(m) == "ae.diagnose" or m == "ae.job.launch")
+    assert extra == [], f"ae.rank.train imports {extra[:5]}"
+
+
 def test_no_work_at_import_time() -> None:
     """Importing every module installs no signal handler, atexit hook or warnings filter, and
     reads no AE_FAULT (a malformed one must not break an import)."""

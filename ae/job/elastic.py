@@ -45,7 +45,8 @@ from ae.config import RunConfig
 from ae.forensics.faults import ATTEMPT_ENV
 from ae.job.folder_lock import unused_run_ts
 from ae.job.processes import JOIN_TIMEOUT_S  # fewer than --min_nodes nodes by then ends the job
-from ae.job.restarts import NO_RESTART, RESTART_ENV, Attempt, Restart, Restarts
+from ae.job.rank_env import RESTART_ENV
+from ae.job.restarts import NO_RESTART, Attempt, Restart, Restarts
 from ae.job.topology import Topology
 from ae.log_lines import NODES_CHANGED
 

@@ -54,10 +54,9 @@ from ae.job.processes import (
     shared_cores_note,
     static_nodes,
 )
+from ae.job.rank_env import LAUNCHER_ENV, RESTART_ENV, RESUME_NOTE_ENV
 from ae.job.rank_lines import rank_lines
 from ae.job.restarts import (
-    RESTART_ENV,
-    RESUME_NOTE_ENV,
     Restart,
     Restarts,
     requeue_job,
@@ -69,8 +68,6 @@ from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE, TRAIN_LOG_FILE
 
 RANK_MODULE = "ae.cli.rank_process"  # what runs in every rank (train_ae.py runs the same)
-# Set for the processes the launcher starts: it reports their failures itself, once they end.
-LAUNCHER_ENV = "AE_LAUNCHER"
 
 
 def claim_run_folder(cfg: Config, topo: Topology, nproc: int) -> tuple[RunLock | None, str]:

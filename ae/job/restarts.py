@@ -33,14 +33,10 @@ from ae.diagnose.log_files import find_run, list_runs
 from ae.diagnose.report import diagnose, verdict_lines
 from ae.errors import DiskFullError, UserError
 from ae.job.outcome import finished_in_teardown
+from ae.job.rank_env import AS_THE_FIRST_ATTEMPT
 from ae.log_lines import CHANGE_OF_NODES, RESTART, RESUMED, TRAIN_LOG_FILE
 
-# The RESTART line, for rank 0 of the new attempt to write first into its train log.
-RESTART_ENV = "AE_RESTART"
-# A resumed run's line on the steps it trains again (`resume_note`), for rank 0's train log.
-RESUME_NOTE_ENV = "AE_RESUME_NOTE"
 RUNS_LOOKED_BACK = 5  # the runs `resume_note` reads, newest first, for one that trained
-AS_THE_FIRST_ATTEMPT = "as the first attempt did"  # a RESTART's checkpoint when there is none
 # The job failed the same way twice in a row: a requeue would fail again (docs/RUNS.md).
 SAME_FAILURE_EXIT = 3
 # Failures no restart can help: the same mistake or the same full disk again.
@@ -92,13 +88,6 @@ def judge(logs: Path, ts: str, rc: int) -> Attempt:
         causes = tuple(sorted(c["cause"] for c in culprits)) if culprits else (f"exit {rc}",)
     codes = tuple(sorted({r["exit_code"] for r in doc["ranks"] if r["exit_code"]}))
     return Attempt(ts, head, step, causes, codes)
-
-
-def restart_checkpoint(line: str | None) -> str | None:
-    """The checkpoint a RESTART line says the attempt resumes from; None for no restart, or one
-    that starts as the first attempt did (no checkpoint then)."""
-    m = RESTART.parse(line) if line else None
-    return m["checkpoint"] if m and m["checkpoint"] != AS_THE_FIRST_ATTEMPT else None
 
 
 def newest_checkpoint(checkpoints: Path) -> tuple[int, Path] | None:

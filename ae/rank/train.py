@@ -24,9 +24,8 @@ from ae.errors import ResourceLimitError
 from ae.forensics import flight_recorder
 from ae.forensics.step_times import step_times
 from ae.forensics.watchdog import start_watchdog
-from ae.job.launch import LAUNCHER_ENV
 from ae.job.preflight import judge, rank_needs
-from ae.job.restarts import RESTART_ENV, RESUME_NOTE_ENV, restart_checkpoint
+from ae.job.rank_env import LAUNCHER_ENV, RESTART_ENV, RESUME_NOTE_ENV, restart_checkpoint
 from ae.log_lines import GAN_STATS_FILE, RESOURCE_TIGHT, TRAINING_FINISHED, main_log
 from ae.rank.exit import run_to_exit
 from ae.stragglers import recent_window_s

@@ -13,12 +13,12 @@ from ae.diagnose.attempts import diagnose_job
 from ae.diagnose.cli import main
 from ae.diagnose.log_files import find_run
 from ae.errors import UserError
+from ae.job.rank_env import restart_checkpoint
 from ae.job.restarts import (
     SAME_FAILURE_EXIT,
     Restart,
     Restarts,
     newest_checkpoint,
-    restart_checkpoint,
     resume_note,
 )
 from ae.log_lines import RESTART, TRAIN_LOG_FILE
