@@ -13,16 +13,13 @@ import torch
 from torch import nn
 
 from ae.training.models import ModelError
+from ae.training.models.user import first_line
 from ae.training.quality import METRIC_NAMES
 
 # What `ae` itself logs as `train/<name>` and `val/<name>` (besides the quality metrics): a loss
 # term of the same name would be logged twice in one step, which Lightning refuses.
 OWN_SERIES = ("loss", "loss_epoch")
 LOSS_RETURNS = "return a scalar tensor (the loss), or (loss, {name: tensor}) to log terms too"
-
-
-def first_line(e: Exception) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def not_a_tensor(method: str, value: object) -> str:

@@ -44,6 +44,10 @@ class WrongShape(Flat):
     def decode(self, z):
         return z
 
+class RaisesInEncode(Flat):
+    def encode(self, x):
+        raise RuntimeError("in my code")
+
 class NoDecode(nn.Module):
     def encode(self, x):
         return x
@@ -69,9 +73,10 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (pkg / "__init__.py").write_text("raise RuntimeError('a package __init__ that runs')\n")
     (pkg / "models.py").write_text(USER_MODULE)
     (tmp_path / "flatmods.py").write_text(USER_MODULE)
+    (tmp_path / "brokenmods.py").write_text("import torch\nimport not_installed_xyz\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    for name in ("flatmods", "mypkg", "mypkg.models"):
+    for name in ("flatmods", "brokenmods", "mypkg", "mypkg.models"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     return "flatmods"
 
@@ -142,6 +147,19 @@ def test_user_lightning_module_is_used_as_it_is(user_module: str) -> None:
             r"--model_args='\{depth: 2, width: \.\.\.\}'$",
         ),
         ("flatmods:WrongShape", None, r"decode\(encode\(x\)\) gives \(2, 3\) for x of \(2, 24\)"),
+        # a failure in the user's own code names its line (the traceback: the rank's debug log)
+        (
+            "flatmods:RaisesInEncode",
+            None,
+            r"fails on a batch of shape \(2, 24\): RuntimeError: in my code \(at flatmods.py:\d+, "
+            r"in encode\)$",
+        ),
+        (
+            "brokenmods:Net",
+            None,
+            r"cannot import brokenmods: ModuleNotFoundError: No module named 'not_installed_xyz' "
+            r"\(at brokenmods.py:2\)$",
+        ),
     ],
 )
 def test_user_class_that_cannot_be_used_is_one_model_error(
