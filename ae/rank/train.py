@@ -34,6 +34,7 @@ from ae.training.inception import load_fid
 from ae.training.metrics import start_loggers
 from ae.training.model import AutoEncoder
 from ae.training.model_build import build_model
+from ae.training.model_check import naming_unused_parameters
 from ae.training.objective import load_perceptual
 from ae.training.position.resume_source import nothing_left, open_resume
 from ae.training.preemption import preempted_at
@@ -113,7 +114,8 @@ def fit(cfg: Config, ctx: RankContext) -> str:
         start_loggers(trainer.loggers)  # one that cannot start stops the run now, exit 2
     ckpt = source.path if source is not None else None
     del source  # Lightning reads the file again (its own restore); free this copy first
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=not trust)
+    with naming_unused_parameters(model):  # DDP's error, as the flag that avoids it
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=not trust)
     if (step := preempted_at(trainer)) is not None:
         return f"preempted at step {step}; resume with --resume_from_checkpoint=last"
     main_log.info(TRAINING_FINISHED.format(step=trainer.global_step))

@@ -6,7 +6,8 @@ before any dataloader worker starts, not a traceback mid-step or at the first va
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -103,11 +104,45 @@ def unused_parameters(
     return [name for (name, _), grad in zip(params, grads, strict=True) if grad is None]
 
 
-def unused_problem(unused: list[str], total: int) -> str:
+def unused_problem(unused: list[str], total: int, where: str = "the loss on a real batch") -> str:
     shown = ", ".join(unused[:5]) + (f", ... ({len(unused)} in all)" if len(unused) > 5 else "")
     return (
-        f"model: {len(unused)} of its {total} trainable parameters get no gradient from the "
-        f"loss on a real batch ({shown}); with several processes, DDP fails at the first step "
+        f"model: {len(unused)} of its {total} trainable parameters get no gradient from "
+        f"{where} ({shown}); with several processes, DDP fails at the first step "
         "unless it looks for them: pass --find_unused_parameters (slower per step), or use "
         "them in the loss"
     )
+
+
+# DDP's error at the step after one that left a parameter without gradient, and Lightning's
+# rewording of it (which names `strategy=...`, a setting ae's users do not have).
+_DDP_UNUSED = (
+    "Expected to have finished reduction in the prior iteration",
+    "parameters that were not used in producing the loss",
+)
+
+
+@contextmanager
+def naming_unused_parameters(module: nn.Module) -> Iterator[None]:
+    """Training under DDP: its unused-parameter error becomes one `ModelError` naming the
+    parameters and --find_unused_parameters. The check before training cannot see them in a
+    LightningModule of the user's (its own training_step) or in a loss that leaves some out only
+    in training mode; DDP's own message names `find_unused_parameters=True` or Lightning's
+    `strategy=`, neither of them a flag of ae."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not any(s in str(e) for s in _DDP_UNUSED):
+            raise
+        params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        # Grads are not zeroed (set to None) before the next backward: those still None got none
+        unused = [n for n, p in params if p.grad is None]
+        if unused:
+            problem = unused_problem(unused, len(params), "the loss of its training step")
+        else:
+            problem = (
+                "model: some of its trainable parameters got no gradient in a training step; "
+                "with several processes, DDP needs --find_unused_parameters (slower per step) "
+                "unless every parameter is in the loss of every step"
+            )
+        raise ModelError(problem) from e

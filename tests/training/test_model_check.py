@@ -11,7 +11,7 @@ from ae.config import ModelConfig, OptimConfig, parse_config
 from ae.data.decoding.decode import InputSpec
 from ae.training.model import AutoEncoder
 from ae.training.model_build import build_model, latent_shape
-from ae.training.model_check import unused_parameters
+from ae.training.model_check import naming_unused_parameters, unused_parameters
 from ae.training.models import ModelError
 from tests.support.unused_param_autoencoder import SkipsAParameter
 
@@ -124,6 +124,51 @@ def test_parameters_without_gradient_are_named_with_the_flag_for_several_process
     assert model.training
     _skips(world_size=1)  # one process: no DDP, nothing to find
     assert parse_config(["--find_unused_parameters"]).optim.find_unused_parameters
+
+
+class _UsesA(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(2, 2), nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x)
+
+
+def test_ddps_unused_parameter_error_in_training_is_named_with_the_flag(tmp_path) -> None:
+    """A LightningModule of the user's (its own training_step: the check before training cannot
+    run it) failed at step 2 with Lightning's "set `strategy='ddp_find_unused_parameters_true'`",
+    a setting no flag of ae reaches: one ModelError names the parameters and the flag."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        ddp = DistributedDataParallel(_UsesA())
+        with pytest.raises(ModelError) as err, naming_unused_parameters(ddp.module):
+            for _ in range(2):  # DDP says so at the step after the one that left them out
+                ddp(torch.rand(3, 2)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    assert str(err.value).startswith(
+        "model: 2 of its 4 trainable parameters get no gradient from the loss of its training "
+        "step (b.weight, b.bias); with several processes, DDP fails at the first step unless it "
+        "looks for them: pass --find_unused_parameters"
+    )
+    lightnings = RuntimeError(
+        "It looks like your LightningModule has parameters that were not used in producing the "
+        "loss returned by training_step. ..."
+    )
+    with (
+        pytest.raises(ModelError, match="--find_unused_parameters"),
+        naming_unused_parameters(_UsesA()),
+    ):
+        raise lightnings
+    # anything else goes on as it was
+    with pytest.raises(RuntimeError, match=r"^other$"), naming_unused_parameters(_UsesA()):
+        raise RuntimeError("other")
 
 
 def test_the_check_moves_no_running_statistic() -> None:
