@@ -35,6 +35,14 @@ def not_a_tensor(method: str, value: object) -> str:
     elif isinstance(value, tuple | list):
         where = next((f"[{i}]" for i, v in enumerate(value) if torch.is_tensor(v)), None)
     fix = f"return its {where}" if where else "return a torch.Tensor"
+    tensors = [v for v in value if torch.is_tensor(v)] if isinstance(value, tuple | list) else []
+    if method == "encode" and len(tensors) >= 2:
+        # A VAE's (mu, logvar): returning [0] alone would silently train it as a plain
+        # autoencoder; where the sampling and the KL term go is the rest of the fix.
+        fix += (
+            " (the latent ae-encode writes and the grids decode: for a VAE its mean; sample "
+            "and add the KL term in loss(x), see 'Your own model' in docs/TRAINING.md)"
+        )
     return f"model: {method} returned {type(value).__name__}; {fix}"
 
 

@@ -103,6 +103,32 @@ def test_loss_terms_named_like_aes_own_series_are_refused_before_training(
     _check(Returns(lambda loss: (loss, {"psnr": loss})), VECTOR)  # not a vector metric: free
 
 
+class ReturnsMuLogvar(nn.Module):
+    """The textbook VAE's encode: (mu, logvar)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.dec = nn.Linear(6, 4), nn.Linear(2, 6)
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mu, logvar = self.enc(x).chunk(2, dim=-1)
+        return mu, logvar
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.dec(z)
+
+
+def test_an_encode_returning_mu_and_logvar_is_told_where_the_vae_goes() -> None:
+    """ "return its [0]" alone would have the user train the VAE as a plain autoencoder."""
+    with pytest.raises(ModelError) as err:
+        _check(ReturnsMuLogvar())
+    assert str(err.value) == (
+        "model: encode returned tuple; return its [0] (the latent ae-encode writes and the grids "
+        "decode: for a VAE its mean; sample and add the KL term in loss(x), see 'Your own model' "
+        "in docs/TRAINING.md)"
+    )
+
+
 def _skips(world_size: int, **optim: object):
     spec = InputSpec("vector", (6,))
     cfg = ModelConfig(model="tests.support.unused_param_autoencoder:SkipsAParameter")
