@@ -48,6 +48,13 @@ class RaisesInEncode(Flat):
     def encode(self, x):
         raise RuntimeError("in my code")
 
+class ForwardOnly(nn.Module):
+    def __init__(self, input_shape):
+        super().__init__()
+        self.net = nn.Linear(input_shape[0], input_shape[0])
+    def forward(self, x):
+        return self.net(x)
+
 class NoDecode(nn.Module):
     def encode(self, x):
         return x
@@ -140,6 +147,12 @@ def test_user_lightning_module_is_used_as_it_is(user_module: str) -> None:
             r"\(did you mean latent\?\)$",
         ),
         ("flatmods:NoDecode", None, "must be a LightningModule, or an nn.Module with encode"),
+        (  # the usual first try: forward(x) -> x_hat alone
+            "flatmods:ForwardOnly",
+            None,
+            r"it is a ForwardOnly without encode and decode; split its forward into encode\(x\) "
+            r"-> z and decode\(z\) -> x_hat \(see 'Your own model' in docs/TRAINING.md\)$",
+        ),
         (  # the arguments its constructor needs, as the flag that gives them
             "flatmods:NeedsArgs",
             {"depth": 2},

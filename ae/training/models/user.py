@@ -135,9 +135,19 @@ def build(cls: type, model_args: dict[str, Any] | None, input_shape: tuple[int, 
         return obj
     missing = [m for m in ("encode", "decode") if not callable(getattr(obj, m, None))]
     if not isinstance(obj, nn.Module) or missing:
+        # An autoencoder written as forward(x) -> x_hat alone (the usual first try): ae needs the
+        # latent, for ae-encode and the grids
+        own_forward = isinstance(obj, nn.Module) and type(obj).forward is not nn.Module.forward
+        split = (
+            "; split its forward into encode(x) -> z and decode(z) -> x_hat (see 'Your own "
+            "model' in docs/TRAINING.md)"
+            if own_forward and len(missing) == 2
+            else ""
+        )
         raise ModelError(
             f"model: {shown} must be a LightningModule, or an nn.Module with encode(x) and "
             f"decode(z); it is a {type(obj).__name__}"
             + (f" without {' and '.join(missing)}" if missing else "")
+            + split
         )
     return obj
