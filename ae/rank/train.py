@@ -34,7 +34,7 @@ from ae.training.inception import load_fid
 from ae.training.metrics import start_loggers
 from ae.training.model import AutoEncoder
 from ae.training.model_build import build_model
-from ae.training.model_check import naming_unused_parameters
+from ae.training.model_check import forward_not_called, naming_unused_parameters
 from ae.training.objective import load_perceptual
 from ae.training.position.resume_source import nothing_left, open_resume
 from ae.training.preemption import preempted_at
@@ -80,8 +80,9 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     # on real samples as validation computes on them, is one message. The input is probed from
     # the first samples here (the data module's constructor reads no shard).
     datamodule.probe()
+    first = datamodule.first_samples()
     model, latent = build_model(
-        datamodule.spec, cfg.model, cfg.optim, ctx.world_size, batch=datamodule.first_samples(),
+        datamodule.spec, cfg.model, cfg.optim, ctx.world_size, batch=first,
         objective=cfg.objective,
     )  # fmt: skip
     if isinstance(model, AutoEncoder):
@@ -93,6 +94,8 @@ def fit(cfg: Config, ctx: RankContext) -> str:
         model.recipe.stats_file = paths.logs_dir / GAN_STATS_FILE.format(rank=ctx.rank, ts=run_ts)
     if ctx.rank == 0:
         main_log.info(describe(model, datamodule.spec, latent))
+        if (note := forward_not_called(model, first)) is not None:
+            main_log.warning(note)
         log_model_summary(model)
     preflight(cfg, ctx, batch_bytes=cfg.data.batch_size * math.prod(datamodule.spec.shape) * 4,
               model=model)  # fmt: skip

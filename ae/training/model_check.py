@@ -154,3 +154,34 @@ def naming_unused_parameters(module: nn.Module) -> Iterator[None]:
                 "unless every parameter is in the loss of every step"
             )
         raise ModelError(problem) from e
+
+
+def forward_not_called(module: nn.Module, batch: torch.Tensor) -> str | None:
+    """The warning for a user network whose own forward(x) returns more than a tensor (a VAE's
+    `(recon, mu, logvar)`) and that has no loss(x): ae never calls forward, so its sampling and
+    KL term would not be trained, without a word. None otherwise (a forward that is
+    decode(encode(x)), or one that fails here: not ae's to judge)."""
+    net = getattr(module, "net", None)  # the user's network inside ae's AutoEncoder
+    if not isinstance(net, nn.Module) or callable(getattr(net, "loss", None)):
+        return None
+    if type(net).forward is nn.Module.forward:
+        return None
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            out = net(batch)
+    except Exception:  # a user network may fail in any way on our batch
+        return None
+    finally:
+        net.train(was_training)
+    if torch.is_tensor(out):
+        return None
+    shown = type(out).__name__
+    if isinstance(out, tuple | list):
+        shown = f"a {shown} of {len(out)}"
+    return (
+        f"Model: its forward(x) returns {shown}, but ae does not call forward: it trains "
+        "decode(encode(x)) with --loss; a loss of its own (a VAE's sampling and KL term) goes "
+        "in loss(x) (see 'Your own model' in docs/TRAINING.md)"
+    )

@@ -11,7 +11,11 @@ from ae.config import ModelConfig, OptimConfig, parse_config
 from ae.data.decoding.decode import InputSpec
 from ae.training.model import AutoEncoder
 from ae.training.model_build import build_model, latent_shape
-from ae.training.model_check import naming_unused_parameters, unused_parameters
+from ae.training.model_check import (
+    forward_not_called,
+    naming_unused_parameters,
+    unused_parameters,
+)
 from ae.training.models import ModelError
 from tests.support.unused_param_autoencoder import SkipsAParameter
 
@@ -127,6 +131,40 @@ def test_an_encode_returning_mu_and_logvar_is_told_where_the_vae_goes() -> None:
         "decode: for a VAE its mean; sample and add the KL term in loss(x), see 'Your own model' "
         "in docs/TRAINING.md)"
     )
+
+
+class ForwardsAVAE(ReturnsMuLogvar):
+    """encode gives the mean, as ae asks; the sampling and the KL term live in forward alone."""
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().encode(x)[0]
+
+    def forward(self, x: torch.Tensor):
+        mu, logvar = super().encode(x)
+        z = mu + torch.randn_like(mu) * (0.5 * logvar).exp()
+        return self.decode(z), mu, logvar
+
+
+def test_a_forward_that_ae_never_calls_is_said_when_it_holds_more_than_a_reconstruction() -> None:
+    """It trained as a plain autoencoder without a word: ae calls encode/decode, not forward."""
+    x = torch.rand(2, 6)
+    assert forward_not_called(_check(ForwardsAVAE()), x) == (
+        "Model: its forward(x) returns a tuple of 3, but ae does not call forward: it trains "
+        "decode(encode(x)) with --loss; a loss of its own (a VAE's sampling and KL term) goes in "
+        "loss(x) (see 'Your own model' in docs/TRAINING.md)"
+    )
+
+    class WithLoss(ForwardsAVAE):
+        def loss(self, x: torch.Tensor) -> torch.Tensor:
+            return self(x)[0].pow(2).mean()
+
+    class PlainForward(ForwardsAVAE):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.decode(self.encode(x))
+
+    for quiet in (WithLoss(), PlainForward(), Returns(lambda loss: loss)):
+        assert forward_not_called(_check(quiet), x) is None
+    assert forward_not_called(AutoEncoder(VECTOR, ModelConfig(), OptimConfig()), x) is None
 
 
 def _skips(world_size: int, **optim: object):
