@@ -112,7 +112,9 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     resumed = (source.path, source.step) if source is not None else None
     # Rank 0 alone writes metrics: it continues the logger runs of the checkpoint it resumes.
     runs = source.logger_runs() if source is not None and ctx.rank == 0 else {}
-    trainer = build_trainer(cfg, ctx, run_ts, runs, source.step if source is not None else None)
+    manual = not model.automatic_optimization  # a LightningModule of the user's
+    at = resumed[1] if resumed is not None else None
+    trainer = build_trainer(cfg, ctx, run_ts, runs, at, manual_optimization=manual)
     if ctx.rank == 0:
         start_loggers(trainer.loggers)  # one that cannot start stops the run now, exit 2
     ckpt = source.path if source is not None else None

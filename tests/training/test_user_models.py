@@ -64,6 +64,11 @@ class Lit(L.LightningModule):
         super().__init__()
         self.width = width
 
+class LitManual(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
 class NeedsArgs(Flat):
     def __init__(self, input_shape, depth, width, act="relu"):
         super().__init__(input_shape)
@@ -180,6 +185,26 @@ def test_user_class_that_cannot_be_used_is_one_model_error(
 ) -> None:
     with pytest.raises(ModelError, match=message):
         build(VECTOR, model=path, model_args=args)
+
+
+def test_flags_lightning_cannot_apply_to_manual_optimization_are_named(user_module: str) -> None:
+    """A LightningModule that steps its optimizers itself (a GAN's): Lightning refused the run
+    at its start for --gradient_clip_val's default, naming `Trainer(gradient_clip_val=1.0)`, a
+    setting no flag of ae reaches (found by the own-model walkthrough). At its default the flag
+    is turned off for it (`build_trainer`); set, it is refused with the accumulation."""
+    model, _ = build(VECTOR, model="flatmods:LitManual")  # the default clip: fine
+    assert not model.automatic_optimization
+    with pytest.raises(ModelError) as err:
+        optim = OptimConfig(gradient_clip_val=0.5, gradient_accumulation_steps=2)
+        build_model(VECTOR, ModelConfig(model="flatmods:LitManual"), optim, 1)
+    assert str(err.value).splitlines() == [
+        "gradient_clip_val: 0.5: a LightningModule that optimizes manually "
+        "(automatic_optimization = False) clips its own gradients (self.clip_gradients in its "
+        "training_step); leave the flag at its default",
+        "gradient_accumulation_steps: 2: a LightningModule that optimizes manually "
+        "(automatic_optimization = False) steps its optimizers itself: accumulate in its "
+        "training_step, and leave the flag at 1",
+    ]
 
 
 def test_lr_multipliers_need_encoder_and_decoder(user_module: str) -> None:
