@@ -76,11 +76,11 @@ def test_model_flags_lists_and_mappings_from_cli_and_yaml(tmp_path: Path) -> Non
     )
     assert (m.kl_weight, m.loss, m.model_args) == (1e-3, "l1", None)
     path = tmp_path / "c.yaml"
-    path.write_text(
-        "model: pkg.mod:Net\nmodel_args:\n  width: 8\n  sizes: [1, 2]\nhidden_dims: 16\n"
-    )
+    path.write_text("model: mlp\nhidden_dims: 16\n")
+    assert parse_config([f"--config={path}"]).model.hidden_dims == (16,)
+    path.write_text("model: pkg.mod:Net\nmodel_args:\n  width: 8\n  sizes: [1, 2]\n")
     cfg = parse_config([f"--config={path}"])
-    assert cfg.model.model_args == {"width": 8, "sizes": [1, 2]} and cfg.model.hidden_dims == (16,)
+    assert cfg.model.model_args == {"width": 8, "sizes": [1, 2]}
     flag = parse_config(["--model=pkg.mod:Net", '--model_args={"width": 4}'])  # JSON is YAML
     assert flag.model.model_args == {"width": 4}
     with pytest.raises(ConfigError) as err:  # unclosed: the problem and where, not the context
@@ -99,7 +99,7 @@ def test_model_flag_problems_all_at_once() -> None:
         parse_config(["--model=resnet:", "--model_args=[1, 2]", "--channel_mult=1,x",
                       "--hidden_dims=0,4", "--ema_decay=1", "--downsample=3"])  # fmt: skip
     assert err.value.problems == [
-        "model_args: must be a mapping of names to values; got '[1, 2]'",
+        "model_args: must be a mapping of names to values, e.g. '{width: 64}'; got '[1, 2]'",
         "channel_mult: must be integers separated by commas; got '1,x'",
         "hidden_dims: must be >= 1; got 0,4",
         "model: must be one of auto, mlp, conv, resnet or package.module:ClassName; got 'resnet:'"
@@ -118,6 +118,38 @@ def test_model_flag_problems_all_at_once() -> None:
     assert err.value.problems[1].endswith("got 1,2,4,4 (e.g. --channel_mult=1,2,4,4,4)")
     with pytest.raises(ConfigError, match="kl_weight: only for the built-in models"):
         parse_config(["--model=my.mod:Net", "--kl_weight=0.1"])
+
+
+def test_a_class_of_your_own_is_given_its_arguments_in_model_args(tmp_path: Path) -> None:
+    """Found by the own-model walkthrough: each of these trained the class as if not given
+    (a built-in network's flag, ignored), or failed 30 s later in every rank."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--model=my.mod:Net", "--latent_dim=32", "--hidden_dims=8,4", "--latent=4",
+                      "--batchsize=3", "--model_args={width:64}"])  # fmt: skip
+    assert err.value.problems == [
+        # a flag of its own: not the built-in network's --latent_dim
+        "latent: unknown flag --latent; an argument of your own class goes in "
+        "--model_args='{latent: 4}' (--help lists every flag)",
+        "batchsize: unknown flag --batchsize; did you mean --batch_size? (--help lists every flag)",
+        # `{width:64}` is YAML for {"width:64": None}
+        "model_args: 'width:64' is a name without a value: YAML needs a space after the colon "
+        "({width: 64}); got '{width:64}'",
+        "latent_dim: only for the built-in models (mlp, conv, resnet); your own class takes its "
+        "arguments in --model_args, e.g. --model_args='{latent_dim: 32}'",
+        "hidden_dims: only for the built-in models (mlp, conv, resnet); your own class takes its "
+        "arguments in --model_args, e.g. --model_args='{hidden_dims: [8, 4]}'",
+    ]
+    config = tmp_path / "run.yaml"
+    config.write_text("model: my.mod:Net\nlatent: 4\n")
+    with pytest.raises(ConfigError) as err:
+        parse_config([f"--config={config}"])
+    assert err.value.problems == [
+        f"latent: unknown key in {config}, line 2; an argument of your own class goes under "
+        "model_args: (latent: 4) (--help lists every key)"
+    ]
+    with pytest.raises(ConfigError, match="did you mean --latent_dim"):  # a built-in model
+        parse_config(["--latent=4"])
+    assert parse_config(["--model=conv", "--latent_dim=32"]).model.latent_dim == 32
 
 
 def test_data_input_flags() -> None:

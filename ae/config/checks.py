@@ -16,6 +16,12 @@ from ae.config.sections import (
     show_value,
 )
 
+# The flags that shape a built-in network alone (a class of your own takes --model_args).
+BUILTIN_KNOBS = (
+    "latent_dim", "hidden_dim", "hidden_dims", "downsample", "latent_channels", "base_channels",
+    "channel_mult", "res_blocks",
+)  # fmt: skip
+
 
 def logger_names(value: str) -> list[str]:
     """`--logger=csv,tensorboard` -> ["csv", "tensorboard"]."""
@@ -142,6 +148,17 @@ def cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
         ("kl_weight",),
         "only for the built-in models; your own class computes its own loss",
     )
+    # Set for your own class, these were ignored without a word: they shape only mlp/conv/resnet.
+    own_class = USER_MODEL.fullmatch(cfg.model) is not None  # not a misspelt built-in
+    for knob in BUILTIN_KNOBS:
+        value = getattr(cfg, knob)
+        shown = f"[{', '.join(map(str, value))}]" if isinstance(value, tuple) else value
+        need(
+            value == FIELDS[knob].default or not own_class,
+            (knob,),
+            f"only for the built-in models ({', '.join(BUILTIN_MODELS[1:])}); your own class "
+            f"takes its arguments in --model_args, e.g. --model_args='{{{knob}: {shown}}}'",
+        )
     need(
         cfg.downsample in DOWNSAMPLE_FACTORS,
         ("downsample",),

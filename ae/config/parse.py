@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 import yaml
 
-from ae.config.checks import cross_checks
+from ae.config.checks import BUILTIN_KNOBS, cross_checks
+from ae.config.choices import USER_MODEL
 from ae.config.sections import FIELDS, NO_VALIDATION, SECTIONS, Config, show_value
 from ae.errors import UserError
 
@@ -144,7 +145,17 @@ def _coerce(key: str, raw: Any) -> Any:
         if value is None:
             return None
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ValueError(f"must be a mapping of names to values; got {raw!r}")
+            raise ValueError(
+                f"must be a mapping of names to values, e.g. '{{width: 64}}'; got {raw!r}"
+            )
+        # `{latent:4}` is YAML for {"latent:4": None}: the constructor then failed in every rank
+        # on an argument named `latent:4`
+        if glued := [k for k, v in value.items() if v is None and ":" in k]:
+            name, _, val = glued[0].partition(":")
+            raise ValueError(
+                f"{glued[0]!r} is a name without a value: YAML needs a space after the colon "
+                f"({{{name}: {val}}}); got {raw!r}"
+            )
         return value
     raise TypeError(f"unsupported config type for {key}: {hint}")  # programming error
 
@@ -232,14 +243,23 @@ def did_you_mean(key: str) -> str | None:
     return close[0] if close else None
 
 
-def _unknown(key: str, where: str | None) -> str:
-    """`where`: `file, line N` for a key of a --config file; None for a flag."""
+def _unknown(key: str, where: str | None, own_class: bool = False, value: object = None) -> str:
+    """`where`: `file, line N` for a key of a --config file; None for a flag. `own_class`: the
+    run trains a class of the user's, whose arguments go in --model_args, not in flags of
+    their own (`--latent=4`); a guess at a built-in network's flag (`--latent_dim`) is no help."""
     guess = did_you_mean(key)
+    if own_class and guess in BUILTIN_KNOBS:
+        guess = None
+    own = ""  # with a guess (`--batchsize`), that flag is what was meant
+    if own_class and guess is None and where is None:
+        own = f"; an argument of your own class goes in --model_args='{{{key}: {value}}}'"
+    elif own_class and guess is None:
+        own = f"; an argument of your own class goes under model_args: ({key}: {value})"
     if where is None:
         hint = f"; did you mean --{guess}?" if guess else ""
-        return f"{key}: unknown flag --{key}{hint} (--help lists every flag)"
+        return f"{key}: unknown flag --{key}{hint}{own} (--help lists every flag)"
     hint = f"; did you mean {guess}?" if guess else ""
-    return f"{key}: unknown key in {where}{hint} (--help lists every key)"
+    return f"{key}: unknown key in {where}{hint}{own} (--help lists every key)"
 
 
 def _read_yaml(path: str, problems: list[str]) -> tuple[dict[str, Any], dict[str, int]]:
@@ -310,9 +330,10 @@ def parse_config(argv: list[str], *, user: bool = False) -> Config:
     merged.update(cli)
 
     values: dict[str, Any] = {}
+    own_class = USER_MODEL.fullmatch(str(merged.get("model", ""))) is not None
     for key, raw in merged.items():
         if key not in FIELDS:
-            problems.append(_unknown(key, None if key in cli else where.get(key)))
+            problems.append(_unknown(key, None if key in cli else where.get(key), own_class, raw))
             continue
         # A value of the config file: the problem says where it is.
         at = f" (in {where[key]})" if key in where and key not in cli else ""

@@ -1,6 +1,7 @@
 """How a rank process ends, the same for training and for encoding.
 
-A user error is one message without a traceback; a write that found its filesystem full is one
+A user error is one message without a traceback (that of its cause, when it has one, goes to the
+rank's debug log only); a write that found its filesystem full is one
 `Disk full` line and exit code 28; anything else propagates to logging_cfg's FATAL hook (and
 torchrun's error file). Then, always, with SIGTERM recorded rather than fatal (torchrun's, when a
 peer failed, must not cut this short): the `teardown` phase, the rank's collectives dumped if it
@@ -38,6 +39,10 @@ def run_to_exit(work: Callable[[], str]) -> int:
         if not logging_cfg.is_configured():
             logging_cfg.configure_console()
         logger.error(e.render())
+        if e.__cause__ is not None:
+            # What raised it (a user's own model, deep in its code) is detail: the rank's debug
+            # log only (INFO, not `main`), with the traceback the message leaves out.
+            logger.opt(exception=e.__cause__).info(f"{type(e).__name__} came from:")
         code, why = e.exit_code, type(e).__name__
     except SigtermWhileStuck as e:
         logger.warning(e.describe())  # here, not in the signal handler that raised it

@@ -33,6 +33,7 @@ from ae.training.inception import load_fid
 from ae.training.metrics import start_loggers
 from ae.training.model import AutoEncoder
 from ae.training.model_build import build_model
+from ae.training.model_check import forward_not_called, naming_unused_parameters
 from ae.training.objective import load_perceptual
 from ae.training.position.resume_source import nothing_left, open_resume
 from ae.training.preemption import preempted_at
@@ -78,8 +79,9 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     # on real samples as validation computes on them, is one message. The input is probed from
     # the first samples here (the data module's constructor reads no shard).
     datamodule.probe()
+    first = datamodule.first_samples()
     model, latent = build_model(
-        datamodule.spec, cfg.model, cfg.optim, ctx.world_size, batch=datamodule.first_samples(),
+        datamodule.spec, cfg.model, cfg.optim, ctx.world_size, batch=first,
         objective=cfg.objective,
     )  # fmt: skip
     if isinstance(model, AutoEncoder):
@@ -91,6 +93,8 @@ def fit(cfg: Config, ctx: RankContext) -> str:
         model.recipe.stats_file = paths.logs_dir / GAN_STATS_FILE.format(rank=ctx.rank, ts=run_ts)
     if ctx.rank == 0:
         main_log.info(describe(model, datamodule.spec, latent))
+        if (note := forward_not_called(model, first)) is not None:
+            main_log.warning(note)
         log_model_summary(model)
     preflight(cfg, ctx, batch_bytes=cfg.data.batch_size * math.prod(datamodule.spec.shape) * 4,
               model=model)  # fmt: skip
@@ -107,12 +111,15 @@ def fit(cfg: Config, ctx: RankContext) -> str:
     resumed = (source.path, source.step) if source is not None else None
     # Rank 0 alone writes metrics: it continues the logger runs of the checkpoint it resumes.
     runs = source.logger_runs() if source is not None and ctx.rank == 0 else {}
-    trainer = build_trainer(cfg, ctx, run_ts, runs, source.step if source is not None else None)
+    manual = not model.automatic_optimization  # a LightningModule of the user's
+    at = resumed[1] if resumed is not None else None
+    trainer = build_trainer(cfg, ctx, run_ts, runs, at, manual_optimization=manual)
     if ctx.rank == 0:
         start_loggers(trainer.loggers)  # one that cannot start stops the run now, exit 2
     ckpt = source.path if source is not None else None
     del source  # Lightning reads the file again (its own restore); free this copy first
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=not trust)
+    with naming_unused_parameters(model):  # DDP's error, as the flag that avoids it
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=not trust)
     if (step := preempted_at(trainer)) is not None:
         return f"preempted at step {step}; resume with --resume_from_checkpoint=last"
     main_log.info(TRAINING_FINISHED.format(step=trainer.global_step))

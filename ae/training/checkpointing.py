@@ -55,6 +55,16 @@ from ae.training.position.sync import PositionSync
 _UNREMARKABLE = {"config", "print_config", "resume_from_checkpoint", "overwrite"}
 
 
+def no_val_loss(logged: list[str]) -> str:
+    """The warning for a validation that logged no `val/loss` (what best.ckpt minimises)."""
+    named = ", ".join(sorted(logged)) or "nothing"
+    return (
+        f"No best.ckpt: validation logged no val/loss (the model logged {named}); a "
+        'LightningModule of your own logs it with self.log("val/loss", loss, sync_dist=True) '
+        "in validation_step, or pass --save_best=false"
+    )
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's torch.save writer, but through a tmp file + fsync + rename; and ae's safe
     reader (`ae.training.position.checkpoint_read`): `weights_only=False` (`--trust_checkpoint`)
@@ -122,6 +132,7 @@ class Checkpointing(L.Callback):
         self._resumed_from: dict[str, Any] | None = None
         self._changed: list[str] = []
         self._val_nonfinite_said = False
+        self._no_val_loss_said = False
 
     # --- state carried in the checkpoint ----------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -212,6 +223,12 @@ class Checkpointing(L.Callback):
             return
         loss = trainer.callback_metrics.get("val/loss")
         value = float(loss) if loss is not None else math.inf
+        if loss is None and self.cfg.save_best and not self._no_val_loss_said:
+            # A LightningModule of the user's that logs `val_loss` (Lightning's habit), or none:
+            # no best.ckpt would ever be saved, and nothing said so
+            self._no_val_loss_said = True
+            if trainer.is_global_zero:
+                main_log.warning(no_val_loss(list(trainer.callback_metrics)))
         if loss is not None and not math.isfinite(value) and not self._val_nonfinite_said:
             # Training goes on (its own loss is guarded), but every validation metric and the
             # choice of best.ckpt are lost while it lasts: said once, not each epoch

@@ -18,6 +18,16 @@ from ae.training.nonfinite import NonFiniteGuard
 from ae.training.plots import loss_plot
 
 
+def no_loss_curve(logged: list[str]) -> str:
+    """The warning for a run that logged neither series of the loss curve."""
+    named = ", ".join(sorted(logged)) or "nothing"
+    return (
+        f"No loss curve: the model logged no train/loss or val/loss (it logged {named}); a "
+        'LightningModule of your own logs them with self.log("train/loss", loss) in '
+        'training_step and self.log("val/loss", loss, sync_dist=True) in validation_step'
+    )
+
+
 class LossCurve(L.Callback):
     """Renders `loss_curve.png` when fitting ends, or fails."""
 
@@ -58,6 +68,8 @@ class LossCurve(L.Callback):
         since = csvs[0].first_run
         history = read_loss_history(self.run_dir.metrics, since)
         if not any(math.isfinite(y) for pts in history.values() for _, y in pts):
+            if not any(history.values()) and not failed:  # a LightningModule's own names
+                main_log.warning(no_loss_curve(list(trainer.callback_metrics)))
             return
         path = self.run_dir.loss_curve
         guards = [cb for cb in trainer.callbacks if isinstance(cb, NonFiniteGuard)]

@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from ae.config import BUILTIN_MODELS, ModelConfig, ObjectiveConfig, OptimConfig
+from ae.config import BUILTIN_MODELS, FIELDS, ModelConfig, ObjectiveConfig, OptimConfig
 from ae.data.decoding.decode import InputSpec
 from ae.training.model import AutoEncoder
 from ae.training.model_check import (
@@ -20,6 +20,8 @@ from ae.training.model_check import (
 )
 from ae.training.models import ModelError, user
 from ae.training.quality import QualityMetrics
+
+DEFAULT_CLIP = FIELDS["gradient_clip_val"].default
 
 
 def has_codec(module: nn.Module) -> bool:
@@ -74,6 +76,27 @@ def latent_shape(
     return tuple(z.shape[1:])
 
 
+def manual_optimization_problems(optim: OptimConfig) -> list[str]:
+    """The flags Lightning cannot apply to a LightningModule that optimizes manually
+    (`automatic_optimization = False`, as GANs do): it refused the run at its start, naming
+    `Trainer(...)` arguments ae's users do not have. --gradient_clip_val at its default is
+    turned off for it instead (`build_trainer`): its own training_step clips, if it does."""
+    problems = []
+    if optim.gradient_clip_val not in (0, DEFAULT_CLIP):
+        problems.append(
+            f"gradient_clip_val: {optim.gradient_clip_val}: a LightningModule that optimizes "
+            "manually (automatic_optimization = False) clips its own gradients "
+            "(self.clip_gradients in its training_step); leave the flag at its default"
+        )
+    if optim.gradient_accumulation_steps > 1:
+        problems.append(
+            f"gradient_accumulation_steps: {optim.gradient_accumulation_steps}: a "
+            "LightningModule that optimizes manually (automatic_optimization = False) steps its "
+            "optimizers itself: accumulate in its training_step, and leave the flag at 1"
+        )
+    return problems
+
+
 def build_model(
     spec: InputSpec,
     model: ModelConfig,
@@ -98,6 +121,10 @@ def build_model(
                     "perceptual_weight/disc_weight: a LightningModule of your own trains as it "
                     "is; the recipe's terms are for an nn.Module with encode/decode"
                 )
+            if not obj.automatic_optimization:  # it steps its optimizers itself
+                problems = manual_optimization_problems(optim)
+                if problems:
+                    raise ModelError("\n".join(problems))
             if objective is not None and objective.fid_weights:
                 raise ModelError(
                     "fid_weights: a LightningModule of your own validates as it is; rFID is "

@@ -6,23 +6,21 @@ before any dataloader worker starts, not a traceback mid-step or at the first va
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
 from ae.training.models import ModelError
+from ae.training.models.user import first_line
 from ae.training.quality import METRIC_NAMES
 
 # What `ae` itself logs as `train/<name>` and `val/<name>` (besides the quality metrics): a loss
 # term of the same name would be logged twice in one step, which Lightning refuses.
 OWN_SERIES = ("loss", "loss_epoch")
 LOSS_RETURNS = "return a scalar tensor (the loss), or (loss, {name: tensor}) to log terms too"
-
-
-def first_line(e: Exception) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def not_a_tensor(method: str, value: object) -> str:
@@ -37,6 +35,14 @@ def not_a_tensor(method: str, value: object) -> str:
     elif isinstance(value, tuple | list):
         where = next((f"[{i}]" for i, v in enumerate(value) if torch.is_tensor(v)), None)
     fix = f"return its {where}" if where else "return a torch.Tensor"
+    tensors = [v for v in value if torch.is_tensor(v)] if isinstance(value, tuple | list) else []
+    if method == "encode" and len(tensors) >= 2:
+        # A VAE's (mu, logvar): returning [0] alone would silently train it as a plain
+        # autoencoder; where the sampling and the KL term go is the rest of the fix.
+        fix += (
+            " (the latent ae-encode writes and the grids decode: for a VAE its mean; sample "
+            "and add the KL term in loss(x), see 'Your own model' in docs/TRAINING.md)"
+        )
     return f"model: {method} returned {type(value).__name__}; {fix}"
 
 
@@ -106,11 +112,76 @@ def unused_parameters(
     return [name for (name, _), grad in zip(params, grads, strict=True) if grad is None]
 
 
-def unused_problem(unused: list[str], total: int) -> str:
+def unused_problem(unused: list[str], total: int, where: str = "the loss on a real batch") -> str:
     shown = ", ".join(unused[:5]) + (f", ... ({len(unused)} in all)" if len(unused) > 5 else "")
     return (
-        f"model: {len(unused)} of its {total} trainable parameters get no gradient from the "
-        f"loss on a real batch ({shown}); with several processes, DDP fails at the first step "
+        f"model: {len(unused)} of its {total} trainable parameters get no gradient from "
+        f"{where} ({shown}); with several processes, DDP fails at the first step "
         "unless it looks for them: pass --find_unused_parameters (slower per step), or use "
         "them in the loss"
+    )
+
+
+# DDP's error at the step after one that left a parameter without gradient, and Lightning's
+# rewording of it (which names `strategy=...`, a setting ae's users do not have).
+_DDP_UNUSED = (
+    "Expected to have finished reduction in the prior iteration",
+    "parameters that were not used in producing the loss",
+)
+
+
+@contextmanager
+def naming_unused_parameters(module: nn.Module) -> Iterator[None]:
+    """Training under DDP: its unused-parameter error becomes one `ModelError` naming the
+    parameters and --find_unused_parameters. The check before training cannot see them in a
+    LightningModule of the user's (its own training_step) or in a loss that leaves some out only
+    in training mode; DDP's own message names `find_unused_parameters=True` or Lightning's
+    `strategy=`, neither of them a flag of ae."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not any(s in str(e) for s in _DDP_UNUSED):
+            raise
+        params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        # Grads are not zeroed (set to None) before the next backward: those still None got none
+        unused = [n for n, p in params if p.grad is None]
+        if unused:
+            problem = unused_problem(unused, len(params), "the loss of its training step")
+        else:
+            problem = (
+                "model: some of its trainable parameters got no gradient in a training step; "
+                "with several processes, DDP needs --find_unused_parameters (slower per step) "
+                "unless every parameter is in the loss of every step"
+            )
+        raise ModelError(problem) from e
+
+
+def forward_not_called(module: nn.Module, batch: torch.Tensor) -> str | None:
+    """The warning for a user network whose own forward(x) returns more than a tensor (a VAE's
+    `(recon, mu, logvar)`) and that has no loss(x): ae never calls forward, so its sampling and
+    KL term would not be trained, without a word. None otherwise (a forward that is
+    decode(encode(x)), or one that fails here: not ae's to judge)."""
+    net = getattr(module, "net", None)  # the user's network inside ae's AutoEncoder
+    if not isinstance(net, nn.Module) or callable(getattr(net, "loss", None)):
+        return None
+    if type(net).forward is nn.Module.forward:
+        return None
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            out = net(batch)
+    except Exception:  # a user network may fail in any way on our batch
+        return None
+    finally:
+        net.train(was_training)
+    if torch.is_tensor(out):
+        return None
+    shown = type(out).__name__
+    if isinstance(out, tuple | list):
+        shown = f"a {shown} of {len(out)}"
+    return (
+        f"Model: its forward(x) returns {shown}, but ae does not call forward: it trains "
+        "decode(encode(x)) with --loss; a loss of its own (a VAE's sampling and KL term) goes "
+        "in loss(x) (see 'Your own model' in docs/TRAINING.md)"
     )

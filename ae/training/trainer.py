@@ -107,10 +107,15 @@ def build_trainer(
     run_ts: str,
     logger_runs: dict[str, str],
     resumed_step: int | None = None,
+    manual_optimization: bool = False,
 ) -> L.Trainer:
     """`logger_runs`: the logger runs to continue (those of the checkpoint a run resumes, saved
-    after optimizer step `resumed_step`)."""
+    after optimizer step `resumed_step`); `manual_optimization`: the model (a LightningModule of
+    the user's) steps its optimizers itself, so Lightning cannot clip its gradients: it refused
+    the run at its start for --gradient_clip_val's default (`model_build` refuses the flag set
+    to another value)."""
     run, optim = cfg.run, cfg.optim
+    clip = None if manual_optimization else optim.gradient_clip_val or None
     accelerator = resolve_accelerator(run)
     check_precision(run, accelerator)
     devices = ctx.world_size // run.num_nodes if ctx.world_size > 1 else 1
@@ -142,7 +147,7 @@ def build_trainer(
         max_epochs=run.max_epochs,
         max_steps=run.max_steps,
         accumulate_grad_batches=optim.gradient_accumulation_steps,
-        gradient_clip_val=optim.gradient_clip_val or None,
+        gradient_clip_val=clip,
         # Lightning asks after every batch; StepBoundary enables validation (limit_val_batches)
         # only on a batch due for it: an epoch's last, and every --val_interval optimizer steps.
         **TRAINER_VALIDATION_ARGS,

@@ -250,6 +250,8 @@ def test_user_class_mistakes_are_one_message(tmp_path: Path) -> None:
     (log,) = (tmp_path / "c" / "logs").glob("debug_rank0_*.log")
     assert "Rank exiting with code 2: ModelError" in log.read_text()
     assert "EPOCH 0 TRAINING START" not in log.read_text()
+    # the console's one message; the rank's log keeps the traceback it came from
+    assert re.search(r"ModelError came from:\nTraceback .*\nTypeError: ", log.read_text(), re.S)
     # the rank: decode returns a dataclass holding the tensor (diffusers' DecoderOutput)
     proc = subprocess.run(
         [sys.executable, str(ROOT / "train_ae.py"), f"--output_dir={tmp_path / 'd'}",

@@ -313,6 +313,19 @@ def test_the_launcher_refuses_what_the_ranks_could_not_read(tmp_path: Path) -> N
         check_checkpoint(parse_args([str(junk), spec, str(tmp_path / "out")]))
     good = encode_checkpoint(tmp_path, InputSpec("vector", (12,)))
     check_checkpoint(parse_args([str(good), spec, str(tmp_path / "o")]))  # passes
+    # Trained with a class of the user's, encoded from another folder: each rank failed to
+    # import it, 40 s after starting (found by the own-model walkthrough); now said here
+    state = torch.load(good, weights_only=True)
+    state["ae_config"]["model"] = "my_models_xyz:Net"
+    torch.save(state, junk)
+    with pytest.raises(EncodeArgsError) as err:
+        check_checkpoint(parse_args([str(junk), spec, str(tmp_path / "out")]))
+    assert err.value.render() == (
+        f"{junk}: its model is your own class my_models_xyz:Net, which cannot be found from here: "
+        f"no module 'my_models_xyz' (looked in the working directory {os.getcwd()} and on "
+        "PYTHONPATH); run from the folder its training ran in, or put the folder holding the "
+        "module on PYTHONPATH"
+    )
 
 
 @pytest.mark.parametrize("module", ["ae.cli.encode", "ae.cli.launch", "ae.cli.rank_process"])

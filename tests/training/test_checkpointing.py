@@ -101,6 +101,31 @@ def test_a_validation_loss_that_is_not_finite_is_said_once(
     assert not (tmp_path / "checkpoints" / "best.ckpt").exists()
 
 
+def test_a_validation_that_logs_no_val_loss_is_said_once(
+    tmp_path: Path, records: list[tuple[str, str]]
+) -> None:
+    # Was: a LightningModule of the user's logging `val_loss` (Lightning's habit) never had a
+    # best.ckpt, without a word (found by the own-model walkthrough)
+    ckpt = Checkpointing(CheckpointConfig(), RunDir(tmp_path), {}, "")
+    for step in (23, 46):
+        trainer = SimpleNamespace(
+            sanity_checking=False, is_global_zero=True, global_step=step,
+            callback_metrics={"val_loss": torch.tensor(0.5), "train_loss": torch.tensor(0.4)},
+            strategy=SimpleNamespace(broadcast=lambda v, src: v),
+        )  # fmt: skip
+        ckpt.on_validation_end(trainer, None)  # type: ignore[arg-type]
+    said = [m for _, m in records if m.startswith("No best.ckpt")]
+    assert said == [
+        "No best.ckpt: validation logged no val/loss (the model logged train_loss, val_loss); a "
+        'LightningModule of your own logs it with self.log("val/loss", loss, sync_dist=True) in '
+        "validation_step, or pass --save_best=false"
+    ]
+    records.clear()
+    quiet = Checkpointing(CheckpointConfig(save_best=False), RunDir(tmp_path), {}, "")
+    quiet.on_validation_end(trainer, None)  # type: ignore[arg-type]
+    assert not [m for _, m in records if m.startswith("No best.ckpt")]
+
+
 def test_prepare_removes_leftovers_of_a_killed_save(tmp_path: Path) -> None:
     (tmp_path / ".step-00000004.ckpt.4242-0a1b2c3d.tmp").write_bytes(b"partial")
     (tmp_path / "step-00000002.ckpt").write_bytes(b"whole")

@@ -14,6 +14,8 @@ from loguru import logger as loguru_logger
 from ae.config import ConfigError, ModelConfig, OptimConfig, parse_config
 from ae.data.decoding.decode import InputSpec
 from ae.log_lines import HEARTBEAT_FILE
+from ae.run_paths import RunDir
+from ae.training.loss_curve import LossCurve
 from ae.training.lr import lr_factor
 from ae.training.metrics import (
     LearningRates,
@@ -201,3 +203,24 @@ def test_ae_metrics_go_with_lightnings_at_their_step_or_on_their_own(tmp_path: P
         {"train/loss": "2.0", "step": "20"},
         {"lr": "0.3", "step": "25"},
     ]
+
+
+def test_a_run_that_logs_neither_loss_series_says_why_it_has_no_curve(
+    tmp_path: Path, records: list[tuple[str, str]]
+) -> None:
+    # Was: a LightningModule of the user's logging `train_loss` got no loss_curve.png, without a
+    # word (found by the own-model walkthrough)
+    from types import SimpleNamespace
+
+    csv_logger = NumberedCSVLogger(tmp_path, name="metrics", version="20261128_101010")
+    trainer = SimpleNamespace(
+        is_global_zero=True, loggers=[csv_logger], callbacks=[],
+        callback_metrics={"train_loss": torch.tensor(0.4)},
+    )  # fmt: skip
+    LossCurve(RunDir(tmp_path)).on_fit_end(trainer, None)  # type: ignore[arg-type]
+    assert [m for _, m in records if m.startswith("No loss curve")] == [
+        "No loss curve: the model logged no train/loss or val/loss (it logged train_loss); a "
+        'LightningModule of your own logs them with self.log("train/loss", loss) in '
+        'training_step and self.log("val/loss", loss, sync_dist=True) in validation_step'
+    ]
+    assert not RunDir(tmp_path).loss_curve.exists()

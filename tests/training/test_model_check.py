@@ -11,7 +11,11 @@ from ae.config import ModelConfig, OptimConfig, parse_config
 from ae.data.decoding.decode import InputSpec
 from ae.training.model import AutoEncoder
 from ae.training.model_build import build_model, latent_shape
-from ae.training.model_check import unused_parameters
+from ae.training.model_check import (
+    forward_not_called,
+    naming_unused_parameters,
+    unused_parameters,
+)
 from ae.training.models import ModelError
 from tests.support.unused_param_autoencoder import SkipsAParameter
 
@@ -103,6 +107,66 @@ def test_loss_terms_named_like_aes_own_series_are_refused_before_training(
     _check(Returns(lambda loss: (loss, {"psnr": loss})), VECTOR)  # not a vector metric: free
 
 
+class ReturnsMuLogvar(nn.Module):
+    """The textbook VAE's encode: (mu, logvar)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.dec = nn.Linear(6, 4), nn.Linear(2, 6)
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mu, logvar = self.enc(x).chunk(2, dim=-1)
+        return mu, logvar
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.dec(z)
+
+
+def test_an_encode_returning_mu_and_logvar_is_told_where_the_vae_goes() -> None:
+    """ "return its [0]" alone would have the user train the VAE as a plain autoencoder."""
+    with pytest.raises(ModelError) as err:
+        _check(ReturnsMuLogvar())
+    assert str(err.value) == (
+        "model: encode returned tuple; return its [0] (the latent ae-encode writes and the grids "
+        "decode: for a VAE its mean; sample and add the KL term in loss(x), see 'Your own model' "
+        "in docs/TRAINING.md)"
+    )
+
+
+class ForwardsAVAE(ReturnsMuLogvar):
+    """encode gives the mean, as ae asks; the sampling and the KL term live in forward alone."""
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().encode(x)[0]
+
+    def forward(self, x: torch.Tensor):
+        mu, logvar = super().encode(x)
+        z = mu + torch.randn_like(mu) * (0.5 * logvar).exp()
+        return self.decode(z), mu, logvar
+
+
+def test_a_forward_that_ae_never_calls_is_said_when_it_holds_more_than_a_reconstruction() -> None:
+    """It trained as a plain autoencoder without a word: ae calls encode/decode, not forward."""
+    x = torch.rand(2, 6)
+    assert forward_not_called(_check(ForwardsAVAE()), x) == (
+        "Model: its forward(x) returns a tuple of 3, but ae does not call forward: it trains "
+        "decode(encode(x)) with --loss; a loss of its own (a VAE's sampling and KL term) goes in "
+        "loss(x) (see 'Your own model' in docs/TRAINING.md)"
+    )
+
+    class WithLoss(ForwardsAVAE):
+        def loss(self, x: torch.Tensor) -> torch.Tensor:
+            return self(x)[0].pow(2).mean()
+
+    class PlainForward(ForwardsAVAE):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.decode(self.encode(x))
+
+    for quiet in (WithLoss(), PlainForward(), Returns(lambda loss: loss)):
+        assert forward_not_called(_check(quiet), x) is None
+    assert forward_not_called(AutoEncoder(VECTOR, ModelConfig(), OptimConfig()), x) is None
+
+
 def _skips(world_size: int, **optim: object):
     spec = InputSpec("vector", (6,))
     cfg = ModelConfig(model="tests.support.unused_param_autoencoder:SkipsAParameter")
@@ -124,6 +188,51 @@ def test_parameters_without_gradient_are_named_with_the_flag_for_several_process
     assert model.training
     _skips(world_size=1)  # one process: no DDP, nothing to find
     assert parse_config(["--find_unused_parameters"]).optim.find_unused_parameters
+
+
+class _UsesA(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(2, 2), nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x)
+
+
+def test_ddps_unused_parameter_error_in_training_is_named_with_the_flag(tmp_path) -> None:
+    """A LightningModule of the user's (its own training_step: the check before training cannot
+    run it) failed at step 2 with Lightning's "set `strategy='ddp_find_unused_parameters_true'`",
+    a setting no flag of ae reaches: one ModelError names the parameters and the flag."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        ddp = DistributedDataParallel(_UsesA())
+        with pytest.raises(ModelError) as err, naming_unused_parameters(ddp.module):
+            for _ in range(2):  # DDP says so at the step after the one that left them out
+                ddp(torch.rand(3, 2)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    assert str(err.value).startswith(
+        "model: 2 of its 4 trainable parameters get no gradient from the loss of its training "
+        "step (b.weight, b.bias); with several processes, DDP fails at the first step unless it "
+        "looks for them: pass --find_unused_parameters"
+    )
+    lightnings = RuntimeError(
+        "It looks like your LightningModule has parameters that were not used in producing the "
+        "loss returned by training_step. ..."
+    )
+    with (
+        pytest.raises(ModelError, match="--find_unused_parameters"),
+        naming_unused_parameters(_UsesA()),
+    ):
+        raise lightnings
+    # anything else goes on as it was
+    with pytest.raises(RuntimeError, match=r"^other$"), naming_unused_parameters(_UsesA()):
+        raise RuntimeError("other")
 
 
 def test_the_check_moves_no_running_statistic() -> None:

@@ -97,3 +97,11 @@ def test_the_run_trainers_callbacks_take_their_per_batch_hooks_through_one(tmp_p
     assert ends.index("EpochSync") < ends.index("BadDataBound") < ends.index("NonFiniteGuard")
     assert ends.index("NonFiniteGuard") < ends.index("StepBoundary") < ends.index("LearningRates")
     assert "on_before_zero_grad" not in hooks.calls
+
+
+def test_lightning_clips_no_gradients_of_a_model_that_optimizes_manually(tmp_path) -> None:
+    """Lightning refuses `gradient_clip_val` for manual optimization at the run's start."""
+    cfg = parse_config([f"--output_dir={tmp_path}", "--accelerator=cpu"])
+    assert build_trainer(cfg, RankContext(), "T", {}).gradient_clip_val == 1.0
+    manual = build_trainer(cfg, RankContext(), "T", {}, manual_optimization=True)
+    assert manual.gradient_clip_val is None

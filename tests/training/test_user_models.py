@@ -44,6 +44,17 @@ class WrongShape(Flat):
     def decode(self, z):
         return z
 
+class RaisesInEncode(Flat):
+    def encode(self, x):
+        raise RuntimeError("in my code")
+
+class ForwardOnly(nn.Module):
+    def __init__(self, input_shape):
+        super().__init__()
+        self.net = nn.Linear(input_shape[0], input_shape[0])
+    def forward(self, x):
+        return self.net(x)
+
 class NoDecode(nn.Module):
     def encode(self, x):
         return x
@@ -52,6 +63,11 @@ class Lit(L.LightningModule):
     def __init__(self, width=2):
         super().__init__()
         self.width = width
+
+class LitManual(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
 
 class NeedsArgs(Flat):
     def __init__(self, input_shape, depth, width, act="relu"):
@@ -69,9 +85,10 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (pkg / "__init__.py").write_text("raise RuntimeError('a package __init__ that runs')\n")
     (pkg / "models.py").write_text(USER_MODULE)
     (tmp_path / "flatmods.py").write_text(USER_MODULE)
+    (tmp_path / "brokenmods.py").write_text("import torch\nimport not_installed_xyz\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    for name in ("flatmods", "mypkg", "mypkg.models"):
+    for name in ("flatmods", "brokenmods", "mypkg", "mypkg.models"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     return "flatmods"
 
@@ -135,6 +152,12 @@ def test_user_lightning_module_is_used_as_it_is(user_module: str) -> None:
             r"\(did you mean latent\?\)$",
         ),
         ("flatmods:NoDecode", None, "must be a LightningModule, or an nn.Module with encode"),
+        (  # the usual first try: forward(x) -> x_hat alone
+            "flatmods:ForwardOnly",
+            None,
+            r"it is a ForwardOnly without encode and decode; split its forward into encode\(x\) "
+            r"-> z and decode\(z\) -> x_hat \(see 'Your own model' in docs/TRAINING.md\)$",
+        ),
         (  # the arguments its constructor needs, as the flag that gives them
             "flatmods:NeedsArgs",
             {"depth": 2},
@@ -142,6 +165,19 @@ def test_user_lightning_module_is_used_as_it_is(user_module: str) -> None:
             r"--model_args='\{depth: 2, width: \.\.\.\}'$",
         ),
         ("flatmods:WrongShape", None, r"decode\(encode\(x\)\) gives \(2, 3\) for x of \(2, 24\)"),
+        # a failure in the user's own code names its line (the traceback: the rank's debug log)
+        (
+            "flatmods:RaisesInEncode",
+            None,
+            r"fails on a batch of shape \(2, 24\): RuntimeError: in my code \(at flatmods.py:\d+, "
+            r"in encode\)$",
+        ),
+        (
+            "brokenmods:Net",
+            None,
+            r"cannot import brokenmods: ModuleNotFoundError: No module named 'not_installed_xyz' "
+            r"\(at brokenmods.py:2\)$",
+        ),
     ],
 )
 def test_user_class_that_cannot_be_used_is_one_model_error(
@@ -149,6 +185,26 @@ def test_user_class_that_cannot_be_used_is_one_model_error(
 ) -> None:
     with pytest.raises(ModelError, match=message):
         build(VECTOR, model=path, model_args=args)
+
+
+def test_flags_lightning_cannot_apply_to_manual_optimization_are_named(user_module: str) -> None:
+    """A LightningModule that steps its optimizers itself (a GAN's): Lightning refused the run
+    at its start for --gradient_clip_val's default, naming `Trainer(gradient_clip_val=1.0)`, a
+    setting no flag of ae reaches (found by the own-model walkthrough). At its default the flag
+    is turned off for it (`build_trainer`); set, it is refused with the accumulation."""
+    model, _ = build(VECTOR, model="flatmods:LitManual")  # the default clip: fine
+    assert not model.automatic_optimization
+    with pytest.raises(ModelError) as err:
+        optim = OptimConfig(gradient_clip_val=0.5, gradient_accumulation_steps=2)
+        build_model(VECTOR, ModelConfig(model="flatmods:LitManual"), optim, 1)
+    assert str(err.value).splitlines() == [
+        "gradient_clip_val: 0.5: a LightningModule that optimizes manually "
+        "(automatic_optimization = False) clips its own gradients (self.clip_gradients in its "
+        "training_step); leave the flag at its default",
+        "gradient_accumulation_steps: 2: a LightningModule that optimizes manually "
+        "(automatic_optimization = False) steps its optimizers itself: accumulate in its "
+        "training_step, and leave the flag at 1",
+    ]
 
 
 def test_lr_multipliers_need_encoder_and_decoder(user_module: str) -> None:
