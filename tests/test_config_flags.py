@@ -31,6 +31,18 @@ def test_cross_field_checks(tmp_path: Path) -> None:
         f"resume_from_checkpoint: no such checkpoint file: {tmp_path / 'step-00000099.ckpt'} (a "
         f"path, or last); {tmp_path} holds last.ckpt, step-00000040.ckpt"
     ]
+    # A run folder or its checkpoints/ (was: "no such checkpoint file" of a folder that is there)
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    for name in ("step-00000040.ckpt", "last.ckpt"):
+        (ckpts / name).write_bytes(b"x")
+    for folder in (ckpts.parent, ckpts):
+        with pytest.raises(ConfigError) as err:
+            parse_config([f"--resume_from_checkpoint={folder}"])
+        assert err.value.problems == [
+            f"resume_from_checkpoint: {folder} is a folder; name one of its checkpoints: "
+            f"{ckpts / 'last.ckpt'}, {ckpts / 'step-00000040.ckpt'}, or last"
+        ]
     resume = parse_config(["--resume_from_checkpoint=last"]).checkpoints.resume_from_checkpoint
     assert resume == "last"
     with pytest.raises(ConfigError, match="overwrite/resume_from_checkpoint: overwrite deletes"):

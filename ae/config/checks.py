@@ -14,6 +14,7 @@ from ae.config.sections import (
     Config,
     show_value,
 )
+from ae.run_paths import checkpoints_in_folder
 
 
 def logger_names(value: str) -> list[str]:
@@ -156,10 +157,14 @@ def cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
     for problem in logger_problems(cfg.logger):
         need(False, ("logger",), problem)
     resume = cfg.resume_from_checkpoint
+    folder = checkpoints_in_folder(Path(resume)) if resume not in (None, "last") else None
     need(
         resume in (None, "last") or Path(resume).is_file(),
         ("resume_from_checkpoint",),
-        f"no such checkpoint file: {resume} (a path, or last){_checkpoints_beside(resume)}",
+        # A run folder or its checkpoints/ (was: "no such checkpoint file" of a folder there)
+        f"{resume} is a folder{folder}, or last"
+        if folder is not None
+        else f"no such checkpoint file: {resume} (a path, or last){_checkpoints_beside(resume)}",
     )
     return problems
 
