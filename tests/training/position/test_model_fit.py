@@ -65,6 +65,16 @@ def test_open_resume_names_a_file_no_ae_run_saved(tmp_path: Path) -> None:
                              "(<output_dir>/checkpoints/*.ckpt), or last")  # fmt: skip
 
 
+def test_a_model_left_at_auto_is_named_with_the_model_it_built() -> None:
+    """Was `model: 'auto' -> 'resnet'`: which model the checkpoint holds went unsaid."""
+    built = ({"model": "conv"}, {"model": "resnet"})
+    problems = incompatible(
+        {"model": "auto"}, {"model": "resnet"}, nn.Linear(4, 2).state_dict(), nn.Linear(4, 3),
+        built,
+    )  # fmt: skip
+    assert problems == ["model: 'auto' (conv) -> 'resnet'"]
+
+
 def test_another_input_is_refused_even_where_the_weights_fit() -> None:
     weights = nn.Conv2d(3, 4, 3).state_dict()  # fully convolutional: any image size fits
     saved, now = {"image_size": 64, "input_key": "jpg"}, {"image_size": 128, "input_key": "jpg"}
