@@ -14,7 +14,7 @@ from ae.config.sections import (
     Config,
     show_value,
 )
-from ae.run_paths import checkpoints_in_folder
+from ae.run_paths import RunDir, checkpoints_in_folder
 
 
 def logger_names(value: str) -> list[str]:
@@ -164,9 +164,22 @@ def cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
         # A run folder or its checkpoints/ (was: "no such checkpoint file" of a folder there)
         f"{resume} is a folder{folder}, or last"
         if folder is not None
-        else f"no such checkpoint file: {resume} (a path, or last){_checkpoints_beside(resume)}",
+        else f"no such checkpoint file: {resume} (a path, or last)"
+        f"{_in_run_folder(resume, cfg.output_dir) or _checkpoints_beside(resume)}",
     )
     return problems
+
+
+def _in_run_folder(resume: str | None, output_dir: str) -> str:
+    """A checkpoint's bare name (`best`, `step-00000046.ckpt`) that names one in the run folder's
+    checkpoints/: `; did you mean <its path>?`, else ""."""
+    if resume in (None, "last") or Path(resume).is_absolute() or "/" in resume:
+        return ""
+    folder = RunDir(Path(output_dir).expanduser()).checkpoints
+    for name in (resume, f"{resume}.ckpt"):
+        if (folder / name).is_file():
+            return f"; did you mean --resume_from_checkpoint={folder / name}?"
+    return ""
 
 
 def _checkpoints_beside(resume: str | None) -> str:
