@@ -61,6 +61,7 @@ from ae.job.restarts import (
     RESUME_NOTE_ENV,
     Restart,
     Restarts,
+    newest_checkpoint,
     requeue_job,
     resume_note,
 )
@@ -252,14 +253,15 @@ def attempts(
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 requeue_job(os.environ)
             return -code, ts
+        newest = newest_checkpoint(cfg.run.dir.checkpoints)
         if restarts.max == 0:
-            return report_failure(logs, ts, code, said), ts
+            return report_failure(logs, ts, code, said, newest=newest, resumable=True), ts
         try:
             nxt = restarts.after_failure(ts, code)
             if nxt == 0:  # its training had finished: said, and no failure to report
                 return 0, ts
             if not isinstance(nxt, Restart):
-                code = report_failure(logs, ts, code, said)
+                code = report_failure(logs, ts, code, said, newest=newest, resumable=True)
                 return (code if nxt is None else nxt), ts
             logger.warning(nxt.line)
             restart = nxt
