@@ -67,3 +67,14 @@ class RunDir:
     @property
     def loss_curve(self) -> Path:
         return self.root / "loss_curve.png"
+
+
+def checkpoints_in_folder(folder: Path, most: int = 3) -> str | None:
+    """What to say of a folder named where a checkpoint file belongs (a run folder, or its
+    checkpoints/): `; name one of its checkpoints: <up to `most` of them>`, or `; name a
+    checkpoint file` when it holds none. None when `folder` is no folder."""
+    if not folder.is_dir():
+        return None
+    found = sorted(folder.glob("*.ckpt")) or sorted(RunDir(folder).checkpoints.glob("*.ckpt"))
+    names = ", ".join(str(p) for p in found[:most]) + (", ..." if len(found) > most else "")
+    return f"; name one of its checkpoints: {names}" if found else "; name a checkpoint file"

@@ -31,6 +31,27 @@ def test_cross_field_checks(tmp_path: Path) -> None:
         f"resume_from_checkpoint: no such checkpoint file: {tmp_path / 'step-00000099.ckpt'} (a "
         f"path, or last); {tmp_path} holds last.ckpt, step-00000040.ckpt"
     ]
+    # A run folder or its checkpoints/ (was: "no such checkpoint file" of a folder that is there)
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    for name in ("step-00000040.ckpt", "last.ckpt"):
+        (ckpts / name).write_bytes(b"x")
+    for folder in (ckpts.parent, ckpts):
+        with pytest.raises(ConfigError) as err:
+            parse_config([f"--resume_from_checkpoint={folder}"])
+        assert err.value.problems == [
+            f"resume_from_checkpoint: {folder} is a folder; name one of its checkpoints: "
+            f"{ckpts / 'last.ckpt'}, {ckpts / 'step-00000040.ckpt'}, or last"
+        ]
+    # A bare name of one in the run folder (`best`, like `last`): its path (was: no such file)
+    for name in ("best", "best.ckpt"):
+        (ckpts / "best.ckpt").write_bytes(b"x")
+        with pytest.raises(ConfigError) as err:
+            parse_config([f"--output_dir={ckpts.parent}", f"--resume_from_checkpoint={name}"])
+        assert err.value.problems == [
+            f"resume_from_checkpoint: no such checkpoint file: {name} (a path, or last); did you "
+            f"mean --resume_from_checkpoint={ckpts / 'best.ckpt'}?"
+        ]
     resume = parse_config(["--resume_from_checkpoint=last"]).checkpoints.resume_from_checkpoint
     assert resume == "last"
     with pytest.raises(ConfigError, match="overwrite/resume_from_checkpoint: overwrite deletes"):

@@ -15,6 +15,7 @@ from ae.config.sections import (
     Config,
     show_value,
 )
+from ae.run_paths import RunDir, checkpoints_in_folder
 
 # The flags that shape a built-in network alone (a class of your own takes --model_args).
 BUILTIN_KNOBS = (
@@ -177,12 +178,29 @@ def cross_checks(config: Config) -> list[tuple[tuple[str, ...], str]]:
     for problem in logger_problems(cfg.logger):
         need(False, ("logger",), problem)
     resume = cfg.resume_from_checkpoint
+    folder = checkpoints_in_folder(Path(resume)) if resume not in (None, "last") else None
     need(
         resume in (None, "last") or Path(resume).is_file(),
         ("resume_from_checkpoint",),
-        f"no such checkpoint file: {resume} (a path, or last){_checkpoints_beside(resume)}",
+        # A run folder or its checkpoints/ (was: "no such checkpoint file" of a folder there)
+        f"{resume} is a folder{folder}, or last"
+        if folder is not None
+        else f"no such checkpoint file: {resume} (a path, or last)"
+        f"{_in_run_folder(resume, cfg.output_dir) or _checkpoints_beside(resume)}",
     )
     return problems
+
+
+def _in_run_folder(resume: str | None, output_dir: str) -> str:
+    """A checkpoint's bare name (`best`, `step-00000046.ckpt`) that names one in the run folder's
+    checkpoints/: `; did you mean <its path>?`, else ""."""
+    if resume in (None, "last") or Path(resume).is_absolute() or "/" in resume:
+        return ""
+    folder = RunDir(Path(output_dir).expanduser()).checkpoints
+    for name in (resume, f"{resume}.ckpt"):
+        if (folder / name).is_file():
+            return f"; did you mean --resume_from_checkpoint={folder / name}?"
+    return ""
 
 
 def _checkpoints_beside(resume: str | None) -> str:

@@ -47,7 +47,7 @@ from ae.job.outcome import report_failure, stop_exit_code
 from ae.job.processes import processes_per_node, rank_command, run_torchrun
 from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE
-from ae.run_paths import RunDir
+from ae.run_paths import RunDir, checkpoints_in_folder
 
 RANK_MODULE = "ae.cli.encode_rank"  # what runs in every rank
 CHECK_MODULE = "ae.cli.check_checkpoint"  # the safe loader's verdict on a checkpoint
@@ -181,10 +181,7 @@ def parse_args(argv: list[str]) -> EncodeArgs:
 
 def _ckpt_folder_problem(folder: Path) -> str:
     """A run folder or its checkpoints/ given as CKPT: name the files to pick from."""
-    found = sorted(folder.glob("*.ckpt")) or sorted(RunDir(folder).checkpoints.glob("*.ckpt"))
-    names = ", ".join(str(p) for p in found[:3]) + (", ..." if len(found) > 3 else "")
-    pick = f"; name one of its checkpoints: {names}" if found else "; name a checkpoint file"
-    return f"CKPT: {folder} is a folder{pick}"
+    return f"CKPT: {folder} is a folder{checkpoints_in_folder(folder)}"
 
 
 def output_paths(urls: list[str], out_dir: Path) -> list[Path]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -59,11 +60,12 @@ from ae.job.rank_lines import rank_lines
 from ae.job.restarts import (
     Restart,
     Restarts,
+    newest_checkpoint,
     requeue_job,
     resume_note,
 )
 from ae.job.same_job import check_same_job, job_settings, tell_node_0
-from ae.job.supervise import Stops, start_child, wait
+from ae.job.supervise import Stops, start_child, stop_signals, wait
 from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE, TRAIN_LOG_FILE
 
@@ -248,14 +250,15 @@ def attempts(
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 requeue_job(os.environ)
             return -code, ts
+        newest = newest_checkpoint(cfg.run.dir.checkpoints)
         if restarts.max == 0:
-            return report_failure(logs, ts, code, said), ts
+            return report_failure(logs, ts, code, said, newest=newest, resumable=True), ts
         try:
             nxt = restarts.after_failure(ts, code)
             if nxt == 0:  # its training had finished: said, and no failure to report
                 return 0, ts
             if not isinstance(nxt, Restart):
-                code = report_failure(logs, ts, code, said)
+                code = report_failure(logs, ts, code, said, newest=newest, resumable=True)
                 return (code if nxt is None else nxt), ts
             logger.warning(nxt.line)
             restart = nxt
@@ -308,7 +311,19 @@ def attempt(
             f"Training on node {topo.node_rank}/{topo.nnodes}, {nproc} process(es) per node "
             f"({topo.job}, run {ts})\n  rank logs : {logs}/debug_rank*_{ts}.log"
         )
-    proc = start_child(cmd, env, keep_fds=lock.descriptors() if lock is not None else ())
+    with stop_signals() as stops:  # before the child starts: `ae.job.supervise`
+        proc = start_child(cmd, env, stops, lock.descriptors() if lock is not None else ())
+        if proc is None:  # a stop came before it: no rank to stop, nothing to save
+            return stop_exit_code(stops.first), stops, None  # type: ignore[arg-type]
+        return _watch(cfg, topo, logs, ts, restart, proc, stops)
+
+
+def _watch(
+    cfg: Config, topo: Topology, logs: Path, ts: str, restart: Restart | None,
+    proc: subprocess.Popen, stops: Stops,
+) -> tuple[int, Stops, set[str] | None]:  # fmt: skip
+    """`attempt`'s wait for its child, with the other nodes watched and the other ranks' lines
+    said."""
     # Another node that dies closes no connection: its heartbeats tell (`ae.job.peer_nodes`).
     # The leader's console also says the other ranks' errors and stalls (`ae.job.rank_lines`).
     peers_said = rank_lines(logs / TRAIN_LOG_FILE.format(ts=ts)) if topo.leader else nullcontext()
@@ -324,11 +339,13 @@ def attempt(
         # without that node (`--min_nodes`): then only the other nodes are waited for.
         refused = peers.refused if topo.leader and cfg.run.min_nodes in (0, topo.nnodes) else None
         if topo.nnodes == 1:
-            rc, stops = wait(proc)
+            rc, stops = wait(proc, stops=stops)
         elif elastic(cfg, topo):
-            rc, stops = wait(proc, None, peers.stopped_elsewhere, not_joined, refused)
+            rc, stops = wait(proc, None, peers.stopped_elsewhere, not_joined, refused, stops=stops)
         else:
-            rc, stops = wait(proc, peers.check, peers.stopped_elsewhere, not_joined, refused)
+            rc, stops = wait(
+                proc, peers.check, peers.stopped_elsewhere, not_joined, refused, stops=stops
+            )
     # Another node's console said none of them (None: rank 0's own, on this console, were).
     said = relay.last_words_said if relay is not None else None if topo.leader else set()
     return rc, stops, said

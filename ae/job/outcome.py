@@ -159,12 +159,15 @@ def user_errors(doc: dict[str, Any], culprits: tuple[Finding, ...]) -> dict[int,
 
 
 def report_failure(
-    logs: Path, ts: str, rc: int, said: Collection[str] | None = None, job: str = "Training"
-) -> int:
+    logs: Path, ts: str, rc: int, said: Collection[str] | None = None, job: str = "Training",
+    newest: tuple[int, Path] | None = None, resumable: bool = False,
+) -> int:  # fmt: skip
     """The diagnosis of a failed run on the console; returns the launcher's exit code. `said`:
     the messages on the console already that need not be said again (`ae.job.rank_lines`;
     None: no relay followed the run, and rank 0's own are taken as said); `job`: what failed,
-    as the console names it (`Training`, `Encoding`)."""
+    as the console names it (`Training`, `Encoding`); `resumable`: a training run, whose
+    failure's verdict is followed by the way on, from `newest`, its newest checkpoint
+    (`ae.job.restarts.newest_checkpoint`: None without one)."""
     launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
     more = f"More: ae-diagnose {logs} --run {ts}"
     if launcher_log.is_file():
@@ -196,6 +199,8 @@ def report_failure(
         return UserError.exit_code
     head, *evidence = verdict_lines(doc)
     logger.error("\n".join([f"{job} failed: {head}", *evidence]))
+    if resumable:  # the way on (was: none said; exit 1 is requeueable, RUNS.md)
+        logger.info(f"Once its cause is fixed, or to try again: {_resume_from(newest)}")
     logger.info(more)
     return rc
 

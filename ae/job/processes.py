@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ae.config import RunConfig
 from ae.config.checks import CPU_16_MIXED
-from ae.job.supervise import wait
+from ae.job.supervise import start_child, stop_signals, wait
 from ae.job.topology import Topology
 
 CPU_PROCESSES = 2
@@ -155,6 +155,9 @@ def run_torchrun(
         *static_nodes(topo, port), f"--nproc_per_node={nproc}", *command, *args,
     ]  # fmt: skip
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=keep_fds)
-    rc, stops = wait(proc, on_stop=on_stop)
+    with stop_signals() as stops:  # before the child starts: `ae.job.supervise`
+        proc = start_child(cmd, env, stops, keep_fds)
+        if proc is None:  # a stop came before it: no rank to stop
+            return 128 + int(stops.first), stops.first  # type: ignore[arg-type]
+        rc, stops = wait(proc, on_stop=on_stop, stops=stops)
     return rc, stops.first

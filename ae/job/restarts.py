@@ -126,9 +126,11 @@ def resume_note(checkpoints: Path, resume: str | None, logs: Path, ts: str) -> s
         return None
     if reached <= step:
         return None
+    again = f"step {reached} is" if reached == step + 1 else f"steps {step + 1}-{reached} are"
+    redone = f"{reached - step} step{'s' * (reached - step != 1)} redone"
     return (
         f"Resuming at step {step} ({path}): the previous run, {previous}, reached step "
-        f"{reached}; steps {step + 1}-{reached} are trained again ({reached - step} steps redone)"
+        f"{reached}; {again} trained again ({redone})"
     )
 
 

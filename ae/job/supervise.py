@@ -13,6 +13,14 @@ would die of a USR1) and requeues the job once the ranks have saved (`ae.job.res
 child starts with USR1 ignored, inherited by torchrun, the ranks and their dataloader workers, so
 a USR1 that SLURM sends to every process of the step ends none of them.
 
+The launcher's handlers are in place before the child starts (`stop_signals`, then
+`start_child`): a Ctrl-C in between is not a KeyboardInterrupt traceback of the launcher, and
+the child starts with SIGINT and SIGTERM at their defaults, whatever the launcher inherited. A
+launcher that a script started in the background (`./train_ae.sh ... &`, where the shell
+ignores SIGINT) passed its ignored SIGINT on to its child, which lost a Ctrl-C passed on before
+torchrun's own handlers were up: the job trained to its end, after the console had said that it
+would save and stop.
+
 Signal handlers only record and forward (`os.kill`); what the user reads is logged from the wait
 loop, never from a handler.
 """
@@ -23,7 +31,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +49,7 @@ REQUEUE_SIGNAL = signal.SIGUSR1
 class Stops:
     """What the launcher got while its child ran."""
 
+    proc: subprocess.Popen | None = None  # the child the stops are passed on to, once started
     first: signal.Signals | None = None  # the stop signal passed on to the child
     forwarded: set[signal.Signals] = field(default_factory=set)
     ctrl_c: int = 0
@@ -50,17 +59,32 @@ class Stops:
     elsewhere: str | None = None  # the job saved and stopped on a stop signal to another node
     refused: str | None = None  # another node refused to join (started otherwise): a user error
 
+    def forward(self, sig: signal.Signals) -> None:
+        """Pass `sig` on to the child, once, if it runs (a REQUEUE_SIGNAL as SIGTERM)."""
+        passed = signal.SIGTERM if sig == REQUEUE_SIGNAL else sig
+        if self.proc is not None and passed not in self.forwarded and self.proc.poll() is None:
+            self.forwarded.add(passed)
+            self.proc.send_signal(passed)
+
 
 def start_child(
-    cmd: list[str], env: dict[str, str], keep_fds: tuple[int, ...] = ()
-) -> subprocess.Popen:
-    """The child in a session of its own, REQUEUE_SIGNAL ignored in it and below it (an ignored
-    signal stays ignored across exec; a handler would not); `keep_fds` stay open in it."""
+    cmd: list[str], env: dict[str, str], stops: Stops, keep_fds: tuple[int, ...] = ()
+) -> subprocess.Popen | None:
+    """The child in a session of its own, started inside `stop_signals` (`stops`): SIGINT and
+    SIGTERM at their defaults in it (exec resets a handler, not an ignored signal), and
+    REQUEUE_SIGNAL ignored in it and below it (an ignored signal stays ignored across exec);
+    `keep_fds` stay open in it. None, and no child, when a stop signal came already."""
+    if stops.first is not None:
+        return None
     previous = signal.signal(REQUEUE_SIGNAL, signal.SIG_IGN)
     try:
-        return subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=keep_fds)
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=keep_fds)
     finally:
         signal.signal(REQUEUE_SIGNAL, previous)
+    stops.proc = proc
+    if stops.first is not None:  # came while it started
+        stops.forward(stops.first)
+    return proc
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -77,8 +101,10 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 @contextmanager
-def stop_signals(proc: subprocess.Popen) -> Iterator[Stops]:
-    stops = Stops()
+def stop_signals(proc: subprocess.Popen | None = None) -> Iterator[Stops]:
+    """The launcher's stop signals recorded, and passed on to the child (`proc`, or the one
+    `start_child` starts under them)."""
+    stops = Stops(proc=proc)
 
     def handler(signum: int, frame: Any) -> None:
         sig = signal.Signals(signum)
@@ -88,10 +114,7 @@ def stop_signals(proc: subprocess.Popen) -> Iterator[Stops]:
             stops.requeue = True
         if stops.first is None:
             stops.first = sig
-        passed = signal.SIGTERM if sig == REQUEUE_SIGNAL else sig
-        if passed not in stops.forwarded and proc.poll() is None:
-            stops.forwarded.add(passed)
-            proc.send_signal(passed)
+        stops.forward(sig)
 
     signals = (signal.SIGINT, signal.SIGTERM, REQUEUE_SIGNAL)
     previous = {s: signal.signal(s, handler) for s in signals}
@@ -109,6 +132,7 @@ def wait(
     note: Callable[[], str | None] | None = None,
     refused: Callable[[], str | None] | None = None,
     on_stop: str | None = None,
+    stops: Stops | None = None,
 ) -> tuple[int, Stops]:
     """Wait for the child, passing stop signals on; returns its exit code and what came.
     `peers_lost` (multi-node runs) says when another node is gone: the child is then stopped
@@ -117,8 +141,9 @@ def wait(
     node in its exit barrier, is stopped with SIGTERM. `note`: a warning to say when it returns
     one (the other nodes not joined yet), nothing done. `refused` says when another node will
     not join (started otherwise): the child, waiting for it, is killed (no rank has started).
-    `on_stop`: what the ranks do on a stop signal, when not training's save (ae-encode's)."""
-    with stop_signals(proc) as stops:
+    `on_stop`: what the ranks do on a stop signal, when not training's save (ae-encode's).
+    `stops`: those of the `stop_signals` the child was started in, else its own."""
+    with nullcontext(stops) if stops is not None else stop_signals(proc) as stops:
         told, lost_at = False, 0.0
         while True:
             try:

@@ -26,10 +26,16 @@ import sys
 import traceback
 from types import FrameType
 
-import logging_cfg
-from ae.job.elastic import ELASTIC_ENV, JobEnds, install
-from ae.log_lines import LAUNCHER_GONE
-from ae.process_end import die_with_parent, run_then_exit
+# Until torchrun installs its handlers, Ctrl-C ends this process as SIGTERM does: at once,
+# quietly. First, before the imports below (a second or two): the launcher passes a Ctrl-C on
+# as soon as this process exists, and Python's own handler printed a KeyboardInterrupt
+# traceback from whichever import it interrupted onto the user's console.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+import logging_cfg  # noqa: E402
+from ae.job.elastic import ELASTIC_ENV, JobEnds, install  # noqa: E402
+from ae.log_lines import LAUNCHER_GONE  # noqa: E402
+from ae.process_end import die_with_parent, run_then_exit  # noqa: E402
 
 
 def follow_launcher(launcher_pid: int) -> None:
@@ -59,8 +65,6 @@ def once_per_stop() -> None:
 def main(argv: list[str]) -> int:
     log_file, launcher_pid, *args = argv
     follow_launcher(int(launcher_pid))
-    # Until torchrun installs its handlers, Ctrl-C ends it as SIGTERM does: at once, quietly.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
     with open(log_file, "a", buffering=1, encoding="utf-8", errors="backslashreplace") as log:
         sys.stdout = sys.stderr = log
         try:

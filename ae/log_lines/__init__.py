@@ -103,6 +103,13 @@ LR_RESCALED = LineFormat(
     "{factor}, {mode}); the schedule goes on from there",
     {"world": "int", "step": "int", "old": "float", "new": "float", "factor": "float"},
 )
+# A run resumed with another LR flag (`--learning_rate`, `--lr_scale`, a group's multiplier):
+# LR_RESCALED named ranks that had not changed; rank 0, once, in the train log.
+LR_FROM_FLAGS = LineFormat(
+    "LR set from the new {flags} at step {step}: effective LR {old} -> {new} (scaled by {factor} "
+    "for {world} ranks, {mode}); the schedule goes on from there",
+    {"step": "int", "old": "float", "new": "float", "factor": "float", "world": "int"},
+)
 EFFECTIVE_BATCH = LineFormat(
     "Effective batch: {batch} per device x {world} ranks x {accum} accumulation = {total} "
     "samples per optimizer step",

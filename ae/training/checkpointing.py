@@ -53,6 +53,8 @@ from ae.training.position.sync import PositionSync
 
 # Keys whose change between a checkpoint and the resumed run is expected, not news.
 _UNREMARKABLE = {"config", "print_config", "resume_from_checkpoint", "overwrite"}
+# The flags that set the LR (with the world size): a change re-sets it on resume.
+LR_FLAGS = ("learning_rate", "lr_scale", "encoder_lr_mult", "decoder_lr_mult", "disc_lr")
 
 
 def no_val_loss(logged: list[str]) -> str:
@@ -131,6 +133,7 @@ class Checkpointing(L.Callback):
         self.saved_at = self.clock()  # of the newest step checkpoint, or of the train start
         self._resumed_from: dict[str, Any] | None = None
         self._changed: list[str] = []
+        self._lr_flags: list[str] = []  # the LR flags changed since the checkpoint
         self._val_nonfinite_said = False
         self._no_val_loss_said = False
 
@@ -151,7 +154,9 @@ class Checkpointing(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         self._resumed_from = {"step": checkpoint["global_step"], "epoch": checkpoint["epoch"]}
-        self._changed = changed_settings(checkpoint.get("ae_config", {}), self.settings)
+        saved = checkpoint.get("ae_config", {})
+        self._changed = changed_settings(saved, self.settings)
+        self._lr_flags = [k for k in LR_FLAGS if k in saved and saved[k] != self.settings.get(k)]
 
     # --- when to save -----------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -176,7 +181,7 @@ class Checkpointing(L.Callback):
         actions = [
             resumed.note if resumed is not None else "",
             pl_module.replan_schedule() if isinstance(pl_module, AutoEncoder) else "",
-            pl_module.rescale_lr() if isinstance(pl_module, AutoEncoder) else "",
+            pl_module.rescale_lr(self._lr_flags) if isinstance(pl_module, AutoEncoder) else "",
         ]
         actions = [a for a in actions if a]
         if (self._changed or actions) and trainer.is_global_zero:

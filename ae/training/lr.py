@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ae.log_lines import EFFECTIVE_LR, LR_RESCALED
+from ae.log_lines import EFFECTIVE_LR, LR_FROM_FLAGS, LR_RESCALED
 
 ScaleMode = Literal["linear", "sqrt", "none"]
 
@@ -102,12 +103,18 @@ def at_schedule_step(optimizer: Any, scheduler: Any) -> None:
         group["lr"] = base * factor(scheduler.last_epoch)
 
 
-def lr_rescaled_line(world_size: int, step: int, old: float, new: float, mode: ScaleMode) -> str:
-    """`LR re-scaled for 1 ranks at step 4: effective LR 0.00141421 -> 0.001 (...)`."""
-    return LR_RESCALED.format(
+def lr_rescaled_line(
+    world_size: int, step: int, old: float, new: float, mode: ScaleMode, flags: Sequence[str] = ()
+) -> str:
+    """`LR re-scaled for 1 ranks at step 4: effective LR 0.00141421 -> 0.001 (...)`; with the LR
+    `flags` that changed, `LR set from the new --learning_rate at step 4: ...`."""
+    fields = dict(
         world=world_size, step=step, old=f"{old:.6g}", new=f"{new:.6g}",
         factor=f"{lr_scale_factor(world_size, mode):g}", mode=mode,
     )  # fmt: skip
+    if flags:
+        return LR_FROM_FLAGS.format(flags=", ".join(f"--{f}" for f in flags), **fields)
+    return LR_RESCALED.format(**fields)
 
 
 def schedule_line(warmup_steps: int, total_steps: int, kind: str) -> str:

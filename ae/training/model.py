@@ -14,6 +14,7 @@ own LightningModule.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -329,8 +330,9 @@ class AutoEncoder(L.LightningModule):
             )
         return f"re-planned the LR schedule from {old} to {int(end)} steps"
 
-    def rescale_lr(self) -> str:
-        """On resume on another number of ranks (a job that lost or gained a node): the LR
+    def rescale_lr(self, flags: Sequence[str] = ()) -> str:
+        """On resume on another number of ranks (a job that lost or gained a node), or with
+        other LR `flags` (their names, as changed since the checkpoint): the LR of these flags,
         scaled for this run's ranks, the schedule going on at its step. Returns what was done,
         or ""."""
         hp = self.hparams
@@ -342,7 +344,9 @@ class AutoEncoder(L.LightningModule):
             return ""
         world, mode = self._scaled_for
         if self.trainer.is_global_zero:
-            main_log.info(lr_rescaled_line(world, self.trainer.global_step, *done, mode))
+            main_log.info(lr_rescaled_line(world, self.trainer.global_step, *done, mode, flags))
+        if flags:  # was "re-scaled the LR for 2 ranks" of a run on the same 2 ranks
+            return f"set the LR from the new {', '.join(f'--{f}' for f in flags)}"
         return f"re-scaled the LR for {world} ranks"
 
     def configure_gradient_clipping(

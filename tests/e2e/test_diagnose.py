@@ -152,6 +152,7 @@ def test_exception_on_one_rank(rank_1_raises_at_step_3: FinishedRun) -> None:
     )
     assert "FATAL uncaught exception InjectedFault" in res.output  # its evidence lines
     assert f"More: ae-diagnose {res.logs} --run {doc['run']}" in res.output
+    assert "Once its cause is fixed, or to try again: " in res.output  # the way on
     assert "ChildFailedError" not in res.output and "Traceback" not in res.output
     assert "Connection closed by peer" not in res.output  # rank 0's FATAL: only in the logs
     assert "ChildFailedError" in res.text("launcher_*.log")

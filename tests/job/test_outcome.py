@@ -213,3 +213,27 @@ def test_a_rank_gone_without_trace_under_a_stop_is_no_hang(tmp_path: Path, said:
         write_heartbeat(tmp_path, w.rank, 2, pid=dead_pid(), t=w.t, phase="training step", step=3)
     assert report_stop(tmp_path, TS, signal.SIGTERM, killed=False, newest=None) == 143
     assert len(said) == 1 and said[0].startswith("Preempted (SIGTERM) before the ranks saved"), said
+
+
+def test_a_training_failure_says_the_way_on(tmp_path: Path, said: list[str]) -> None:
+    """Was: the verdict and the ae-diagnose command alone, nothing of how to go on (exit 1 is a
+    failure a resume can take up: docs/RUNS.md)."""
+    w0, w1 = two_ranks(tmp_path)
+    w1.fatal("InjectedFault", "raise fault injected by AE_FAULT", [("/x/model.py", "step")])
+    for w in (w0, w1):
+        w.flush()
+    ckpt = tmp_path / "checkpoints" / "step-00000008.ckpt"
+    assert report_failure(tmp_path, TS, 1, newest=(8, ckpt), resumable=True) == 1
+    verdict, way_on, more = said
+    assert verdict.startswith("Training failed: rank 1 on node0")
+    assert way_on == (
+        "Once its cause is fixed, or to try again: resume with --resume_from_checkpoint=last "
+        f"continues from step 8 ({ckpt})"
+    )
+    assert more.startswith("More: ae-diagnose")  # still the last words
+    said.clear()
+    report_failure(tmp_path, TS, 1, resumable=True)  # failed before its first checkpoint
+    assert said[1] == (
+        "Once its cause is fixed, or to try again: no checkpoint to resume from: "
+        "--resume_from_checkpoint=last starts from scratch"
+    )

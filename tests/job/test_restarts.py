@@ -151,6 +151,11 @@ def test_a_resume_by_hand_says_the_steps_it_trains_again(tmp_path: Path) -> None
     assert resume_note(ckpts, "last", logs, TS3) == said
     assert resume_note(ckpts, str(ckpts / "step-00000008.ckpt"), logs, TS2) == said
     assert "at step 4 " in (resume_note(ckpts, str(ckpts / "step-00000004.ckpt"), logs, TS2) or "")
+    # One step: was `steps 11-11 are trained again (1 steps redone)`
+    (ckpts / "step-00000010.ckpt").write_bytes(b"x")
+    one = resume_note(ckpts, str(ckpts / "step-00000010.ckpt"), logs, TS2) or ""
+    assert one.endswith("reached step 11; step 11 is trained again (1 step redone)")
+    (ckpts / "step-00000010.ckpt").unlink()
     # Nothing to say: no resume, best.ckpt (its step is not in its name), no earlier run, a
     # checkpoint at the step the run reached (a stop signal saves where it stops)
     assert resume_note(ckpts, None, logs, TS2) is None

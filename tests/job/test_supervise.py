@@ -7,10 +7,11 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-from ae.job.supervise import wait
+from ae.job.supervise import start_child, stop_signals, wait
 
 
 @pytest.mark.parametrize(
@@ -38,3 +39,32 @@ def test_a_stop_is_passed_on_and_said_as_the_job_does_it(
     rc, stops = wait(child, on_stop=on_stop)
     assert stops.first == signal.SIGTERM and rc == 7  # passed on
     assert said == [line]
+
+
+def test_the_child_starts_with_sigint_at_its_default_when_the_launcher_ignored_it(
+    tmp_path: Path,
+) -> None:
+    """Was: a launcher started by a script in the background (`./train_ae.sh ... &`: the shell
+    ignores SIGINT there) passed its ignored SIGINT on to torchrun's wrapper, which lost a
+    Ctrl-C passed on in its first seconds: the console said every rank would save and stop, and
+    the job trained to its end, exit 0."""
+    out = tmp_path / "sigint"
+    code = "import signal, sys; open(sys.argv[1], 'w').write(repr(signal.getsignal(2)))"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with stop_signals() as stops:
+            child = start_child([sys.executable, "-c", code, str(out)], dict(os.environ), stops)
+            assert child is not None and child.wait(timeout=30) == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert "default_int_handler" in out.read_text()  # Python's own, over SIG_DFL: not SIG_IGN
+
+
+def test_a_stop_before_the_child_starts_starts_none() -> None:
+    """A Ctrl-C just before the child starts: recorded by the launcher's handler (it was a
+    KeyboardInterrupt traceback of the launcher), and no child is started to be stopped."""
+    with stop_signals() as stops:
+        os.kill(os.getpid(), signal.SIGINT)
+        signal.sigtimedwait([], 0.1)  # let the handler run
+        assert start_child([sys.executable, "-c", "pass"], dict(os.environ), stops) is None
+    assert stops.first == signal.SIGINT and stops.ctrl_c == 1 and not stops.forwarded

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 from torch.distributed.elastic.multiprocessing import api
@@ -54,3 +56,21 @@ def test_torchrun_waits_the_promised_join_timeout_for_the_nodes() -> None:
     elastic = parse_args([*agent_args(run, topo, "29500", "10.0.0.1"), "--nproc_per_node=1", "x"])
     config, _, _ = config_from_args(elastic)
     assert int(config.rdzv_configs["join_timeout"]) == JOIN_TIMEOUT_S
+
+
+def test_a_ctrl_c_in_its_imports_ends_torchruns_wrapper_quietly() -> None:
+    """The launcher passes a Ctrl-C on as soon as the wrapper exists: during its imports (a
+    second or two), Python's own handler printed a KeyboardInterrupt traceback from whichever
+    import it interrupted onto the user's console. SIGINT is at its default before them."""
+    code = (
+        "import signal, sys\n"
+        "class Spy:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'logging_cfg':\n"
+        "            print(signal.getsignal(signal.SIGINT) == signal.SIG_DFL)\n"
+        "            sys.exit(0)\n"
+        "sys.meta_path.insert(0, Spy())\n"
+        "import ae.job.torchrun\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout == "True\n", out.stderr

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from ae.config import ModelConfig, OptimConfig
+from ae.config import CheckpointConfig, ModelConfig, OptimConfig
 from ae.data.decoding.decode import InputSpec
-from ae.log_lines import LR_RESCALED
+from ae.log_lines import LR_FROM_FLAGS, LR_RESCALED
+from ae.run_paths import RunDir
+from ae.training.checkpointing import Checkpointing
 from ae.training.lr import (
     Schedule,
     at_schedule_step,
@@ -163,3 +166,22 @@ def test_a_resume_on_fewer_ranks_rescales_the_lr_the_checkpoint_carries() -> Non
         "0.00141421",
         "0.001",
     )
+
+
+def test_a_resume_with_another_lr_flag_says_that_flag_not_the_ranks(tmp_path: Path) -> None:
+    """Was, resumed on the same 2 ranks with another --learning_rate: `LR re-scaled for 2 ranks
+    at step 3` and `re-scaled the LR for 2 ranks`, as if the ranks had changed."""
+    line = lr_rescaled_line(2, 3, 0.00141421, 0.0141421, "sqrt", ["learning_rate"])
+    assert line == (
+        "LR set from the new --learning_rate at step 3: effective LR 0.00141421 -> 0.0141421 "
+        "(scaled by 1.41421 for 2 ranks, sqrt); the schedule goes on from there"
+    )
+    assert LR_FROM_FLAGS.parse(line) is not None and LR_RESCALED.parse(line) is None
+    settings = {"learning_rate": 0.01, "lr_scale": "sqrt", "devices": "2", "max_steps": 6}
+    callback = Checkpointing(CheckpointConfig(), RunDir(tmp_path), settings, "")
+    saved = {**settings, "learning_rate": 0.001, "max_steps": 3}
+    callback.on_load_checkpoint(None, None, {"global_step": 3, "epoch": 0, "ae_config": saved})  # type: ignore[arg-type]
+    assert callback._lr_flags == ["learning_rate"]
+    saved = {**settings, "devices": "1"}  # another world size alone: re-scaled for the ranks
+    callback.on_load_checkpoint(None, None, {"global_step": 3, "epoch": 0, "ae_config": saved})  # type: ignore[arg-type]
+    assert callback._lr_flags == []

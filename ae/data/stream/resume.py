@@ -115,14 +115,17 @@ def plan_resume(stream: ShardStream, state: dict[str, Any]) -> Resume:
         length = len(stream)
     if done >= length:  # saved after the epoch's last batch: the next epoch is next
         return Resume(epoch + 1, 0, 0, None, "", stream.seed, saved_epoch=epoch)
-    if old is None or all(old.get(k) == now[k] for k in (*SPLIT_KEYS, "epoch_samples")):
-        return Resume(epoch, offset, done - offset, base, "", order_seed, before, epoch)
+    # Other shards (other sample counts) first: the checkpoint's batches of the epoch say nothing
+    # of them, under the same split settings too (skipping its k batches of other shards left
+    # "batch 6 of 5", an epoch that ended before its first batch).
     if state.get("counts") not in (None, counts_digest(stream.plan_counts)):
         return Resume(
             epoch, done, 0, None,
             f"the shards changed: epoch {epoch} restarts over them after batch {done}",
             stream.seed, trained, epoch,
         )  # fmt: skip
+    if old is None or all(old.get(k) == now[k] for k in (*SPLIT_KEYS, "epoch_samples")):
+        return Resume(epoch, offset, done - offset, base, "", order_seed, before, epoch)
     if old["mode"] == "resampled":  # no sequence: a count of samples left, drawn anew
         had = old["epoch_samples"] if base is None else sum(b - a for a, b in base)
         left = had - (done - offset) * old["world_size"] * old["batch_size"]

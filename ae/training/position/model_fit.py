@@ -54,8 +54,14 @@ def incompatible(
     saved_hp, now_hp = built
     # `--model=auto` and the name it resolves to (mlp for vectors) build the same model.
     same_model = "model" in saved_hp and saved_hp["model"] == now_hp.get("model")
+
+    def shown(k: str, value: Any, hp: dict[str, Any]) -> str:
+        # `model: 'auto' -> 'resnet'` left the checkpoint's model unsaid: `'auto' (conv)`
+        built_as = hp.get("model") if k == "model" else None
+        return f"{value!r}" + (f" ({built_as})" if built_as and built_as != value else "")
+
     changed = [
-        f"{k}: {saved[k]!r} -> {now[k]!r}"
+        f"{k}: {shown(k, saved[k], saved_hp)} -> {shown(k, now[k], now_hp)}"
         for k in SHAPE_KEYS
         if k in saved and k in now and saved[k] != now[k] and not (k == "model" and same_model)
     ]

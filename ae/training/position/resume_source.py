@@ -15,7 +15,7 @@ from torch import nn
 
 from ae.training.checkpoint_files import LAST
 from ae.training.metrics import LOGGER_RUNS
-from ae.training.position.checkpoint_read import read
+from ae.training.position.checkpoint_read import NotAnAeCheckpoint, read_ae_checkpoint
 from ae.training.position.model_fit import check_resume
 
 
@@ -73,14 +73,21 @@ def open_resume(
 ) -> ResumeSource | None:  # fmt: skip
     """The checkpoint `--resume_from_checkpoint` names, read and checked before training (None:
     a fresh start). A damaged file (`DamagedCheckpoint`), one that would run code
-    (`UntrustedCheckpoint`) and one whose model these flags cannot build (`ResumeRefused`) are one
-    message each, exit 2. `expected`: as for `resolve_resume`."""
+    (`UntrustedCheckpoint`), one that no ae run saved (`NotAnAeCheckpoint`) and one whose model
+    these flags cannot build (`ResumeRefused`) are one message each, exit 2. `expected`: as for
+    `resolve_resume`."""
     path = resolve_resume(value, checkpoints_dir, expected)
     if path is None:
         return None
-    checkpoint = read(path, trust=trust)
-    if not isinstance(checkpoint, dict):
-        checkpoint = {}
+    try:
+        # Not just any torch file: another zip or pickle failed in torch's reader or in
+        # Lightning's load, a traceback of each rank
+        checkpoint = read_ae_checkpoint(path, trust=trust)
+    except NotAnAeCheckpoint as e:
+        raise NotAnAeCheckpoint(
+            f"resume_from_checkpoint: {e}; it takes a checkpoint an ae run saved "
+            "(<output_dir>/checkpoints/*.ckpt), or last"
+        ) from None
     check_resume(path, checkpoint, now, model)
     return ResumeSource(path, checkpoint)
 

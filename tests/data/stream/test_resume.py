@@ -254,3 +254,21 @@ def test_no_workers_and_one_worker_split_alike(tmp_path: Path) -> None:
     resumed = _id_loaders(urls, counts, 1, 1, 4)[0]
     resumed.resume(first.position(6))
     assert _ids(resumed) == full[24:]
+
+
+def test_resume_over_other_shards_with_the_same_settings_trains_all_of_them(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint of other shards (a user's fine-tune on new data, or a mistake): its batches
+    of the epoch say nothing of these shards, so the epoch goes over all of them after them.
+    With the same split settings it used to skip that many batches of the new shards, past
+    their end (`batch 6 of 5`)."""
+    urls, counts = _id_shards(tmp_path, [23, 17, 30])
+    first = _id_loaders(urls, counts, 1, 0, 4)[0]
+    state = first.position(12)
+    (tmp_path / "other").mkdir()
+    other_urls, other_counts = _id_shards(tmp_path / "other", [10, 9])
+    resumed = _id_loaders(other_urls, other_counts, 1, 0, 4)[0]
+    resumed.resume(state)
+    assert len(resumed) == 12 + 19 // 4  # Lightning counts on from batch 12
+    assert sorted(_ids(resumed)) == sorted(_ids(_id_loaders(other_urls, other_counts, 1, 0, 4)[0]))

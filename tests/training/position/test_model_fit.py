@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from ae.training.position.checkpoint_read import NotAnAeCheckpoint
 from ae.training.position.model_fit import ResumeRefused, incompatible
 from ae.training.position.resume_source import nothing_left, open_resume
 
@@ -42,6 +44,35 @@ def test_open_resume_refuses_another_model_with_one_message(tmp_path: Path) -> N
     assert "(checkpoint -> flags):\n  model: 'conv' -> 'mlp'\n" in e.value.render()
     source = open_resume(str(path), tmp_path, {"model": "conv"}, nn.Linear(4, 2))  # fits
     assert source is not None and source.path == path
+
+
+def test_open_resume_names_a_file_no_ae_run_saved(tmp_path: Path) -> None:
+    """Was: a zip of other files failed in torch's reader (`RuntimeError: [enforce fail at
+    inline_container.cc:180] . file in archive is not in a subdirectory`), a torch file without
+    ae's keys in Lightning's load: a FATAL traceback of every rank, `Training failed`."""
+    other = tmp_path / "other.ckpt"
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("a.txt", "hi")
+    weights = tmp_path / "weights.ckpt"
+    torch.save(nn.Linear(4, 2).state_dict(), weights)  # a model's weights alone
+    for path, why in ((other, "not a readable checkpoint: RuntimeError"),
+                      (weights, "not a checkpoint written by ae")):  # fmt: skip
+        with pytest.raises(NotAnAeCheckpoint) as e:
+            open_resume(str(path), tmp_path, {}, nn.Linear(4, 2))
+        said = e.value.render()
+        assert said.startswith(f"resume_from_checkpoint: {path}: {why}"), said
+        assert said.endswith("; it takes a checkpoint an ae run saved "
+                             "(<output_dir>/checkpoints/*.ckpt), or last")  # fmt: skip
+
+
+def test_a_model_left_at_auto_is_named_with_the_model_it_built() -> None:
+    """Was `model: 'auto' -> 'resnet'`: which model the checkpoint holds went unsaid."""
+    built = ({"model": "conv"}, {"model": "resnet"})
+    problems = incompatible(
+        {"model": "auto"}, {"model": "resnet"}, nn.Linear(4, 2).state_dict(), nn.Linear(4, 3),
+        built,
+    )  # fmt: skip
+    assert problems == ["model: 'auto' (conv) -> 'resnet'"]
 
 
 def test_another_input_is_refused_even_where_the_weights_fit() -> None:
