@@ -15,7 +15,8 @@ torchrun stopped them; `scancel` of one node) stops every rank at the same step,
 checkpoint (`ae.training.preemption`). But the torchrun of this node then waits in its exit
 barrier for that node's torchrun, which left without one, for 300 s: once this host's ranks
 have all ended after the PREEMPTED line, `stopped_elsewhere` says so, and the launcher stops its
-torchrun and reports the stop.
+torchrun (SIGTERM; SIGKILL 5 s later, for a torchrun inside the barrier's wait, where its handler
+cannot run) and reports the stop.
 
 Staleness is measured on this host's monotonic clock, from the moment a file's content last
 changed: the hosts' clocks need not agree (on NFS, close-to-open consistency makes each open

@@ -39,8 +39,9 @@ import psutil
 from loguru import logger
 
 POLL_S = 0.2
-# After another node was lost: time for this node's ranks to log the SIGTERM, then SIGKILL.
-LOST_GRACE_S = 5.0
+# After another node was lost: time for this node's ranks to log the SIGTERM, then SIGKILL; after
+# a stop that ended this node's ranks elsewhere: time for torchrun to end on its SIGTERM.
+GRACE_S = 5.0
 KILL_WAIT_S = 5.0
 REQUEUE_SIGNAL = signal.SIGUSR1
 
@@ -144,7 +145,7 @@ def wait(
     `on_stop`: what the ranks do on a stop signal, when not training's save (ae-encode's).
     `stops`: those of the `stop_signals` the child was started in, else its own."""
     with nullcontext(stops) if stops is not None else stop_signals(proc) as stops:
-        told, lost_at = False, 0.0
+        told, lost_at, elsewhere_at = False, 0.0, 0.0
         while True:
             try:
                 return proc.wait(timeout=POLL_S), stops
@@ -158,13 +159,19 @@ def wait(
                 kill_tree(proc)
             watch = stopped_elsewhere is not None and stops.first is stops.elsewhere is None
             if watch and (said := stopped_elsewhere()) is not None:  # type: ignore[misc]
-                stops.elsewhere = said
+                stops.elsewhere, elsewhere_at = said, time.monotonic()
                 proc.send_signal(signal.SIGTERM)
+            elif stops.elsewhere and not stops.killed and time.monotonic() - elsewhere_at > GRACE_S:
+                # torchrun already in its exit barrier, a wait in C++ where its SIGTERM handler
+                # cannot run, would wait out its 300 s for the node that left. Its ranks here
+                # have all ended (what `stopped_elsewhere` waits for): nothing is lost.
+                stops.killed = True
+                kill_tree(proc)
             if peers_lost is not None and stops.lost is None and (lost := peers_lost()):
                 stops.lost, lost_at = lost, time.monotonic()
                 logger.error(lost)
                 proc.send_signal(signal.SIGTERM)
-            elif stops.lost and not stops.killed and time.monotonic() - lost_at > LOST_GRACE_S:
+            elif stops.lost and not stops.killed and time.monotonic() - lost_at > GRACE_S:
                 # Blocked in a collective with the lost node (where signal handlers cannot run),
                 # the ranks would wait for torchrun's SIGKILL; none can save without that node.
                 stops.killed = True

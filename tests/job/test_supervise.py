@@ -7,11 +7,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from ae.job.supervise import start_child, stop_signals, wait
+from ae.job.supervise import GRACE_S, KILL_WAIT_S, start_child, stop_signals, wait
 
 
 @pytest.mark.parametrize(
@@ -68,3 +69,22 @@ def test_a_stop_before_the_child_starts_starts_none() -> None:
         signal.sigtimedwait([], 0.1)  # let the handler run
         assert start_child([sys.executable, "-c", "pass"], dict(os.environ), stops) is None
     assert stops.first == signal.SIGINT and stops.ctrl_c == 1 and not stops.forwarded
+
+
+def test_a_stop_elsewhere_ends_a_child_that_its_sigterm_cannot_reach() -> None:
+    """Was: a torchrun already in its exit barrier when its node's ranks had all stopped on
+    another node's stop signal (a wait in C++, where its SIGTERM handler cannot run) kept the
+    launcher waiting for its 300 s: the launcher now kills it after GRACE_S."""
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "ready\n"
+    said = "Stopped on another node: rank 1 on node1 (SIGTERM) got a stop signal"
+    started = time.monotonic()
+    rc, stops = wait(child, stopped_elsewhere=lambda: said)
+    assert stops.elsewhere == said and stops.killed and rc == -signal.SIGKILL
+    assert time.monotonic() - started < GRACE_S + KILL_WAIT_S + 10
