@@ -47,6 +47,7 @@ from ae.log_lines import (
 from ae.run_paths import RunDir
 from ae.training.checkpoint_files import CheckpointStore
 from ae.training.model import AutoEncoder
+from ae.training.model_check import not_logged
 from ae.training.nonfinite import nonfinite_in, training_state
 from ae.training.position import checkpoint_read
 from ae.training.position.sync import PositionSync
@@ -59,12 +60,11 @@ LR_FLAGS = ("learning_rate", "lr_scale", "encoder_lr_mult", "decoder_lr_mult", "
 
 def no_val_loss(logged: list[str]) -> str:
     """The warning for a validation that logged no `val/loss` (what best.ckpt minimises)."""
-    named = ", ".join(sorted(logged)) or "nothing"
-    return (
-        f"No best.ckpt: validation logged no val/loss (the model logged {named}); a "
-        'LightningModule of your own logs it with self.log("val/loss", loss, sync_dist=True) '
-        "in validation_step, or pass --save_best=false"
+    calls = (
+        'it with self.log("val/loss", loss, sync_dist=True) in validation_step, or pass '
+        "--save_best=false"
     )
+    return not_logged("No best.ckpt", "val/loss in validation", logged, calls)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -14,18 +14,18 @@ from ae.log_lines import main_log
 from ae.run_paths import RunDir
 from ae.training.loss_history import read_epoch_ends, read_loss_history
 from ae.training.metrics import NumberedCSVLogger
+from ae.training.model_check import not_logged
 from ae.training.nonfinite import NonFiniteGuard
 from ae.training.plots import loss_plot
 
 
 def no_loss_curve(logged: list[str]) -> str:
     """The warning for a run that logged neither series of the loss curve."""
-    named = ", ".join(sorted(logged)) or "nothing"
-    return (
-        f"No loss curve: the model logged no train/loss or val/loss (it logged {named}); a "
-        'LightningModule of your own logs them with self.log("train/loss", loss) in '
-        'training_step and self.log("val/loss", loss, sync_dist=True) in validation_step'
+    calls = (
+        'them with self.log("train/loss", loss) in training_step and self.log("val/loss", '
+        "loss, sync_dist=True) in validation_step"
     )
+    return not_logged("No loss curve", "train/loss or val/loss", logged, calls)
 
 
 class LossCurve(L.Callback):

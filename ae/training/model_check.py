@@ -23,6 +23,17 @@ OWN_SERIES = ("loss", "loss_epoch")
 LOSS_RETURNS = "return a scalar tensor (the loss), or (loss, {name: tensor}) to log terms too"
 
 
+def not_logged(head: str, wanted: str, logged: list[str], calls: str) -> str:
+    """The warning for a model (a LightningModule of the user's: Lightning's habit is
+    `val_loss`) that logged none of the `wanted` names a feature reads: `head`, what it logged,
+    and the `calls` that log them."""
+    named = ", ".join(sorted(logged)) or "nothing"
+    return (
+        f"{head}: the model logged no {wanted} (it logged {named}); a LightningModule of your "
+        f"own logs {calls}"
+    )
+
+
 def not_a_tensor(method: str, value: object) -> str:
     """`decode returned DecoderOutput; return its .sample`: what a model returned instead of a
     tensor, and where the tensor in it is (a dataclass field, a mapping key, a tuple item)."""

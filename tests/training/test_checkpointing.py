@@ -116,9 +116,9 @@ def test_a_validation_that_logs_no_val_loss_is_said_once(
         ckpt.on_validation_end(trainer, None)  # type: ignore[arg-type]
     said = [m for _, m in records if m.startswith("No best.ckpt")]
     assert said == [
-        "No best.ckpt: validation logged no val/loss (the model logged train_loss, val_loss); a "
-        'LightningModule of your own logs it with self.log("val/loss", loss, sync_dist=True) in '
-        "validation_step, or pass --save_best=false"
+        "No best.ckpt: the model logged no val/loss in validation (it logged train_loss, "
+        'val_loss); a LightningModule of your own logs it with self.log("val/loss", loss, '
+        "sync_dist=True) in validation_step, or pass --save_best=false"
     ]
     records.clear()
     quiet = Checkpointing(CheckpointConfig(save_best=False), RunDir(tmp_path), {}, "")
