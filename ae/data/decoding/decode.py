@@ -320,9 +320,13 @@ def several_inputs(sample: dict) -> str | None:
     fix = merged_files(key, decodable) or (
         f"name the one to train on with --input_key, e.g. --input_key={decodable[0]}"
     )
+    # the first few named: a key with dots can make one sample of thousands of fields
+    shown = ", ".join(decodable[:8]) + (
+        f", ... ({len(decodable) - 8} more)" if len(decodable) > 8 else ""
+    )
     return (
         f"input_key: the samples have {len(decodable)} decodable fields "
-        f"({', '.join(decodable)}, in sample {key}); {fix}"
+        f"({shown}, in sample {key}); {fix}"
     )
 
 
