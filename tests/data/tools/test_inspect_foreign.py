@@ -4,6 +4,7 @@ with what a run does, and stays short whatever the shard holds."""
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 from pathlib import Path
 
@@ -72,3 +73,18 @@ def test_several_inputs_names_the_first_fields_only() -> None:
     why = several_inputs(sample)
     assert why is not None and "50 decodable fields" in why
     assert "007.npy, ... (42 more), in sample k" in why and "049.npy" not in why
+
+
+def test_bench_names_each_bad_sample_once_and_counts_the_reads(tmp_path: Path, capsys) -> None:
+    # img2dataset leaves a sample without its image (only .txt/.json): bench reads it again every
+    # epoch, and named it on the console each time (hundreds of lines in a few seconds)
+    members = [(f"{i:09d}.png", _png()) for i in range(40)]
+    members[5] = ("000000005.txt", b"a caption, the image failed to download")
+    shard = _tar(tmp_path / "00000.tar", members)
+    args = ["bench", str(shard), "--batch_size", "8", "--num_workers", "0", "--seconds", "0.5"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    named = (captured.out + captured.err).count("Bad sample 000000005 in shard")
+    assert named == 1
+    text = " ".join(captured.out.split())
+    assert re.search(r"\d+ reads of bad samples \(named above\), replaced by good ones", text)
