@@ -198,8 +198,8 @@ class Inspector:
         if self.native is None:
             return [
                 *out,
-                "no sample decodes: no training run can use these shards"
-                + ("" if self.cfg.input_key else " (pick the field with --input_key?)"),
+                # without --input_key every decodable field is tried: naming one adds none
+                "no sample decodes: no training run can use these shards",
             ]
         native = self.native
         how = (

@@ -88,3 +88,14 @@ def test_bench_names_each_bad_sample_once_and_counts_the_reads(tmp_path: Path, c
     assert named == 1
     text = " ".join(captured.out.split())
     assert re.search(r"\d+ reads of bad samples \(named above\), replaced by good ones", text)
+
+
+def test_label_only_shards_are_not_sent_to_input_key(tmp_path: Path, capsys) -> None:
+    # `.cls`-only shards: --input_key cannot help (it names only array and image fields), yet
+    # both inspect and the run's refusal said to use it
+    shard = _tar(tmp_path / "c.tar", [(f"{i:06d}.cls", b"3") for i in range(3)])
+    assert main(["inspect", str(shard)]) == 1
+    text = _text(capsys)
+    assert "no input to train on (labels and captions such as cls, txt, json are not one" in text
+    assert "name the field with --input_key" not in text and "pick the field" not in text
+    assert "no sample decodes: no training run can use these shards" in text
