@@ -389,6 +389,6 @@ def _input_fields(
     fields = ", ".join(k for k in sample if not k.startswith("__")) or "nothing"
     raise SampleError(
         f"no decodable field among: {fields} (by last extension: npy, npz, pth, pt, or an "
-        "image extension such as jpg, png, webp): no input to train on (labels and captions such "
-        "as cls, txt, json are not one, and --input_key can name only such a field)"
+        "image extension such as jpg, png, webp); labels and captions (cls, txt, json) are not "
+        "model inputs, and --input_key cannot make them one"
     )

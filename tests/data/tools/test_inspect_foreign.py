@@ -96,6 +96,6 @@ def test_label_only_shards_are_not_sent_to_input_key(tmp_path: Path, capsys) -> 
     shard = _tar(tmp_path / "c.tar", [(f"{i:06d}.cls", b"3") for i in range(3)])
     assert main(["inspect", str(shard)]) == 1
     text = _text(capsys)
-    assert "no input to train on (labels and captions such as cls, txt, json are not one" in text
+    assert "labels and captions (cls, txt, json) are not model inputs, and --input_key" in text
     assert "name the field with --input_key" not in text and "pick the field" not in text
     assert "no sample decodes: no training run can use these shards" in text
