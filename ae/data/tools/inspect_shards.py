@@ -236,6 +236,12 @@ def _array_hints(
     types: dict[str, Counter[str]], inputs: set[str], native: SampleDecoder
 ) -> list[str]:
     out = [f"vectors of {native.shape[0]} values: an MLP autoencoder"]
+    # `npy float32 (4, 8)`: arrays of 2 or more dimensions are flattened, which a run now says
+    shapes = sorted({k[k.index("(") :] for f in inputs for k in types.get(f, {}) if ", " in k})
+    shapes = [s for s in shapes if s.rstrip(")").split(", ")[-1]]  # not (16,)
+    if shapes:
+        shown = ", ".join(s.strip("()").replace(", ", "x") for s in shapes[:3])
+        out[0] += f" (arrays of shape {shown} flattened)"
     dtypes = {kind.split()[1] for f in inputs for kind in types.get(f, {}) if " " in kind}
     integers = sorted(d for d in dtypes if d.startswith(("uint", "int")))
     if integers:

@@ -8,6 +8,7 @@ import re
 import tarfile
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 
 from ae.cli.shards import main
@@ -99,3 +100,22 @@ def test_label_only_shards_are_not_sent_to_input_key(tmp_path: Path, capsys) -> 
     assert "labels and captions (cls, txt, json) are not model inputs, and --input_key" in text
     assert "name the field with --input_key" not in text and "pick the field" not in text
     assert "no sample decodes: no training run can use these shards" in text
+
+
+def test_inspect_says_2d_arrays_are_flattened(tmp_path: Path, capsys) -> None:
+    def npy(a: np.ndarray) -> bytes:
+        out = io.BytesIO()
+        np.save(out, a)
+        return out.getvalue()
+
+    shard = _tar(tmp_path / "v.tar", [(f"{i:06d}.npy", npy(np.zeros((4, 8), np.float32)))
+                                      for i in range(3)])  # fmt: skip
+    assert main(["inspect", str(shard)]) == 0
+    assert "vectors of 32 values: an MLP autoencoder (arrays of shape 4x8 flattened)" in _text(
+        capsys
+    )
+    flat = _tar(tmp_path / "f.tar", [(f"{i:06d}.npy", npy(np.zeros(16, np.float32)))
+                                     for i in range(3)])  # fmt: skip
+    assert main(["inspect", str(flat)]) == 0
+    text = _text(capsys)
+    assert "vectors of 16 values: an MLP autoencoder" in text and "flattened" not in text
