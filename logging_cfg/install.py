@@ -58,16 +58,32 @@ def is_configured() -> bool:
     return _configured
 
 
-def configure_console(level: str = "INFO", stream: TextIO | None = None) -> None:
+def configure_console(
+    level: str = "INFO", stream: TextIO | None = None, *, once: bool = False
+) -> None:
     """Console-only logging, for commands that write no run files (launcher, diagnose, tools,
-    torchrun's agent); `stream`: the console's, where sys.stderr is pointed elsewhere."""
+    torchrun's agent); `stream`: the console's, where sys.stderr is pointed elsewhere. `once`:
+    each distinct line at most once per process (`ae-shards bench` reads the same bad samples
+    every epoch, and named each of them hundreds of times)."""
     global _configured
     _configured = True
     install_debug_lines(None)
     logger.remove()
     logger.configure(extra={"tag": ""})
+    seen: set[str] = set()
+
+    def first_time(record: dict) -> bool:
+        new = record["message"] not in seen
+        seen.add(record["message"])
+        return new
+
     logger.add(
-        ConsoleSink(stream).write, level=level, format="{message}", colorize=False, diagnose=False
+        ConsoleSink(stream).write,
+        level=level,
+        format="{message}",
+        colorize=False,
+        diagnose=False,
+        filter=first_time if once else None,
     )
 
 

@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         logger.error(f"ae-shards {args.command}: {hint}")
         return 2
     # bench: the pipeline's per-epoch lines would drown the figures; problems still show
-    logging_cfg.configure_console("WARNING" if args.command == "bench" else "INFO")
+    # (and each bad sample once: every epoch reads it again)
+    bench = args.command == "bench"
+    logging_cfg.configure_console("WARNING" if bench else "INFO", once=bench)
     # Piped output is read by people later too: do not squeeze tables to 80 columns there.
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     try:

@@ -18,6 +18,7 @@ is.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
@@ -102,7 +103,9 @@ def tensor_array(data: bytes) -> np.ndarray:
         raise ValueError(f"holds a {type(value).__name__}, not a tensor")
     if value.is_complex():
         raise ValueError(f"dtype {value.dtype} is not real")
-    return value.detach().to(torch.float32).numpy()
+    if value.dtype == torch.bfloat16:  # numpy has no bfloat16; any other dtype kept as stored
+        value = value.to(torch.float32)
+    return value.detach().cpu().numpy()
 
 
 def decoding_extension(field: str) -> tuple[str, bool]:
@@ -123,17 +126,36 @@ def field_kind(field: str) -> Kind | None:
     return None
 
 
-def _array(field: str, name: str | None, data: bytes) -> np.ndarray:
+def _stored_array(field: str, name: str | None, data: bytes) -> np.ndarray:
+    """The array as stored (its own dtype and shape)."""
     ext, gzipped = decoding_extension(field)
     if gzipped:
         data = gzip.decompress(data)
     if ext == "npy":
-        array = npy_array(data)
-    elif ext == "npz":
-        array = npz_array(data, name)
-    else:
-        array = tensor_array(data)
-    return _flat_float32(array)
+        return npy_array(data)
+    if ext == "npz":
+        return npz_array(data, name)
+    return tensor_array(data)
+
+
+def _array(field: str, name: str | None, data: bytes) -> np.ndarray:
+    return _flat_float32(_stored_array(field, name, data))
+
+
+def _stored_note(array: np.ndarray, scaled: bool) -> str:
+    """For the Input field line, a first array not stored as a float32 vector: a 2-D array is
+    flattened, an int8 one trained on as -128..127 (inspect said so; the run did not)."""
+    shape = f" {'x'.join(map(str, array.shape))}" if array.ndim != 1 else ""
+    what = [
+        "flattened" if shape else "",
+        "integers not rescaled, --npy_scale=S multiplies them"
+        if array.dtype.kind in "biu" and not scaled
+        else "",
+        "converted" if array.dtype.kind == "f" and array.dtype != np.float32 else "",
+    ]
+    if not (shape or array.dtype != np.float32):
+        return ""
+    return f"stored as {array.dtype}{shape}" + "".join(f"; {w}" for w in what if w)
 
 
 _FLOAT32 = np.dtype(np.float32)
@@ -179,6 +201,7 @@ class SampleDecoder:
     # `ae.data.decoding.gpu_jpeg`). Set for the train and val streams only, never for a caller
     # that needs the pixels here (the probe, the model check, reconstruction grids).
     gpu_jpeg: bool = False
+    stored: str = ""  # arrays: how the first one was stored, when not as a float32 vector
 
     @property
     def spec(self) -> InputSpec:
@@ -284,20 +307,25 @@ class SampleDecoder:
         # Built twice: the first (no shape yet: unchecked) finds the field and decodes it.
         decoder = cls(fields, kind, (), any_image, "RGB", cfg.image_size, cfg.random_flip,
                       cfg.npy_scale)  # fmt: skip
-        field, _, data = decoder._input(sample)
+        field, name, data = decoder._input(sample)
         if kind == "image":
             try:
                 first_mode = open_image(ungzipped(field, data)).mode
             except Exception as e:
                 raise SampleError(f"cannot decode .{field}: {type(e).__name__}: {e}") from e
             decoder = replace(decoder, mode=mode_for(cfg.channels, first_mode))
+        else:
+            with contextlib.suppress(Exception):  # not an array: decode() below says why
+                stored = _stored_array(field, name, data)
+                decoder = replace(decoder, stored=_stored_note(stored, cfg.npy_scale != 1.0))
         return replace(decoder, shape=tuple(decoder.decode(sample).shape))
 
     def describe(self) -> str:
         """What the train log says about the input."""
         if self.kind == "vector":
             scale = f", times {self.npy_scale:g}" if self.npy_scale != 1.0 else ""
-            return f"vectors of {self.shape[0]} float32{scale}"
+            stored = f" ({self.stored})" if self.stored else ""
+            return f"vectors of {self.shape[0]} float32{scale}{stored}"
         c, h, w = self.shape
         size = (
             f"resized and cropped to {h}x{w} (random crop in training, center otherwise"
@@ -320,9 +348,13 @@ def several_inputs(sample: dict) -> str | None:
     fix = merged_files(key, decodable) or (
         f"name the one to train on with --input_key, e.g. --input_key={decodable[0]}"
     )
+    # the first few named: a key with dots can make one sample of thousands of fields
+    shown = ", ".join(decodable[:8]) + (
+        f", ... ({len(decodable) - 8} more)" if len(decodable) > 8 else ""
+    )
     return (
         f"input_key: the samples have {len(decodable)} decodable fields "
-        f"({', '.join(decodable)}, in sample {key}); {fix}"
+        f"({shown}, in sample {key}); {fix}"
     )
 
 
@@ -357,5 +389,6 @@ def _input_fields(
     fields = ", ".join(k for k in sample if not k.startswith("__")) or "nothing"
     raise SampleError(
         f"no decodable field among: {fields} (by last extension: npy, npz, pth, pt, or an "
-        "image extension such as jpg, png, webp); name the field with --input_key"
+        "image extension such as jpg, png, webp); labels and captions (cls, txt, json) are not "
+        "model inputs, and --input_key cannot make them one"
     )

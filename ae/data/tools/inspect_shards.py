@@ -29,6 +29,7 @@ from ae.data.decoding.decode import (
     decoding_extension,
     field_kind,
     npy_array,
+    several_inputs,
     tensor_array,
     ungzipped,
 )
@@ -50,6 +51,11 @@ CLASS_FIELDS = ("cls", "cls2", "class")
 # Samples with NaN/Inf named per shard (the rest counted): enough to find the rows, and a shard
 # of nothing but NaN keeps its report short.
 NONFINITE_NAMED = 5
+# Bad samples and fields named per shard on the console (--json keeps them all): a shard of 10k
+# samples with no decodable field, or a key whose dots made one sample of 120 fields, must not
+# push the summary and its hints off the screen.
+BAD_NAMED = 5
+FIELDS_NAMED = 8
 
 
 @dataclass
@@ -113,11 +119,16 @@ class Inspector:
         self.decoder: SampleDecoder | None = None
         self.native: SampleDecoder | None = None  # the decoder at native size (first sample's)
         self.first_problem: str | None = None
+        # Without --input_key, a first sample with several decodable fields (jpg + png,
+        # input.jpg + target.png) is refused by a run (`input_probe`): said here the same way.
+        self.several: str | None = None
 
     def _check(self, sample: dict) -> bool:
         """Decode the input field as a run would: whether its values are all finite (images
         always are); SampleError if it cannot be trained on."""
         if self.decoder is None:
+            if not self.cfg.input_key and self.several is None:
+                self.several = several_inputs(sample)
             self.native = SampleDecoder.probe(sample, self.cfg)
             self.decoder = self.native
             if self.native.kind == "image":  # sizes are reported, not judged: see hints()
@@ -187,8 +198,8 @@ class Inspector:
         if self.native is None:
             return [
                 *out,
-                "no sample decodes: no training run can use these shards"
-                + ("" if self.cfg.input_key else " (pick the field with --input_key?)"),
+                # without --input_key every decodable field is tried: naming one adds none
+                "no sample decodes: no training run can use these shards",
             ]
         native = self.native
         how = (
@@ -197,6 +208,9 @@ class Inspector:
             else "the default: the first decodable field of the first sample"
         )
         out.append(f"input field: {native.field_names} ({how})")
+        if self.several and not any(r.merged for r in reports):  # else said first, with its fix
+            why = self.several.removeprefix("input_key: ")
+            out.append(f"a training run refuses these shards without --input_key: {why}")
         types: dict[str, Counter[str]] = {}
         for r in reports:
             for name, kinds in r.field_types.items():
@@ -204,7 +218,7 @@ class Inspector:
         inputs = {f for f in types if native.accepts(f)}
         others = [f for f in types if f not in inputs and field_kind(f) is not None]
         if others:
-            out.append(f"other decodable fields: {', '.join(others)} (--input_key picks one)")
+            out.append(f"other decodable fields: {_first(others)} (--input_key picks one)")
         if native.kind == "vector":
             out += _array_hints(types, inputs, native)
             if nonfinite := sum(r.nonfinite for r in reports):
@@ -222,6 +236,12 @@ def _array_hints(
     types: dict[str, Counter[str]], inputs: set[str], native: SampleDecoder
 ) -> list[str]:
     out = [f"vectors of {native.shape[0]} values: an MLP autoencoder"]
+    # `npy float32 (4, 8)`: arrays of 2 or more dimensions are flattened, which a run now says
+    shapes = sorted({k[k.index("(") :] for f in inputs for k in types.get(f, {}) if ", " in k})
+    shapes = [s for s in shapes if s.rstrip(")").split(", ")[-1]]  # not (16,)
+    if shapes:
+        shown = ", ".join(s.strip("()").replace(", ", "x") for s in shapes[:3])
+        out[0] += f" (arrays of shape {shown} flattened)"
     dtypes = {kind.split()[1] for f in inputs for kind in types.get(f, {}) if " " in kind}
     integers = sorted(d for d in dtypes if d.startswith(("uint", "int")))
     if integers:
@@ -273,6 +293,12 @@ def _image_hints(reports: list[ShardReport], native: SampleDecoder) -> list[str]
     return [*out, line]
 
 
+def _first(names: list[str], n: int = FIELDS_NAMED) -> str:
+    """The first n names, and how many more."""
+    more = f", ... ({len(names) - n} more)" if len(names) > n else ""
+    return ", ".join(names[:n]) + more
+
+
 def _samples(n: int) -> str:
     return f"{n} sample{'' if n == 1 else 's'}"
 
@@ -284,7 +310,13 @@ def print_reports(console: Console, reports: list[ShardReport], hints: list[str]
     )  # fmt: skip
     table.columns[0].overflow = "fold"
     for r in reports:
-        fields = "; ".join(f"{name}: {', '.join(kinds)}" for name, kinds in r.field_types.items())
+        fields = "; ".join(
+            f"{name}: {', '.join(kinds)}"
+            for name, kinds in list(r.field_types.items())[:FIELDS_NAMED]
+        )
+        if len(r.field_types) > FIELDS_NAMED:
+            fields += f"; ... ({len(r.field_types) - FIELDS_NAMED} more fields)"
+
         images = ""
         if r.image_sizes:
             modes = "/".join(f"{m} {n}" for m, n in r.image_modes.items())
@@ -306,8 +338,11 @@ def print_reports(console: Console, reports: list[ShardReport], hints: list[str]
     for r in reports:
         if r.error:
             console.print(f"[red]{r.url}: unreadable after {r.samples} samples: {r.error}")
-        for key, reason in r.bad:
-            console.print(f"[red]{r.url}: sample {key}: {reason}")
+        for key, reason in r.bad[:BAD_NAMED]:
+            console.print(f"[red]{escape(f'{r.url}: sample {key}: {reason}')}")
+        if len(r.bad) > BAD_NAMED:
+            more = len(r.bad) - BAD_NAMED
+            console.print(f"[red]{escape(r.url)}: {more} more bad samples (--json lists all)")
         if r.nonfinite:
             # as a run's NONFINITE line names them: `shard URL, keys [k1, k2] (non-finite input)`
             keys = ", ".join(r.nonfinite_keys) + (", ..." if r.nonfinite > NONFINITE_NAMED else "")

@@ -43,6 +43,7 @@ class BenchResult:
     num_workers: int
     seconds: float  # timed, after the first batch
     batches: int  # timed
+    bad_reads: int = 0  # bad samples read (each again every epoch), replaced by good ones
 
 
 def read_limit(urls: list[str], seconds: float) -> float:
@@ -103,6 +104,7 @@ def run_bench(spec: str, cfg: DataConfig, seconds: float) -> BenchResult:
         num_workers=cfg.num_workers,
         seconds=timed,
         batches=batches,
+        bad_reads=stream.errors.totals()[0],
     )
 
 
@@ -115,4 +117,11 @@ def summary(r: BenchResult) -> list[str]:
         f"{r.samples_per_s:,.0f} samples/s{mb} over {r.seconds:.1f} s ({r.batches} batches), "
         f"first batch after {r.first_batch_s:.2f} s",
         f"raw read of the same files: {r.read_limit_mb_per_s:,.1f} MB/s (the storage limit)",
-    ]
+    ] + (
+        [
+            f"{r.bad_reads:,} reads of bad samples (named above), replaced by good ones "
+            "as a run replaces them; ae-shards inspect SPEC lists them"
+        ]
+        if r.bad_reads
+        else []
+    )
