@@ -13,7 +13,8 @@ The job's wall time, from the first record of its first attempt to the last reco
 - detection: from a failure to the end of that attempt: the watchdog's `--hang_timeout`, a
   collective's `--pg_timeout`, the teardown. The failure is where the ranks that did not tear
   down stopped (a killed or hung rank: its heartbeat's `last_progress` or its newest progress
-  line, whichever is later), or else the first ERROR record of the attempt;
+  line, whichever is later), or else the first ERROR record of the attempt, or else (every rank
+  torn down without one: a stop, of a hang too) the ranks' newest progress line;
 - checkpoint, validation: rank 0's `CHECKPOINT SAVE` and `EPOCH e VALIDATION` markers, START to
   END, from the first step to the failure (or the end of training);
 - recompute: the training time of a failed attempt after the checkpoint the next attempt resumed
@@ -160,6 +161,10 @@ def read_attempt(run: RunFiles) -> Attempt | None:
     stuck = [max(b["last_progress"], _last_progress(run.debug_logs.get(b["rank"], [])))
              for b in beats if b.get("last_progress") and b.get("phase") != "teardown"]  # fmt: skip
     attempt.progress = max(stuck) if stuck else _first_error(run.train_logs)
+    if attempt.progress is None and beats:
+        # Every rank tore down without an error (a stop, also of a hang): where they last
+        # progressed; the stall before the stop is no training.
+        attempt.progress = max(map(_last_progress, run.debug_logs.values()), default=0.0) or None
     runs = [((b.get("timing") or {}).get("run") or {}).get("data_s", 0.0) for b in beats]
     attempt.data_s = max(runs, default=0.0)
     return attempt

@@ -303,6 +303,10 @@ class _Scanner:
             prev = self._stall_state
             if prev is not None and (prev.phase, prev.epoch, prev.step) == episode:
                 continue  # a repeat of the same episode: keep its first report
+            # A stop signal took the stalled rank to teardown, stuck on the same thing (a worker
+            # it joins): no progress, so the stall stays what it was.
+            if prev is not None and f"phase {episode[0]}" == _TEARDOWN and prev.step == episode[2]:
+                continue
             evidence = [rec.evidence, *self._worker_frames(log, start)]
             self._stall_state = Stall(
                 evidence, rec.time, m["phase"], int(m["epoch"]), int(m["step"]),

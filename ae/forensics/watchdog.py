@@ -127,7 +127,9 @@ class Watchdog(threading.Thread):
     def check(self) -> None:
         p = self.progress
         if line := p.stop_line():
-            logger.warning(line)
+            # In teardown the rank leaves anyway (torchrun ending the job after a peer failed):
+            # INFO keeps it off rank 0's console, whose last words are the failure's own.
+            logger.log("INFO" if p.stop_phase == "teardown" else "WARNING", line)
         beat, idle = p.last_beat, p.idle_s()
         if p.stop_signal is not None and idle > STUCK_AFTER_S and p.phase in BEATING_PHASES:
             self._redeliver_stop_signal(p.stop_signal)

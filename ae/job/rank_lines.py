@@ -145,7 +145,12 @@ class RankLines:
             self._out("WARNING", f"{who}: {message}")
         elif worker is None and (s := STALL.parse(message)):
             episode = (s["phase"], s["epoch"], s["step"])
-            if self.stalls.get(rank) != episode:  # its first report; the repeats stay in files
+            prev = self.stalls.get(rank)
+            # A stop signal took the stalled rank to teardown, stuck on the same thing: the same
+            # stall (ae-diagnose reads it so too), not a new one to say after the Ctrl-C
+            if prev and s["phase"] == "teardown" and prev[1:] == episode[1:]:
+                return
+            if prev != episode:  # its first report; the repeats stay in files
                 self.stalls[rank] = episode
                 self._out("WARNING", f"{who}: {message}")
 

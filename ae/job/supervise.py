@@ -38,6 +38,8 @@ from typing import Any
 import psutil
 from loguru import logger
 
+from ae.forensics.progress import STUCK_AFTER_S
+
 POLL_S = 0.2
 # After another node was lost: time for this node's ranks to log the SIGTERM, then SIGKILL; after
 # a stop that ended this node's ranks elsewhere: time for torchrun to end on its SIGTERM.
@@ -187,4 +189,7 @@ def wait(
                     "every rank saves a checkpoint at its next step, then stops"
                     f"{' (Ctrl-C again to stop at once)' * ctrl_c}"
                 )
-                logger.warning(f"{'Ctrl-C' if ctrl_c else stops.first.name}: {does}{then}")
+                # A hung job's ranks save nothing (README: Ctrl-C in a hang): say so up front.
+                stuck = f"; a rank stuck for {STUCK_AFTER_S:.0f} s or more leaves now, without one"
+                stuck = "" if on_stop else stuck
+                logger.warning(f"{'Ctrl-C' if ctrl_c else stops.first.name}: {does}{then}{stuck}")

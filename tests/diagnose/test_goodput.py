@@ -156,3 +156,28 @@ def test_goodput_is_in_the_json_and_has_a_view_of_its_own(tmp_path: Path, capsys
     assert out.startswith("Goodput ") and "  restart           11.0s" in out, out
     assert main([str(logs), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["goodput"] == doc["goodput"]
+
+
+def test_a_hang_stopped_by_ctrl_c_is_not_training_time(tmp_path: Path) -> None:
+    """README's hang (`AE_FAULT=sleep@data:rank=1`), then Ctrl-C 30 s later: both ranks beat in
+    `teardown` on their way out and neither wrote an ERROR. The stall after the last step (3 s
+    to 35 s) is the stop's `other`, not training (was: 97% goodput, every second `training`)."""
+    logs = tmp_path / "logs"
+    write_train_log(logs, 2, ts=TS1)
+    for rank in (0, 1):
+        w = RankWriter(logs, rank, 2, ts=TS1)
+        w.start()
+        at(w, 1.0, epoch_marker(0, "TRAINING", "START"))
+        steps(w, {1: 2.0, 2: 2.5, 3: 3.0})
+        at(w, 8.0, "STALL detected: no progress for 5.0s", "WARNING")
+        at(w, 35.0, "Stop signal SIGINT after 32s without progress", "WARNING")
+        w.flush()
+        write_heartbeat(logs, rank, 2, pid=1 + rank, t=T0 + 35.0, phase="teardown", step=3,
+                        state="failed", last_progress=T0 + 35.0, ts=TS1,
+                        timing=run_time(0.1))  # fmt: skip
+    found = job_goodput(find_run(logs, TS1), last_failed=False)
+    assert found is not None
+    parts = found["parts"]
+    assert parts["training"] + parts["data_wait"] == pytest.approx(3.0 - 1.0)
+    assert parts["other"] == pytest.approx(35.0 - 3.0)
+    assert sum(parts.values()) == pytest.approx(found["wall_s"], abs=0.01)

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ae.log_lines import STOP_SIGNAL, STOP_SIGNAL_STUCK, STUCK_MAIN_THREAD
+from ae.log_lines import STALL_ENDED, STOP_SIGNAL, STOP_SIGNAL_STUCK, STUCK_MAIN_THREAD
 from bench.synthetic_logs import write_heartbeat, write_train_log
 from tests.diagnose.synthetic_runs import (
     BACKWARD_FRAMES,
@@ -264,3 +264,28 @@ def test_a_hang_stopped_before_any_stall_names_the_rank_stuck_in_its_own_work(
     assert "stuck in code: forward" in culprit["evidence"][0]["text"]
     assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(0, "stopped by SIGINT")]
     assert doc["status"] == "stopped"
+
+
+def test_a_stall_that_goes_on_in_teardown_after_ctrl_c_keeps_its_phase(tmp_path: Path) -> None:
+    """README's hang (`AE_FAULT=sleep@data:rank=1`, `--stall_timeout=5`), then Ctrl-C: rank 1's
+    handler leaves its data-loading stall for teardown, where it waits on the same sleeping
+    worker and its watchdog reports a new STALL in phase `teardown`. The verdict names what
+    held the job back, data loading (was: `rank 1 on vm, phase teardown: teardown`)."""
+    w0, w1 = writers(tmp_path)
+    for w in (w0, w1):
+        w.steps(1, 3)
+    w1.stall("data loading", 3, 5.4)
+    w0.stall("training step", 3, 5.2, collective="yes (DDP gradient all-reduce in backward)")
+    w0.flush()
+    w1.t += 20
+    w1.log(STOP_SIGNAL.format(signal="SIGINT", phase="data loading", step=3), "WARNING")
+    ended = STALL_ENDED.format(idle=28.8, phase="data loading", epoch=0, step=3,
+                               why="stop signal SIGINT")  # fmt: skip
+    w1.log(ended)
+    w1.stall("teardown", 3, 5.9, report=4, frame="select (selectors.py:415)")
+    w1.t += 4
+    line = STOP_SIGNAL_STUCK.format(signal="SIGINT", idle=29, phase="data loading", step=3)
+    w1.log(line + STUCK_MAIN_THREAD.format(doing="data loading"), "WARNING")
+    w1.flush()
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(1, "data loading", "data loading")]

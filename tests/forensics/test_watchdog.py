@@ -126,6 +126,26 @@ def test_stop_signal_is_logged_once_by_the_watchdog(records: list[str]) -> None:
     assert lines == [STOP_SIGNAL.format(signal="SIGTERM", phase="training step", step=12)]
 
 
+def test_a_stop_signal_in_teardown_stays_off_the_console() -> None:
+    """A rank already leaving (its peer's user error: torchrun SIGTERMs it) wrote `Stop signal
+    SIGTERM received in phase teardown` as a WARNING: on rank 0's console, after the failure's
+    message and its way on. INFO keeps it in the debug log only; a stop in training stays a
+    WARNING."""
+    levels: list[tuple[str, str]] = []
+    sink = logger.add(lambda m: levels.append((m.record["level"].name, m.record["message"])))
+    try:
+        for phase in ("teardown", "training step"):
+            prog = Progress()
+            prog.enter(phase, step=5)
+            prog.record_stop_signal("SIGTERM")
+            Watchdog(60, RankContext(), progress=prog).check()
+    finally:
+        logger.remove(sink)
+    stops = [(level, msg.split(" in phase ")[1]) for level, msg in levels
+             if msg.startswith(STOP_SIGNAL.prefix)]  # fmt: skip
+    assert stops == [("INFO", "teardown at step 5"), ("WARNING", "training step at step 5")]
+
+
 def test_a_stall_left_for_teardown_is_not_resolved(records: list[str]) -> None:
     """A rank waiting in a collective whose peer died leaves the stall for teardown: no STALL
     RESOLVED (rank 0's console would print it), one INFO line saying what happened."""

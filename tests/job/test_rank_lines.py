@@ -22,8 +22,8 @@ def said() -> Iterator[list[str]]:
     logger.remove(sink)
 
 
-def _stall(step: int, report: int) -> str:
-    return STALL.format(idle="3.1", phase="training step", epoch=0, step=step, report=report,
+def _stall(step: int, report: int, phase: str = "training step") -> str:
+    return STALL.format(idle="3.1", phase=phase, epoch=0, step=step, report=report,
                         frame="_injected_sleep (ae/forensics/faults.py:163)",
                         collective="no")  # fmt: skip
 
@@ -172,3 +172,21 @@ def test_rank_0s_message_is_not_the_last_word_after_relayed_lines(
     follower.finish()
     assert said == [f"ERROR rank 0 worker 0: {bad}"]
     assert follower.last_words_said == {bad}
+
+
+def test_a_stall_that_goes_on_in_teardown_after_ctrl_c_is_said_once(
+    tmp_path: Path, said: list[str]
+) -> None:
+    """README's hang, then Ctrl-C: rank 1, stalled in data loading, goes to teardown and stays
+    stuck on the same sleeping worker; its next STALL report (phase teardown, same step) was
+    said on the console as a new stall after the Ctrl-C. A stall at another step still is."""
+    log = tmp_path / "train_TS.log"
+    lines = [
+        record(T0, "WARNING", 1, 2, _stall(3, 1, "data loading")),
+        record(T0, "WARNING", 1, 2, _stall(3, 4, "teardown")),
+        record(T0, "WARNING", 1, 2, _stall(7, 5, "teardown")),
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    RankLines(log).poll(now=0.0)
+    assert said == [f"WARNING rank 1: {_stall(3, 1, 'data loading')}",
+                    f"WARNING rank 1: {_stall(7, 5, 'teardown')}"]  # fmt: skip

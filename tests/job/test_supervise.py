@@ -18,7 +18,8 @@ from ae.job.supervise import GRACE_S, KILL_WAIT_S, start_child, stop_signals, wa
 @pytest.mark.parametrize(
     ("on_stop", "line"),
     [
-        (None, "SIGTERM: every rank saves a checkpoint at its next step, then stops"),
+        (None, "SIGTERM: every rank saves a checkpoint at its next step, then stops; a rank stuck "
+               "for 10 s or more leaves now, without one"),
         # ae-encode's ranks save nothing: they said they would save a checkpoint
         ("every rank stops now; the output shards it finished stay in place",
          "SIGTERM: every rank stops now; the output shards it finished stay in place"),
