@@ -12,6 +12,13 @@ import os
 import signal
 import sys
 
+# Run as a program (torchrun's rank), Ctrl-C ends it as SIGTERM does, from before the imports
+# below: torchrun passes the launcher's SIGINT on at once, and Python's own handler printed a
+# KeyboardInterrupt traceback from whichever import it interrupted (`main` sets it again for a
+# caller that imports this module).
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 import logging_cfg
 from ae.errors import UserError
 from ae.job.encode import parse_args

@@ -12,6 +12,13 @@ import os
 import signal
 import sys
 
+# Run as a program (torchrun's rank), Ctrl-C ends it as SIGTERM does, from before the imports
+# below: torchrun passes the launcher's SIGINT on at once, and Python's own handler printed a
+# KeyboardInterrupt traceback from whichever import it interrupted (`main` sets it again for
+# the callers that import this module: train_ae.py).
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 import logging_cfg
 from ae.config import help_text, parse_config
 from ae.errors import UserError

@@ -30,12 +30,13 @@ from types import FrameType
 # quietly. First, before the imports below (a second or two): the launcher passes a Ctrl-C on
 # as soon as this process exists, and Python's own handler printed a KeyboardInterrupt
 # traceback from whichever import it interrupted onto the user's console.
-signal.signal(signal.SIGINT, signal.SIG_DFL)
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-import logging_cfg  # noqa: E402
-from ae.job.elastic import ELASTIC_ENV, JobEnds, install  # noqa: E402
-from ae.log_lines import LAUNCHER_GONE  # noqa: E402
-from ae.process_end import die_with_parent, run_then_exit  # noqa: E402
+import logging_cfg
+from ae.job.elastic import ELASTIC_ENV, JobEnds, install
+from ae.log_lines import LAUNCHER_GONE
+from ae.process_end import die_with_parent, run_then_exit
 
 
 def follow_launcher(launcher_pid: int) -> None:
