@@ -70,7 +70,8 @@ def test_a_ctrl_c_in_its_imports_ends_torchruns_wrapper_quietly() -> None:
         "            print(signal.getsignal(signal.SIGINT) == signal.SIG_DFL)\n"
         "            sys.exit(0)\n"
         "sys.meta_path.insert(0, Spy())\n"
-        "import ae.job.torchrun\n"
+        "import runpy\n"
+        "runpy.run_module('ae.job.torchrun', run_name='__main__')\n"  # as `python -m` runs it
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout == "True\n", out.stderr
