@@ -3,9 +3,10 @@
 docstring says what it finds), then names the resource that ran out (`ae.diagnose.resources`).
 
 Before the rules: if every rank, on two or more hosts, stalled in a collective at the same step
-and none failed of its own, no rank is stuck in its own work: the hosts cannot reach each other
-(`network`), and no rank is a culprit. A run where every rank wrote its exit line with code 0 and
-nothing failed has no culprits, and so has one whose ranks died only after training finished
+(or one step on: a link that drops mid-collective can let one side finish it and wait in the
+next) and none failed of its own, no rank is stuck in its own work: the hosts cannot reach each
+other (`network`), and no rank is a culprit. A run where every rank wrote its exit line with code
+0 and nothing failed has no culprits, and so has one whose ranks died only after training finished
 (`ae.diagnose.teardown`: their ends are its `teardown`, the run `finished`).
 """
 
@@ -73,8 +74,10 @@ class Verdict:
 
 
 def network_partition(run: RunState) -> Network | None:
-    """The ranks of two or more hosts all stalled, waiting in a collective at the same step, and
-    none failed of its own (collective timeouts afterwards are only the consequence)."""
+    """The ranks of two or more hosts all stalled, waiting in a collective at the same step (or
+    one step apart: gloo's all-reduce can complete on one side of a link that drops during it,
+    and that rank waits in the next step's first collective), and none failed of its own
+    (collective timeouts afterwards are only the consequence)."""
     ranks = [r for r in run.ranks.values() if r.files]
     if len(ranks) < 2 or run.missing or any(primary_crash(r) for r in ranks):
         return None
@@ -83,9 +86,9 @@ def network_partition(run: RunState) -> Network | None:
         return None
     steps = {s.step for s in stalled if s is not None}
     hosts = sorted({r.host for r in ranks if r.host is not None})
-    if len(steps) != 1 or len(hosts) < 2:
+    if max(steps) - min(steps) > 1 or len(hosts) < 2:
         return None
-    return Network(hosts, steps.pop(), [s.evidence[0] for s in stalled if s is not None])
+    return Network(hosts, min(steps), [s.evidence[0] for s in stalled if s is not None])
 
 
 def _network_verdict(run: RunState, net: Network) -> Verdict:

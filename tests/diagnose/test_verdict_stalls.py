@@ -289,3 +289,29 @@ def test_a_stall_that_goes_on_in_teardown_after_ctrl_c_keeps_its_phase(tmp_path:
     w1.flush()
     doc = run_diagnose(tmp_path)
     assert culprits(doc) == [(1, "data loading", "data loading")]
+
+
+@pytest.mark.parametrize(("ahead", "network"), [(1, True), (2, False)])
+def test_a_link_that_drops_mid_collective_leaves_one_rank_a_step_on(
+    tmp_path: Path, ahead: int, network: bool
+) -> None:
+    """Seen in a fresh-clone run of test_link_down: rank 1's side of step 29's all-reduce
+    completed before the link dropped, and it stalled in step 30's first collective (Lightning's
+    broadcast), rank 0 still in step 29's: the network all the same. Ranks two steps apart are
+    not one collective cut in two."""
+    w0, w1 = writers(tmp_path)
+    for w, host, step, phase, waiting in (
+        (w0, "node0", 29, "training step", "yes (DDP gradient all-reduce in backward)"),
+        (w1, "node1", 29 + ahead, "data loading", "yes (broadcast)"),
+    ):
+        w.stall(phase, step, 3.5, collective=waiting)
+        w.t += 20
+        w.fatal("RuntimeError", GLOO, BACKWARD_FRAMES)
+        w.flush()
+        write_heartbeat(tmp_path, w.rank, 2, pid=99999990 + w.rank, t=w.t, host=host,
+                        phase=phase, step=step, state="failed", stalled=True)  # fmt: skip
+    doc = run_diagnose(tmp_path)
+    if network:
+        assert doc["culprits"] == [] and doc["network"]["step"] == 29
+    else:
+        assert doc["network"] is None
