@@ -17,15 +17,16 @@ class UserError(Exception):
 class ResourceLimitError(UserError):
     """A limit of the machine that the run cannot work within (`/dev/shm`, disk, host memory,
     open files), found before the first batch: each problem names the resource, its size, the
-    need and the fix."""
+    need and the fix. `tight` are the limits near their end beside them (`Resource tight:` lines):
+    said in the same message, as the rank that refuses first may be the only one heard."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], tight: list[str] | None = None) -> None:
         super().__init__("\n".join(problems))
-        self.problems = problems
+        self.problems, self.tight = problems, tight or []
 
     def render(self) -> str:
         head = "The run cannot work within this machine's limits:"
-        return "\n".join([head, *(f"  - {p}" for p in self.problems)])
+        return "\n".join([head, *(f"  - {p}" for p in [*self.problems, *self.tight])])
 
 
 class DiskFullError(OSError):

@@ -130,8 +130,9 @@ def fit(cfg: Config, ctx: RankContext) -> str:
 
 def preflight(cfg: Config, ctx: RankContext, *, batch_bytes: int, model: torch.nn.Module) -> None:
     """The machine's limits against this run's measured needs (`ae.job.preflight`), on every
-    rank (each stops on a limit that cannot work); local rank 0 warns about tight ones, the
-    only such warning of the run (the launcher's preflight only stops)."""
+    rank (each stops on a limit that cannot work, naming the tight ones too); otherwise local rank
+    0 warns about tight ones, the only such warning of the run (the launcher's preflight only
+    stops)."""
     state_bytes = sum(
         t.numel() * t.element_size() for t in model.state_dict().values() if torch.is_tensor(t)
     )
@@ -141,11 +142,12 @@ def preflight(cfg: Config, ctx: RankContext, *, batch_bytes: int, model: torch.n
             local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), prefetch=PREFETCH_FACTOR,
         )
     )  # fmt: skip
-    if ctx.local_rank == 0:  # before a refusal too: what else is tight, beside what stops it
+    tight = [RESOURCE_TIGHT.format(problem=line) for line in tight]
+    if problems:  # every rank says it all: the first to refuse ends the others before they speak
+        raise ResourceLimitError(problems, tight)
+    if ctx.local_rank == 0:
         for line in tight:
-            main_log.warning(RESOURCE_TIGHT.format(problem=line))
-    if problems:
-        raise ResourceLimitError(problems)
+            main_log.warning(line)
 
 
 @record  # the traceback goes into torchrun's error file, so its failure report shows it
