@@ -94,7 +94,7 @@ def module_file(module: str) -> Path:
 
 
 # An entry point whose arguments are declared elsewhere: ae-encode's ranks parse them too.
-PARSER_OF = {"ae.cli.encode": "ae.job.encode"}
+PARSER_OF = {"ae.cli.encode": "ae.job.encode_args"}
 
 
 def command_flags() -> dict[str, set[str]]:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import sys
 
 import logging_cfg
-from ae.job.encode import help_text, launch
+from ae.job.encode import launch
+from ae.job.encode_args import help_text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from ae.data.stream.encode_stream import KEEP_ALL, WholeShards
 from ae.data.stream.loader import PreemptibleLoader, install_worker_reaper
 from ae.forensics.progress import in_phase, progress
 from ae.forensics.watchdog import start_watchdog
-from ae.job.encode import EncodeArgs, output_paths, parse_args
+from ae.job.encode_args import EncodeArgs, output_paths, parse_args
 from ae.job.encode_outputs import skipped_outputs
 from ae.log_lines import ENCODE_DONE, ENCODE_PLAN, ENCODE_RANK_DONE, ENCODE_SKIPPED, main_log
 from ae.rank.exit import run_to_exit

@@ -19,15 +19,12 @@ from ae.data.decoding.decode import InputSpec
 from ae.data.input_probe import probe_decoder
 from ae.data.shards.writer import npy_bytes, png_bytes, write_shard
 from ae.job.encode import (
-    EncodeArgsError,
     check_checkpoint,
     check_out_dir_outside_inputs,
     check_outputs,
-    help_text,
     make_out_dir,
-    output_paths,
-    parse_args,
 )
+from ae.job.encode_args import EncodeArgsError, help_text, output_paths, parse_args
 from ae.run_paths import RunDir
 from ae.training.encoding import (
     EncodeError,
