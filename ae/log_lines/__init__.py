@@ -250,9 +250,13 @@ CLOCK_OFFSET = LineFormat(
     "Clock offset {offset}s against rank 0 (host {host}, measured to {error}s)",
     {"offset": "float", "host": "word", "error": "float"},
 )
-# Rank 0, once the run reached its end (--max_steps or --max_epochs): the launcher reads it when a
-# stop signal came as the run ended (nothing left to save, nothing to requeue).
-TRAINING_FINISHED = LineFormat("Training finished at step {step}", {"step": "int"})
+# Rank 0, once the run reached its end: the launcher reads it when a stop signal came as the run
+# ended (nothing left to save, nothing to requeue). `limit`: which one ended it,
+# ` (--max_epochs=3 reached)` or ` (--max_steps=20 reached)`; empty when neither did (a user
+# LightningModule that set `trainer.should_stop`), and in logs of versions before it.
+TRAINING_FINISHED = LineFormat(
+    "Training finished at step {step}{limit}", {"step": "int", "limit": "text"}
+)
 # Last line of a rank that left `main` on its own: 0 after training, 2 after a user mistake.
 RANK_EXIT = LineFormat("Rank exiting with code {code}: {why}", {"code": "int", "why": "text"})
 

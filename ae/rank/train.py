@@ -122,10 +122,21 @@ def fit(cfg: Config, ctx: RankContext) -> str:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt, weights_only=not trust)
     if (step := preempted_at(trainer)) is not None:
         return f"preempted at step {step}; resume with --resume_from_checkpoint=last"
-    main_log.info(TRAINING_FINISHED.format(step=trainer.global_step))
+    main_log.info(TRAINING_FINISHED.format(step=trainer.global_step, limit=reached(trainer, cfg)))
     if resumed is not None and trainer.global_step == resumed[1] and ctx.rank == 0:
         main_log.info(nothing_left(*resumed, cfg.run.max_steps, cfg.run.max_epochs))
     return "training finished"
+
+
+def reached(trainer: L.Trainer, cfg: Config) -> str:
+    """Which limit ended the training (the TRAINING_FINISHED line's `limit`): a run of
+    `--max_steps=20` that ends at step 15 ended on `--max_epochs`, which a user may not have set."""
+    run = cfg.run
+    if 0 <= run.max_steps <= trainer.global_step:
+        return f" (--max_steps={run.max_steps} reached)"
+    if 0 <= run.max_epochs <= trainer.current_epoch:
+        return f" (--max_epochs={run.max_epochs} reached)"
+    return ""
 
 
 def preflight(cfg: Config, ctx: RankContext, *, batch_bytes: int, model: torch.nn.Module) -> None:

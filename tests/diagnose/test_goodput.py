@@ -103,7 +103,7 @@ def two_attempts(logs: Path, failed: str = "rank 1 on node1, phase training step
     at(r0, 29.5, epoch_marker(0, "TRAINING", "END"))
     at(r0, 30.0, epoch_marker(0, "VALIDATION", "START"))
     at(r0, 31.0, epoch_marker(0, "VALIDATION", "END"))
-    at(r0, 31.5, TRAINING_FINISHED.format(step=12))
+    at(r0, 31.5, TRAINING_FINISHED.format(step=12, limit=""))
     at(r0, 32.0, "Rank exiting with code 0: training finished")
     r0.flush()
     write_heartbeat(logs, 0, 1, pid=3, t=T0 + 32.0, phase="teardown", step=12, state="exited",

@@ -60,11 +60,11 @@ def killed_in_teardown(logs: Path, rank0_finished: bool = True, rank0_exit: bool
                                     seconds=0.01))  # fmt: skip
         w.log("========== SAMPLING START ========== step 23")
         w.log("========== SAMPLING END ========== step 23")
-    w1.log(TRAINING_FINISHED.format(step=23))
+    w1.log(TRAINING_FINISHED.format(step=23, limit=" (--max_epochs=1 reached)"))
     w1.exit()
     w0.log("`Trainer.fit` stopped: `max_epochs=1` reached.")
     if rank0_finished:
-        w0.log(TRAINING_FINISHED.format(step=23))
+        w0.log(TRAINING_FINISHED.format(step=23, limit=" (--max_epochs=1 reached)"))
     if rank0_exit:
         w0.exit()
     for w in (w0, w1):

@@ -155,7 +155,12 @@ def test_a_stop_signal_that_finds_the_run_finished_is_no_stop(
     topo = Topology(nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=None, job="j")
     stops = Stops(first=signal.SIGTERM, requeue=True)
     train_log = logs / TRAIN_LOG_FILE.format(ts=TS)
-    train_log.write_text(record(T0, "INFO", 0, 2, TRAINING_FINISHED.format(step=30)) + "\n")
+    train_log.write_text(
+        record(
+            T0, "INFO", 0, 2, TRAINING_FINISHED.format(step=30, limit=" (--max_steps=30 reached)")
+        )
+        + "\n"
+    )
     assert launch.ending(cfg, topo, TS, 1, stops) is None
     assert said[0] == "The stop signal came as the run ended: training finished at step 30"
     # Not finished: the stop stands (143), said as a stop

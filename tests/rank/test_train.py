@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from ae.config import parse_config
 from ae.errors import ResourceLimitError
 from ae.job.preflight import MB, Need
+from ae.log_lines import TRAINING_FINISHED
 from ae.rank import train
 from logging_cfg.rank_context import RankContext
 
@@ -40,3 +42,22 @@ def test_tight_limits_are_said_by_local_rank_0_and_in_every_ranks_refusal(
     assert e.value.problems == [short.describe()]
     assert e.value.render().splitlines()[1:] == [f"  - {short.describe()}", f"  - {said}"]
     assert [m for level, m in records if level == "WARNING"] == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "step", "epoch", "said"),
+    [(["--max_steps=20", "--max_epochs=3"], 15, 3, " (--max_epochs=3 reached)"),
+     (["--max_steps=20", "--max_epochs=3"], 20, 2, " (--max_steps=20 reached)"),
+     (["--max_steps=20", "--max_epochs=3"], 7, 1, "")],  # a LightningModule's should_stop
+)  # fmt: skip
+def test_the_finished_line_says_which_limit_ended_the_run(
+    tmp_path: Path, flags: list[str], step: int, epoch: int, said: str
+) -> None:
+    """A `--max_steps=20` run that ends at step 15 ended on --max_epochs: the line says so, and
+    ae-diagnose reads its step from it as from the lines of older versions."""
+    cfg = parse_config([f"--output_dir={tmp_path}", *flags])
+    trainer = SimpleNamespace(global_step=step, current_epoch=epoch)
+    line = TRAINING_FINISHED.format(step=step, limit=train.reached(trainer, cfg))
+    assert line == f"Training finished at step {step}{said}"
+    assert TRAINING_FINISHED.parse(line)["step"] == str(step)
+    assert TRAINING_FINISHED.parse("Training finished at step 23")["step"] == "23"
