@@ -32,7 +32,7 @@ from ae import atomic_files
 from ae.log_lines import COLLECTIVES_DUMPED, COLLECTIVES_FILE, OLD_TORCH_RECORDER
 
 # Entries kept: several hundred steps of DDP (a gradient all-reduce per bucket and Lightning's
-# signal broadcast per step; the step vote about once a second). Recording one costs a few
+# signal broadcast per step; the step vote about four times a second). Recording one costs a few
 # microseconds (bench/flight_recorder.py).
 BUFFER_ENTRIES = 2000
 BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")

@@ -14,7 +14,7 @@ Lightning's `trainer.save_checkpoint` is collective under DDP (every rank dumps 
 writes, all meet at a barrier), so every decision to save is taken identically on all ranks: step
 counts are equal on every rank, and the best-loss decision is rank 0's, broadcast. The clocks of
 the ranks are not: whether any rank found the `--checkpoint_minutes` time up travels in the step
-vote (`ae.training.step_vote`, about once a second, off the training process group), so every
+vote (`ae.training.step_vote`, about four times a second, off the training process group), so every
 rank takes the timed save at the same step.
 """
 

@@ -4,12 +4,12 @@ every rank save a checkpoint and stop cleanly.
 The chain: the launcher forwards the signal to torchrun (`ae.cli.launch`), torchrun signals each
 rank's process group, a rank's handler only records the signal and its time (no logging, no
 collectives: either could deadlock inside a signal handler), and the ranks agree at a step
-boundary, off the training process group and without a device sync (`ae.training.step_vote`: a
-vote about once a second, read one step later): if any rank was signalled, every rank saves the
-same step checkpoint (collective save), logs `PREEMPTED`, and stops. The rank processes exit 0;
-torchrun always fails when signalled, so the launcher exits 143 (128 + SIGTERM, what a job
-scheduler expects of a terminated job) or 130 (128 + SIGINT, Ctrl-C) and says whether the
-checkpoint was saved.
+boundary, off the training process group and without a device sync (`ae.training.step_vote`:
+a vote about four times a second, read one step later): if any rank was signalled, every rank
+saves the same step checkpoint (collective save), logs `PREEMPTED`, and stops. The rank
+processes exit 0; torchrun always fails when signalled, so the launcher exits 143 (128 +
+SIGTERM, what a job scheduler expects of a terminated job) or 130 (128 + SIGINT, Ctrl-C) and
+says whether the checkpoint was saved.
 
 Lightning installs its own SIGTERM handler at fit start, which broadcasts from inside the handler;
 ours replaces it when training starts. Dataloader workers ignore both signals (they are in the
