@@ -45,7 +45,7 @@ def test_users_extra_collective_the_size_of_the_bucket_hangs(make_shards, tmp_pa
     out, site = tmp_path / "run", user_call_site()
     logs = out / "logs"
     args = [*shard_args(make_shards), f"--model={MODEL}:BucketExtraCollective",
-            "--pg_timeout=30"]  # fmt: skip
+            "--pg_timeout=20"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
     env["AE_CACHE_DIR"] = str(tmp_path / "cache")
     console = tmp_path / "console.txt"

@@ -78,15 +78,23 @@ def wait_for(what: str, check, timeout: float = 120) -> None:
         time.sleep(0.5)
 
 
-def test_live_hangs_in_data_loading_then_in_a_training_step(make_shards, tmp_path: Path) -> None:
-    """One run, two hangs, each diagnosed while it lasts: rank 1's dataloader worker sleeps 15 s
-    in batch 3 (rank 0 waits in the gradient all-reduce), then rank 0 sleeps for good in its
-    training step 7 (rank 1 waits). Also --watch on the live run."""
+def test_live_hangs_in_data_loading_a_checkpoint_save_then_a_training_step(
+    make_shards, tmp_path: Path
+) -> None:
+    """One run, three hangs, each diagnosed while it lasts: rank 1's dataloader worker sleeps
+    12 s in batch 3 (rank 0 waits in the gradient all-reduce); rank 0 (the rank that writes
+    checkpoints) sleeps 12 s in its first save, at step 4 (rank 1 waits in the save's barrier);
+    then rank 0 sleeps for good in its training step 7 (rank 1 waits). Also --watch on the live
+    run, and Ctrl-C on the hung run. (The checkpoint hang had a launch of its own before.)"""
     out = tmp_path / "run"
     logs = out / "logs"
-    fault = "sleep@data:rank=1:step=3:secs=15,sleep@train:rank=0:step=7:secs=3600"
+    fault = (
+        "sleep@data:rank=1:step=3:secs=12,sleep@checkpoint:rank=0:step=4:secs=12,"
+        "sleep@train:rank=0:step=7:secs=3600"
+    )
     console = tmp_path / "console.txt"
-    with live_run([*shard_args(make_shards, 2), "--debug=true"], out, fault, console) as run:
+    args = [*shard_args(make_shards, 2), "--debug=true", "--checkpointing_period=4"]
+    with live_run(args, out, fault, console) as run:
         wait_for("rank 1's data loading STALL report, with its workers' stacks", lambda: any(
             "dataloader workers" in p.read_text() for p in logs.glob("debug_rank1_*.log")
         ))  # fmt: skip
@@ -98,12 +106,23 @@ def test_live_hangs_in_data_loading_then_in_a_training_step(make_shards, tmp_pat
         assert any("in _injected_sleep" in t for t in evidence[1:])  # the worker's own stack
         assert doc["status"] == "hung" and {r["rank"] for r in doc["ranks"]} == {0, 1}
 
-        def second_hang() -> bool:
+        def hung_in(phase: str) -> bool:
+            """Rank 0 stalled in `phase`, rank 1 past its data hang and waiting again."""
             s0, s1 = stalls(logs, 0), stalls(logs, 1)
-            mine = [s for s in s0 if s and s["collective"] == "no"]
-            return bool(mine) and None in s1 and s1[-1] is not None  # rank 1 resolved, waits
+            mine = [s for s in s0 if s and s["phase"] == phase and s["collective"] == "no"]
+            return bool(mine) and None in s1 and s1[-1] is not None and s1[-1]["phase"] == phase
 
-        wait_for("rank 0's training step STALL and rank 1's wait", second_hang)
+        wait_for("rank 0's checkpoint save STALL and rank 1's wait", lambda: hung_in(
+            "checkpoint save"
+        ))  # fmt: skip
+        doc, elapsed = diagnose_json(logs)
+        assert culprits(doc) == [(0, "checkpoint save", "checkpoint save")], doc
+        assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(1, "collective wait")]
+        assert elapsed < LIVE_ANSWER_S
+
+        wait_for("rank 0's training step STALL and rank 1's wait", lambda: hung_in(
+            "training step"
+        ))  # fmt: skip
         doc, elapsed = diagnose_json(logs)
         assert culprits(doc) == [(0, "training step", "training step")], doc
         assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(1, "collective wait")]
@@ -173,17 +192,3 @@ def test_rank_sigkilled_mid_epoch(make_shards, tmp_path: Path) -> None:
     )
     assert doc["ranks"][0]["memory"].startswith("rss=")  # its last memory figure
     assert [v["rank"] for v in doc["victims"]] == [1]
-
-
-def test_rank_stuck_in_checkpoint_save(make_shards, tmp_path: Path) -> None:
-    """Rank 0 (the rank that writes checkpoints) sleeps in its first save at step 4; rank 1
-    waits in the save's barrier."""
-    out = tmp_path / "run"
-    logs = out / "logs"
-    fault = "sleep@checkpoint:rank=0:step=4:secs=3600"
-    with live_run([*shard_args(make_shards, 1), "--checkpointing_period=4"], out, fault):
-        wait_for("both ranks' STALL", lambda: stalls(logs, 0) and stalls(logs, 1))
-        doc, elapsed = diagnose_json(logs)
-        assert culprits(doc) == [(0, "checkpoint save", "checkpoint save")], doc
-        assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(1, "collective wait")]
-        assert elapsed < LIVE_ANSWER_S

@@ -165,11 +165,12 @@ def test_a_second_ctrl_c_stops_at_once(make_shards, tmp_path: Path) -> None:
     with started(out, args, env={"AE_FAULT": "sleep@checkpoint:rank=0:secs=600"}) as run:
         wait_for("step 3", lambda: step_of(out / "logs") >= 3, run)
         ctrl_c(run)
-        saving = "CHECKPOINT SAVE START"
-        wait_for("the save", lambda: saving in "".join(
+        # rank 0 in the save's sleep (after its bytes, before the rename): its FAULT line, which
+        # comes after the save's START line (a fixed second's wait after START before)
+        hung = "FAULT injected: sleep@checkpoint"
+        wait_for("the save", lambda: hung in "".join(
             p.read_text() for p in (out / "logs").glob("debug_rank0_*.log")
         ), run)  # fmt: skip
-        time.sleep(1)
         t0 = time.monotonic()
         ctrl_c(run)
         output = run.communicate(timeout=60)[0]

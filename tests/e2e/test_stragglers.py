@@ -28,6 +28,10 @@ pytestmark = [pytest.mark.slow, SERIAL]  # named within the window + 10 s
 
 WINDOW = 10  # --straggler_window of these runs (5 s let the load of a shared 2-core machine in)
 LATE_S = WINDOW + 10  # the bar: named within the window + 10 s of the slowdown's start
+# Steps (batches) a slowdown lasts: 500 of 40-50 ms more each outlast LATE_S (22 s+ even where a
+# step takes its quiet 4 ms: what names the straggler in time names it while it lasts), and end
+# soon after it (600 made each test wait ~6 s more for the STRAGGLER RESOLVED).
+SLOW_STEPS = 500
 
 
 def run_args(make_shards, workers: int = 1) -> list[str]:
@@ -139,10 +143,10 @@ def stop_in_turns(rank_pid: int, stopped_s: float, running_s: float) -> Iterator
 
 
 def test_slow_data_on_rank_1_is_named_live_then_resolved(make_shards, tmp_path: Path) -> None:
-    """Rank 1's dataloader worker takes 50 ms longer per batch for its first 600 batches."""
+    """Rank 1's dataloader worker takes 50 ms longer per batch for its first SLOW_STEPS batches."""
     out = tmp_path / "run"
     logs = out / "logs"
-    with live_run(run_args(make_shards), out, "slow@data:rank=1:ms=50:until=600"):
+    with live_run(run_args(make_shards), out, f"slow@data:rank=1:ms=50:until={SLOW_STEPS}"):
         ((named_at, _, line),) = wait_for("STRAGGLER", lambda: nth(logs, "STRAGGLER"))
         assert line["rank"] == "1" and line["cause"] == "data", line
         assert named_at - training_start(logs, 1) <= LATE_S
@@ -179,14 +183,15 @@ def test_slow_data_on_rank_1_is_named_live_then_resolved(make_shards, tmp_path: 
 
 
 def test_slow_step_then_stopped_workers_on_rank_1(make_shards, tmp_path: Path) -> None:
-    """Rank 1's training step takes 40 ms longer for its first 600 steps (cause compute); once
-    that is resolved, its dataloader workers are stopped 0.4 s of every 0.5 s from outside, the
-    way a starved worker behaves (cause data)."""
+    """Rank 1's training step takes 40 ms longer for its first SLOW_STEPS steps (cause
+    compute); once that is resolved, its dataloader workers are stopped 0.4 s of every 0.5 s
+    from outside, the way a starved worker behaves (cause data)."""
     out = tmp_path / "run"
     logs = out / "logs"
     # Two workers a rank: when rank 1 speeds up again, a lone worker of rank 0 that the rest of a
     # loaded machine starves of CPU made rank 0 a (real, brief) data straggler -- not this test's.
-    with live_run(run_args(make_shards, workers=2), out, "slow@train:rank=1:ms=40:until=600"):
+    slow = f"slow@train:rank=1:ms=40:until={SLOW_STEPS}"
+    with live_run(run_args(make_shards, workers=2), out, slow):
         ((named_at, _, line),) = wait_for("STRAGGLER", lambda: nth(logs, "STRAGGLER"))
         assert line["rank"] == "1" and line["cause"] == "compute", line
         assert named_at - training_start(logs, 1) <= LATE_S
