@@ -1,6 +1,11 @@
 """End-to-end self-healing runs (`--max_restarts`): real 2-rank DDP runs (gloo, CPU) broken on
 purpose with AE_FAULT (`attempt=0`: only the first attempt), restarted from their newest
-checkpoint by the launcher; and the stop rules that end a job instead."""
+checkpoint by the launcher; and the stop rules that end a job instead.
+
+A killed rank and a hung one are 2-rank runs (the other rank is ended with them, the restart
+names the rank at fault, the losses match DDP's); the same failure twice and SIGUSR1's requeue
+are the launcher's rules, and run 1 rank (a process less a launch: ~5 s of CPU each). Every
+rank's save at a stop signal is on 2 ranks in tests/e2e/test_recipe.py."""
 
 from __future__ import annotations
 
@@ -117,23 +122,23 @@ def test_a_hang_past_hang_timeout_restarts(make_shards, tmp_path: Path) -> None:
 
 
 def test_the_same_failure_twice_stops(make_shards, tmp_path: Path) -> None:
-    """A deterministic exception at step 3 on rank 1: the restart fails the same way, and the
-    launcher stops there (1 of 5 restarts used) with a code that tells a scheduler not to
-    requeue."""
-    args = [*common(make_shards), "--max_restarts=5"]
-    res = run_launcher(args, tmp_path / "run", env={"AE_FAULT": "raise@train:rank=1:step=5"})
+    """A deterministic exception at step 5 (1 rank: the rule is the launcher's): the restart
+    fails the same way, and the launcher stops there (1 of 5 restarts used) with a code that
+    tells a scheduler not to requeue."""
+    args = [*common(make_shards), "--max_restarts=5", "--devices=1"]
+    res = run_launcher(args, tmp_path / "run", env={"AE_FAULT": "raise@train:rank=0:step=5"})
     assert res.returncode == SAME_FAILURE_EXIT, res.output
     assert len(res.log("train_*.log")) == 2  # two attempts, no more
-    assert res.output.count("RESTART 1/5 after rank 1") == 1, res.output
+    assert res.output.count("RESTART 1/5 after rank 0") == 1, res.output
     stop = [line for line in res.output.splitlines() if "not restarting: the same failure" in line]
     assert len(stop) == 1 and "at step 5 twice" in stop[0], res.output
     assert "InjectedFault" in stop[0]
-    assert "Training failed: rank 1" in res.output  # and the verdict
+    assert "Training failed: rank 0" in res.output  # and the verdict
 
 
 def test_sigusr1_saves_requeues_and_the_requeued_job_resumes(make_shards, tmp_path: Path) -> None:
     """What SLURM's `--signal=USR1@90` does to a batch script's launcher (`SLURM_JOB_ID`, no job
-    step: one node, torchrun): every rank saves at its next step and stops, the launcher runs
+    step: one node, torchrun; 1 rank): the rank saves at its next step and stops, the launcher runs
     `scontrol requeue <job>` (a stand-in on PATH records the call here: no SLURM in this test),
     and the job started again with the recipe's `--resume_from_checkpoint=last` resumes there
     and finishes; two step checkpoints at most on disk throughout."""
@@ -143,7 +148,7 @@ def test_sigusr1_saves_requeues_and_the_requeued_job_resumes(make_shards, tmp_pa
     (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     (bin_dir / "scontrol").chmod(0o755)
     out = tmp_path / "run"
-    args = [f"--output_dir={out}", *common(make_shards), "--max_steps=60",
+    args = [f"--output_dir={out}", *common(make_shards), "--max_steps=60", "--devices=1",
             "--checkpoints_total_limit=2", "--resume_from_checkpoint=last"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
     # Steps of 50 ms+: the ranks agree on a stop at votes about a second apart, well before the
