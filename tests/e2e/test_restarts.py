@@ -61,64 +61,69 @@ def attempts_json(logs: Path) -> list[dict]:
     return json.loads(res.stdout)["attempts"]
 
 
-def test_a_killed_rank_restarts_the_job_exactly(make_shards, tmp_path: Path) -> None:
-    """Rank 1 SIGKILLed at step 6 (mid-epoch): the job restarts from step 4's checkpoint and
-    finishes all 12 steps with the same per-step losses as a run without the kill; the RESTART
-    line names the rank; ae-diagnose lists both attempts with their verdicts."""
+@SERIAL  # --stall_timeout=2, --hang_timeout=5: a step slowed by others' load would hang too
+def test_a_killed_rank_then_a_hang_past_hang_timeout_restart_the_job_exactly(
+    make_shards, tmp_path: Path
+) -> None:
+    """One job, two failures (one launch: a 2-rank attempt less than a job for each).
+
+    Rank 1 SIGKILLed at step 6 (mid-epoch, attempt 0): the job restarts from step 4's
+    checkpoint; the RESTART line names the rank. Then rank 0 sleeps in its training step 10
+    (attempt 1): after --hang_timeout it writes its STALL report and exits with its own code,
+    and the job restarts again, from step 8's checkpoint. It finishes all 12 steps with the same
+    per-step losses as a run without the faults; ae-diagnose lists the attempts with their
+    verdicts."""
     args = common(make_shards)
     plain = run_launcher(args, tmp_path / "plain")
     assert plain.returncode == 0, plain.output
     [expected] = step_losses(plain)
     assert sorted(expected) == list(range(1, 13))
 
-    fault = {"AE_FAULT": "kill@train:rank=1:step=6:attempt=0"}
-    res = run_launcher([*args, "--max_restarts=2"], tmp_path / "healed", env=fault)
+    fault = {"AE_FAULT": "kill@train:rank=1:step=6:attempt=0,"
+                         "sleep@train:rank=0:step=9:attempt=1:secs=600"}  # fmt: skip
+    healed = [*args, "--max_restarts=2", "--stall_timeout=2", "--hang_timeout=5"]
+    res = run_launcher(healed, tmp_path / "healed", env=fault)
     assert res.returncode == 0, res.output
     restarts = [line for line in res.output.splitlines() if "RESTART " in line]
-    assert len(restarts) == 1, res.output
-    first, second = step_losses(res)
-    assert max(first) < 12 and min(second) == 5 and max(second) == 12
-    for step, loss in {**first, **second}.items():  # the second attempt's losses win
+    assert len(restarts) == 2, res.output
+    first, second, third = step_losses(res)
+    assert max(first) < 12 and min(second) == 5 and max(third) == 12
+    for step, loss in {**first, **second, **third}.items():  # the later attempts' losses win
         assert expected[step] == loss, (step, expected[step], loss)
-    # Epoch 0's mean covers its steps before the restart too (step 4's checkpoint carries
-    # them), the same as the run without the kill's (printed to 5 places: the sums' order differs)
+    # Epoch 0's mean covers its steps before the restarts too (step 8's checkpoint carries
+    # them), the same as the run without the faults' (printed to 5 places: the sums' order
+    # differs)
     whole = epoch_losses(plain)
     assert list(whole) == [0] and epoch_losses(res) == pytest.approx(whole, abs=1.5e-5)
 
+    # the kill
     train_logs = res.log("train_*.log")
-    assert len(train_logs) == 2
+    assert len(train_logs) == 3
     line = next(m for t in train_logs[1].read_text().splitlines() if (m := RESTART.parse(t)))
     assert line["attempt"] == "1" and line["max"] == "2"
     assert line["failed"].startswith("rank 1") and "killed" in line["failed"], line
     assert line["resume"] == "4" and line["checkpoint"].endswith("step-00000004.ckpt")
     assert int(line["redone"]) == int(line["step"]) - 4 >= 1
     assert train_logs[0].name == f"train_{line['previous']}.log"
-    assert "Training finished at step 12" in train_logs[1].read_text()
+    assert "Training finished at step 12" in train_logs[2].read_text()
     assert RESTART.parse(restarts[0]) == line  # the console says what the train log says
 
+    # the hang, in the second attempt
+    hung = res.log("debug_rank0_*.log")[1].read_text()
+    assert "STALL report" in hung
+    hang = next(m for t in hung.splitlines() if (m := HANG_TIMEOUT.parse(t)))
+    assert hang["code"] == "124" and hang["phase"] == "training step"
+    assert "Rank exiting with code 124: hang timeout" in hung
+    assert "RESTART 2/2 after rank 0" in restarts[1] and "hang timeout" in restarts[1]
+    assert RESTART.parse(restarts[1])["resume"] == "8"
+
     attempts = attempts_json(res.logs)
-    assert [a["attempt"] for a in attempts] == [0, 1]
+    assert [a["attempt"] for a in attempts] == [0, 1, 2]
     assert attempts[0]["run"] == line["previous"] and attempts[0]["status"] != "finished"
     assert attempts[0]["verdict"].startswith("rank 1") and "killed" in attempts[0]["verdict"]
-    assert attempts[1]["status"] == "finished" and RESTART.parse(attempts[1]["restart"]) == line
-
-
-@SERIAL  # --stall_timeout=2, --hang_timeout=5: a step slowed by others' load would hang too
-def test_a_hang_past_hang_timeout_restarts(make_shards, tmp_path: Path) -> None:
-    """Rank 0 sleeps in its training step 6: after --hang_timeout it writes its STALL report and
-    exits with its own code; the job restarts and finishes."""
-    fault = {"AE_FAULT": "sleep@train:rank=0:step=6:attempt=0:secs=600"}
-    args = [*common(make_shards), "--max_restarts=1", "--stall_timeout=2", "--hang_timeout=5"]
-    res = run_launcher(args, tmp_path / "run", env=fault)
-    assert res.returncode == 0, res.output
-    first = res.log("debug_rank0_*.log")[0].read_text()
-    assert "STALL report" in first
-    hang = next(m for t in first.splitlines() if (m := HANG_TIMEOUT.parse(t)))
-    assert hang["code"] == "124" and hang["phase"] == "training step"
-    assert "Rank exiting with code 124: hang timeout" in first
-    [restart] = [line for line in res.output.splitlines() if "RESTART " in line]
-    assert "RESTART 1/1 after rank 0" in restart and "hang timeout" in restart
-    assert "Training finished at step 12" in res.log("train_*.log")[-1].read_text()
+    assert RESTART.parse(attempts[1]["restart"]) == line
+    assert attempts[1]["status"] != "finished" and attempts[1]["verdict"].startswith("rank 0")
+    assert attempts[2]["status"] == "finished"
 
 
 def test_the_same_failure_twice_stops(make_shards, tmp_path: Path) -> None:
