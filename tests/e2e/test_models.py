@@ -4,10 +4,12 @@ run trains on them.
 
 Each test reuses its launches: a first run of one epoch, then a resumed run to the second epoch;
 no dataloader workers (startup time: the data pipeline has tests of its own). Two ranks where the
-model's behaviour under DDP is what is checked (the resnet with EMA, a user LightningModule, a
-user model's non-contiguous outputs) and where ae-encode splits the shards across ranks; one rank
-(a process less: ~5.5 s of CPU a launch) where the model is the point (the mlp, a user class by
-import path), with a batch twice as large so that the steps are the same as on 2 ranks.
+model's behaviour under DDP is what is checked (a user LightningModule, a user model's
+non-contiguous outputs with EMA weights) and where ae-encode splits the shards across ranks; one
+rank (a process less: ~5 s of CPU a launch) where the model and its options are the point (the
+resnet, the mlp, a user class by import path), with a batch twice as large so that the steps are
+the same as on 2 ranks. Built-in models under DDP: tests/e2e/test_recipe.py (the default),
+tests/e2e/test_image_recipe.py (the conv model with a discriminator).
 """
 
 from __future__ import annotations
@@ -62,9 +64,9 @@ RESNET = ["--model=resnet", "--downsample=4", "--base_channels=8", "--channel_mu
 
 
 def test_resnet_trains_and_resumes_with_l1_kl_and_ema(launch, make_shards, tmp_path: Path) -> None:
-    train = make_shards([16, 16], kind="png", name="train")  # 8x8 gray: 4 steps an epoch
+    train = make_shards([16, 16], kind="png", name="train")  # 8x8 gray: 4 steps of 8 an epoch
     val = make_shards([12], kind="png", name="val")
-    args = [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=4",
+    args = [f"--train_shards={train}", f"--val_shards={val}", "--devices=1", "--batch_size=8",
             "--num_workers=0", "--checkpointing_period=2", *RESNET]  # fmt: skip
     first, resumed = train_then_resume(launch, args)
     out = tmp_path / "run"
@@ -110,7 +112,7 @@ def test_mlp_then_encode_on_two_ranks_then_a_user_class_on_the_latents(tmp_path:
         return run_launcher(args, out)
 
     # 1. mlp: 52 samples, batch 8 x 1 rank -> 6 steps an epoch, two epochs (a built-in
-    # model's resume: test_image_model_trains_and_resumes; DDP: the resnet above)
+    # model's resume: test_resnet_trains_and_resumes_with_l1_kl_and_ema)
     mlp = [f"--train_shards={train}", f"--val_shards={val}", "--devices=1", "--batch_size=8",
            "--num_workers=0", "--model=mlp", "--hidden_dims=32,16", "--latent_dim=4",
            "--checkpointing_period=3", "--max_epochs=2"]  # fmt: skip
