@@ -1,9 +1,15 @@
-"""End-to-end: the built-in models and a user class train on 2 ranks and resume from their
-checkpoint (the conv model in tests/e2e/test_image_recipe.py); ae-encode writes latents on 2
-ranks and a second run trains on them.
+"""End-to-end: the built-in models and a user class train and resume from their checkpoint (the
+conv model in tests/e2e/test_image_recipe.py); ae-encode writes latents on 2 ranks and a second
+run trains on them.
 
 Each test reuses its launches: a first run of one epoch, then a resumed run to the second epoch;
-no dataloader workers (startup time: the data pipeline has tests of its own).
+no dataloader workers (startup time: the data pipeline has tests of its own). Two ranks where the
+model's behaviour under DDP is what is checked (a user LightningModule, a user model's
+non-contiguous outputs with EMA weights) and where ae-encode splits the shards across ranks; one
+rank (a process less: ~5 s of CPU a launch) where the model and its options are the point (the
+resnet, the mlp, a user class by import path), with a batch twice as large so that the steps are
+the same as on 2 ranks. Built-in models under DDP: tests/e2e/test_recipe.py (the default),
+tests/e2e/test_image_recipe.py (the conv model with a discriminator).
 """
 
 from __future__ import annotations
@@ -58,9 +64,9 @@ RESNET = ["--model=resnet", "--downsample=4", "--base_channels=8", "--channel_mu
 
 
 def test_resnet_trains_and_resumes_with_l1_kl_and_ema(launch, make_shards, tmp_path: Path) -> None:
-    train = make_shards([16, 16], kind="png", name="train")  # 8x8 gray: 4 steps an epoch
+    train = make_shards([16, 16], kind="png", name="train")  # 8x8 gray: 4 steps of 8 an epoch
     val = make_shards([12], kind="png", name="val")
-    args = [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=4",
+    args = [f"--train_shards={train}", f"--val_shards={val}", "--devices=1", "--batch_size=8",
             "--num_workers=0", "--checkpointing_period=2", *RESNET]  # fmt: skip
     first, resumed = train_then_resume(launch, args)
     out = tmp_path / "run"
@@ -105,9 +111,9 @@ def test_mlp_then_encode_on_two_ranks_then_a_user_class_on_the_latents(tmp_path:
     def launch(args: list[str], out: Path = run) -> RunResult:
         return run_launcher(args, out)
 
-    # 1. mlp: 52 samples, batch 4 x 2 ranks -> 6 steps an epoch, two epochs (a built-in
-    # model's resume: test_image_model_trains_and_resumes)
-    mlp = [f"--train_shards={train}", f"--val_shards={val}", "--batch_size=4",
+    # 1. mlp: 52 samples, batch 8 x 1 rank -> 6 steps an epoch, two epochs (a built-in
+    # model's resume: test_resnet_trains_and_resumes_with_l1_kl_and_ema)
+    mlp = [f"--train_shards={train}", f"--val_shards={val}", "--devices=1", "--batch_size=8",
            "--num_workers=0", "--model=mlp", "--hidden_dims=32,16", "--latent_dim=4",
            "--checkpointing_period=3", "--max_epochs=2"]  # fmt: skip
     first = launch(mlp)
@@ -166,19 +172,24 @@ def test_mlp_then_encode_on_two_ranks_then_a_user_class_on_the_latents(tmp_path:
     assert f"Nothing to encode: all 3 output shards are complete in {out} " in again.stderr
     assert len(list(logs.glob("train_*.log"))) == 1
 
-    # 3. a user class, by import path with model_args from the config file, on those latents
+    # 3. a user class, by import path with model_args from the config file, on those latents:
+    # 1 rank x batch 8, 6 steps an epoch (a user class under DDP: the strided one below, and
+    # tests/e2e/test_collectives.py)
     config = tmp_path / "user.yaml"
     config.write_text(f"model: {USER_CLASS}\nmodel_args:\n  latent: 2\n  width: 8\n")
-    user = [f"--config={config}", f"--train_shards={out}", f"--val_shards={out}/train-000002.tar",
-            "--batch_size=4", "--num_workers=0", "--checkpointing_period=3"]  # fmt: skip
+    data_args = [f"--train_shards={out}", f"--val_shards={out}/train-000002.tar",
+                 "--num_workers=0", "--checkpointing_period=3"]  # fmt: skip
+    user = [f"--config={config}", "--devices=1", "--batch_size=8", *data_args]
     first, resumed = train_then_resume(lambda a: run_launcher(a, tmp_path / "user"), user)
     text = first.text("train_*.log")
     assert f"Model: {USER_CLASS}, " in text and "latent 2 (2 numbers, 2x fewer" in text
     assert re.search(r"Epoch 0 done: .*val/recon=[\d.]+", text)  # its own loss() terms
     assert_resumed(resumed, at=6, to=12)
 
-    # 4. a LightningModule of the user's, trained as it is (its own steps and optimizer)
-    lit = [f"--model={LIGHTNING_CLASS}", "--model_args={latent: 3}", *user[1:]]
+    # 4. a LightningModule of the user's, trained as it is (its own steps and optimizer) under
+    # DDP: 2 ranks x batch 4, 6 steps an epoch
+    lit = [f"--model={LIGHTNING_CLASS}", "--model_args={latent: 3}", "--devices=2",
+           "--batch_size=4", *data_args]  # fmt: skip
     first, resumed = train_then_resume(lambda a: run_launcher(a, tmp_path / "lit"), lit)
     text = first.text("train_*.log")
     assert f"Model: {LIGHTNING_CLASS} (LightningModule), 31 parameters, latent 3 " in text
@@ -194,7 +205,8 @@ STRIDED_CLASS = "tests.support.strided_autoencoder:StridedAutoEncoder"
 def test_third_party_output_layouts_train_sample_and_encode(make_shards, tmp_path: Path) -> None:
     """A user model whose decode returns a permuted (non-contiguous) tensor and whose encode a
     channels-last float16 latent (what diffusers' AutoencoderKL hands back) on 2 ranks:
-    validation with its metrics, sampling, EMA, checkpoints, then ae-encode on 2 ranks."""
+    validation with its metrics, sampling, EMA, checkpoints, then ae-encode on 1 rank (the
+    split across ranks: test_mlp_then_encode_on_two_ranks_then_a_user_class_on_the_latents)."""
     train = make_shards([16, 16], kind="png", name="train")  # 8x8 gray, as RGB: 4 steps
     val = make_shards([12], kind="png", name="val")
     out = tmp_path / "run"
@@ -217,7 +229,7 @@ def test_third_party_output_layouts_train_sample_and_encode(make_shards, tmp_pat
     latents = tmp_path / "latents"
     enc = subprocess.run(
         [sys.executable, "-m", "ae.cli.encode", str(out / "checkpoints" / "last.ckpt"), train,
-         str(latents), "--devices=2", "--batch_size=5"],
+         str(latents), "--devices=1", "--batch_size=5"],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert enc.returncode == 0, enc.stdout + enc.stderr

@@ -1,6 +1,11 @@
 """End-to-end self-healing runs (`--max_restarts`): real 2-rank DDP runs (gloo, CPU) broken on
 purpose with AE_FAULT (`attempt=0`: only the first attempt), restarted from their newest
-checkpoint by the launcher; and the stop rules that end a job instead."""
+checkpoint by the launcher; and the stop rules that end a job instead.
+
+A killed rank and a hung one are 2-rank runs (the other rank is ended with them, the restart
+names the rank at fault, the losses match DDP's); the same failure twice and SIGUSR1's requeue
+are the launcher's rules, and run 1 rank (a process less a launch: ~5 s of CPU each). Every
+rank's save at a stop signal is on 2 ranks in tests/e2e/test_recipe.py."""
 
 from __future__ import annotations
 
@@ -56,84 +61,89 @@ def attempts_json(logs: Path) -> list[dict]:
     return json.loads(res.stdout)["attempts"]
 
 
-def test_a_killed_rank_restarts_the_job_exactly(make_shards, tmp_path: Path) -> None:
-    """Rank 1 SIGKILLed at step 6 (mid-epoch): the job restarts from step 4's checkpoint and
-    finishes all 12 steps with the same per-step losses as a run without the kill; the RESTART
-    line names the rank; ae-diagnose lists both attempts with their verdicts."""
+@SERIAL  # --stall_timeout=2, --hang_timeout=5: a step slowed by others' load would hang too
+def test_a_killed_rank_then_a_hang_past_hang_timeout_restart_the_job_exactly(
+    make_shards, tmp_path: Path
+) -> None:
+    """One job, two failures (one launch: a 2-rank attempt less than a job for each).
+
+    Rank 1 SIGKILLed at step 6 (mid-epoch, attempt 0): the job restarts from step 4's
+    checkpoint; the RESTART line names the rank. Then rank 0 sleeps in its training step 10
+    (attempt 1): after --hang_timeout it writes its STALL report and exits with its own code,
+    and the job restarts again, from step 8's checkpoint. It finishes all 12 steps with the same
+    per-step losses as a run without the faults; ae-diagnose lists the attempts with their
+    verdicts."""
     args = common(make_shards)
     plain = run_launcher(args, tmp_path / "plain")
     assert plain.returncode == 0, plain.output
     [expected] = step_losses(plain)
     assert sorted(expected) == list(range(1, 13))
 
-    fault = {"AE_FAULT": "kill@train:rank=1:step=6:attempt=0"}
-    res = run_launcher([*args, "--max_restarts=2"], tmp_path / "healed", env=fault)
+    fault = {"AE_FAULT": "kill@train:rank=1:step=6:attempt=0,"
+                         "sleep@train:rank=0:step=9:attempt=1:secs=600"}  # fmt: skip
+    healed = [*args, "--max_restarts=2", "--stall_timeout=2", "--hang_timeout=5"]
+    res = run_launcher(healed, tmp_path / "healed", env=fault)
     assert res.returncode == 0, res.output
     restarts = [line for line in res.output.splitlines() if "RESTART " in line]
-    assert len(restarts) == 1, res.output
-    first, second = step_losses(res)
-    assert max(first) < 12 and min(second) == 5 and max(second) == 12
-    for step, loss in {**first, **second}.items():  # the second attempt's losses win
+    assert len(restarts) == 2, res.output
+    first, second, third = step_losses(res)
+    assert max(first) < 12 and min(second) == 5 and max(third) == 12
+    for step, loss in {**first, **second, **third}.items():  # the later attempts' losses win
         assert expected[step] == loss, (step, expected[step], loss)
-    # Epoch 0's mean covers its steps before the restart too (step 4's checkpoint carries
-    # them), the same as the run without the kill's (printed to 5 places: the sums' order differs)
+    # Epoch 0's mean covers its steps before the restarts too (step 8's checkpoint carries
+    # them), the same as the run without the faults' (printed to 5 places: the sums' order
+    # differs)
     whole = epoch_losses(plain)
     assert list(whole) == [0] and epoch_losses(res) == pytest.approx(whole, abs=1.5e-5)
 
+    # the kill
     train_logs = res.log("train_*.log")
-    assert len(train_logs) == 2
+    assert len(train_logs) == 3
     line = next(m for t in train_logs[1].read_text().splitlines() if (m := RESTART.parse(t)))
     assert line["attempt"] == "1" and line["max"] == "2"
     assert line["failed"].startswith("rank 1") and "killed" in line["failed"], line
     assert line["resume"] == "4" and line["checkpoint"].endswith("step-00000004.ckpt")
     assert int(line["redone"]) == int(line["step"]) - 4 >= 1
     assert train_logs[0].name == f"train_{line['previous']}.log"
-    assert "Training finished at step 12" in train_logs[1].read_text()
+    assert "Training finished at step 12" in train_logs[2].read_text()
     assert RESTART.parse(restarts[0]) == line  # the console says what the train log says
 
+    # the hang, in the second attempt
+    hung = res.log("debug_rank0_*.log")[1].read_text()
+    assert "STALL report" in hung
+    hang = next(m for t in hung.splitlines() if (m := HANG_TIMEOUT.parse(t)))
+    assert hang["code"] == "124" and hang["phase"] == "training step"
+    assert "Rank exiting with code 124: hang timeout" in hung
+    assert "RESTART 2/2 after rank 0" in restarts[1] and "hang timeout" in restarts[1]
+    assert RESTART.parse(restarts[1])["resume"] == "8"
+
     attempts = attempts_json(res.logs)
-    assert [a["attempt"] for a in attempts] == [0, 1]
+    assert [a["attempt"] for a in attempts] == [0, 1, 2]
     assert attempts[0]["run"] == line["previous"] and attempts[0]["status"] != "finished"
     assert attempts[0]["verdict"].startswith("rank 1") and "killed" in attempts[0]["verdict"]
-    assert attempts[1]["status"] == "finished" and RESTART.parse(attempts[1]["restart"]) == line
-
-
-@SERIAL  # --stall_timeout=2, --hang_timeout=5: a step slowed by others' load would hang too
-def test_a_hang_past_hang_timeout_restarts(make_shards, tmp_path: Path) -> None:
-    """Rank 0 sleeps in its training step 6: after --hang_timeout it writes its STALL report and
-    exits with its own code; the job restarts and finishes."""
-    fault = {"AE_FAULT": "sleep@train:rank=0:step=6:attempt=0:secs=600"}
-    args = [*common(make_shards), "--max_restarts=1", "--stall_timeout=2", "--hang_timeout=5"]
-    res = run_launcher(args, tmp_path / "run", env=fault)
-    assert res.returncode == 0, res.output
-    first = res.log("debug_rank0_*.log")[0].read_text()
-    assert "STALL report" in first
-    hang = next(m for t in first.splitlines() if (m := HANG_TIMEOUT.parse(t)))
-    assert hang["code"] == "124" and hang["phase"] == "training step"
-    assert "Rank exiting with code 124: hang timeout" in first
-    [restart] = [line for line in res.output.splitlines() if "RESTART " in line]
-    assert "RESTART 1/1 after rank 0" in restart and "hang timeout" in restart
-    assert "Training finished at step 12" in res.log("train_*.log")[-1].read_text()
+    assert RESTART.parse(attempts[1]["restart"]) == line
+    assert attempts[1]["status"] != "finished" and attempts[1]["verdict"].startswith("rank 0")
+    assert attempts[2]["status"] == "finished"
 
 
 def test_the_same_failure_twice_stops(make_shards, tmp_path: Path) -> None:
-    """A deterministic exception at step 3 on rank 1: the restart fails the same way, and the
-    launcher stops there (1 of 5 restarts used) with a code that tells a scheduler not to
-    requeue."""
-    args = [*common(make_shards), "--max_restarts=5"]
-    res = run_launcher(args, tmp_path / "run", env={"AE_FAULT": "raise@train:rank=1:step=5"})
+    """A deterministic exception at step 5 (1 rank: the rule is the launcher's): the restart
+    fails the same way, and the launcher stops there (1 of 5 restarts used) with a code that
+    tells a scheduler not to requeue."""
+    args = [*common(make_shards), "--max_restarts=5", "--devices=1"]
+    res = run_launcher(args, tmp_path / "run", env={"AE_FAULT": "raise@train:rank=0:step=5"})
     assert res.returncode == SAME_FAILURE_EXIT, res.output
     assert len(res.log("train_*.log")) == 2  # two attempts, no more
-    assert res.output.count("RESTART 1/5 after rank 1") == 1, res.output
+    assert res.output.count("RESTART 1/5 after rank 0") == 1, res.output
     stop = [line for line in res.output.splitlines() if "not restarting: the same failure" in line]
     assert len(stop) == 1 and "at step 5 twice" in stop[0], res.output
     assert "InjectedFault" in stop[0]
-    assert "Training failed: rank 1" in res.output  # and the verdict
+    assert "Training failed: rank 0" in res.output  # and the verdict
 
 
 def test_sigusr1_saves_requeues_and_the_requeued_job_resumes(make_shards, tmp_path: Path) -> None:
     """What SLURM's `--signal=USR1@90` does to a batch script's launcher (`SLURM_JOB_ID`, no job
-    step: one node, torchrun): every rank saves at its next step and stops, the launcher runs
+    step: one node, torchrun; 1 rank): the rank saves at its next step and stops, the launcher runs
     `scontrol requeue <job>` (a stand-in on PATH records the call here: no SLURM in this test),
     and the job started again with the recipe's `--resume_from_checkpoint=last` resumes there
     and finishes; two step checkpoints at most on disk throughout."""
@@ -143,7 +153,7 @@ def test_sigusr1_saves_requeues_and_the_requeued_job_resumes(make_shards, tmp_pa
     (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     (bin_dir / "scontrol").chmod(0o755)
     out = tmp_path / "run"
-    args = [f"--output_dir={out}", *common(make_shards), "--max_steps=60",
+    args = [f"--output_dir={out}", *common(make_shards), "--max_steps=60", "--devices=1",
             "--checkpoints_total_limit=2", "--resume_from_checkpoint=last"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("AE_RUN_TS", "MASTER_PORT")}
     # Steps of 50 ms+: the ranks agree on a stop at votes about a second apart, well before the
