@@ -5,7 +5,7 @@ checkpoint by the launcher; and the stop rules that end a job instead.
 A killed rank and a hung one are 2-rank runs (the other rank is ended with them, the restart
 names the rank at fault, the losses match DDP's); the same failure twice and SIGUSR1's requeue
 are the launcher's rules, and run 1 rank (a process less a launch: ~5 s of CPU each). Every
-rank's save at a stop signal is on 2 ranks in tests/e2e/test_recipe.py."""
+rank's save at a stop signal is on 2 ranks in tests/e2e/test_hot_loop.py."""
 
 from __future__ import annotations
 
