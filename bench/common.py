@@ -74,15 +74,15 @@ def synthetic_shards(
 def tarwriter_shards(root: Path, shards: int, per_shard: int, dim: int = 64) -> list[str]:
     """`shards` tar files of `per_shard` 64-dim float32 `.npy` vectors written by WebDataset's
     own `TarWriter`, each with the index sidecar `ae-shards index` writes. Cached."""
-    import webdataset as wds
-
-    from ae.data.shards.index import write_index
-    from ae.data.shards.tar_header_count import scan_shard
-
     out = root / f"vec-{shards}x{per_shard}"
     urls = [str(out / f"shard-{i:06d}.tar") for i in range(shards)]
     if all(Path(u + ".idx").exists() for u in urls):
         return urls
+    import webdataset as wds  # imports torch (~2 s of CPU): only to write the shards
+
+    from ae.data.shards.index import write_index
+    from ae.data.shards.tar_header_count import scan_shard
+
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     for i, url in enumerate(urls):
