@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,16 +20,33 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def machine() -> dict[str, Any]:
-    import torch
-
+    torch_version, gpu = _torch_facts()
     return {
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch_version,
+        "gpu": gpu,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
+
+
+# A GPU's device files (NVIDIA's; AMD's for ROCm; WSL's): without any, torch sees no GPU
+GPU_DEVICE_FILES = ("/dev/nvidia*", "/dev/kfd", "/dev/dxg")
+
+
+def _torch_facts() -> tuple[str, str | None]:
+    """torch's version and GPU 0's name, as torch says them. Importing torch costs ~2.5 s of CPU,
+    which a bench whose own process never needs it (one that launches runs) would pay for its
+    record alone; so where torch is not imported yet and the machine has no GPU device file, the
+    version comes from the package's metadata (the same string) and the GPU is None."""
+    if "torch" not in sys.modules and not any(glob.glob(p) for p in GPU_DEVICE_FILES):
+        from importlib.metadata import version
+
+        return version("torch"), None
+    import torch
+
+    return torch.__version__, (torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
 
 
 def results_dir() -> Path:

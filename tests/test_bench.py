@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,10 @@ def test_quick_mode_runs_and_writes_its_record(bench: str, tmp_path: Path) -> No
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     record = json.loads((tmp_path / f"{name}_quick.json").read_text())
     assert record["bench"] == name and record["quick"] is True
+    # the machine, as torch says it (bench.common reads the version from the package's metadata
+    # where importing torch only for the record would cost its process ~2.5 s of CPU)
+    assert record["machine"]["torch"] == version("torch"), record["machine"]
+    assert {"host", "cpus", "python", "gpu", "date"} <= set(record["machine"])
     assert keys <= set(record), sorted(keys - set(record))
     if bench == "trainer_overhead":  # the three figures, for 1 and 2 processes
         assert [row["processes"] for row in record["rows"]] == [1, 2]
