@@ -100,6 +100,10 @@ def test_quick_mode_runs_and_writes_its_record(bench: str, tmp_path: Path) -> No
     assert record["machine"]["torch"] == version("torch"), record["machine"]
     assert {"host", "cpus", "python", "gpu", "date"} <= set(record["machine"])
     assert keys <= set(record), sorted(keys - set(record))
+    if bench == "gpu_proof":  # every part ran; the stall (in the throughput launch) was seen
+        assert not record["errors"], record["errors"]
+        assert record["throughput"] and record["sync_check"], record["skipped"]
+        assert record["faults"]["gpu_stall"]["stall_lines"], record["faults"]["gpu_stall"]
     if bench == "trainer_overhead":  # the three figures, for 1 and 2 processes
         assert [row["processes"] for row in record["rows"]] == [1, 2]
         for row in record["rows"]:
