@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -41,12 +42,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
-from ae.forensics import flight_recorder
 from bench.common import write_record
+
+# torch (and ae.forensics.flight_recorder, which imports it) only in the jobs' processes, which
+# import it themselves: this one starts them and reads their results (~2.5 s of CPU less)
 
 WARMUP = 100
 WORLD = 2
@@ -61,6 +60,11 @@ def _job(rank: int, on: bool, steps: int, warmup: int, logs: str, result: Any,
          micro: int = 0) -> None:  # fmt: skip
     """One rank of a job; rank 0 puts its figures in `result`. With `micro` (--quick), rank 0
     then also runs `_micro`'s timing of `micro` all-reduces and puts it next."""
+    import torch
+    import torch.distributed as dist
+
+    from ae.forensics import flight_recorder
+
     if on:
         flight_recorder.enable(Path(logs), rank, "bench")
     else:
@@ -98,7 +102,8 @@ def _job(rank: int, on: bool, steps: int, warmup: int, logs: str, result: Any,
         assert path is not None
         entries = len(json.loads(path.read_text())["entries"])
         result.put({"step_s": step_s, "cpu_s": cpu_s, "dumps_s": dumps, "entries": entries,
-                    "bytes": path.stat().st_size})  # fmt: skip
+                    "bytes": path.stat().st_size,
+                    "buffer_entries": flight_recorder.BUFFER_ENTRIES})  # fmt: skip
     elif rank == 0:
         result.put({"step_s": step_s, "cpu_s": cpu_s})
     dist.barrier()  # rank 1 waits for rank 0's dumps: a peer gone mid-dump aborts gloo
@@ -110,6 +115,10 @@ def _job(rank: int, on: bool, steps: int, warmup: int, logs: str, result: Any,
 def _micro(_index: int, on: bool, n: int, warmup: int, logs: str, result: Any) -> None:
     """One process, world size 1: `n` all-reduces of one number issued from 40 frames deep
     (a Lightning step's depth); CPU time per collective."""
+    import torch
+
+    from ae.forensics import flight_recorder
+
     if on:
         flight_recorder.enable(Path(logs), 0, "bench")
     else:
@@ -120,6 +129,9 @@ def _micro(_index: int, on: bool, n: int, warmup: int, logs: str, result: Any) -
 
 def _micro_timing(n: int, warmup: int, logs: str) -> float:
     """`_micro`'s timing in this process, the recorder already on or off."""
+    import torch
+    import torch.distributed as dist
+
     Path(logs).mkdir(exist_ok=True)
     dist.init_process_group("gloo", init_method=f"file://{logs}/store", rank=0, world_size=1)
     x = torch.zeros(1)
@@ -142,19 +154,27 @@ def _micro_timing(n: int, warmup: int, logs: str) -> float:
 def _run(fn: Any, nprocs: int, on: bool, n: int, warmup: int, start: str, *more: Any) -> Any:
     """`fn` in `nprocs` processes; what rank 0 put in the result queue (a list of the two
     things it put, given a micro-run count in `more`). Processes not done after JOIN_TIMEOUT_S
-    are killed, and the bench fails saying which job hung."""
-    ctx = mp.get_context(start)
+    are killed, and the bench fails saying which job hung; so does a process that failed (its
+    traceback is on stderr), the others killed."""
+    ctx = multiprocessing.get_context(start)
     result = ctx.Queue()
     with tempfile.TemporaryDirectory() as logs:
         args = (on, n, warmup, logs, result, *more)
-        procs = mp.start_processes(fn, args=args, nprocs=nprocs, start_method=start, join=False)
+        procs = [ctx.Process(target=fn, args=(i, *args)) for i in range(nprocs)]
+        for proc in procs:
+            proc.start()
         deadline = time.monotonic() + JOIN_TIMEOUT_S
-        while not procs.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for proc in procs.processes:
+        while (codes := [proc.exitcode for proc in procs]).count(0) < nprocs:
+            failed = any(code not in (0, None) for code in codes)
+            if failed or time.monotonic() > deadline:
+                for proc in procs:
                     proc.kill()
-                raise TimeoutError(f"{fn.__name__} (recorder on: {on}) not done in "
-                                   f"{JOIN_TIMEOUT_S:.0f}s: hung")  # fmt: skip
+                    proc.join()
+                how = f"failed (exit codes {codes})" if failed else (
+                    f"not done in {JOIN_TIMEOUT_S:.0f}s: hung")  # fmt: skip
+                error = RuntimeError if failed else TimeoutError
+                raise error(f"{fn.__name__} (recorder on: {on}) {how}")
+            next(proc for proc in procs if proc.exitcode is None).join(timeout=1.0)
         if more and more[0]:
             return [result.get(timeout=60), result.get(timeout=60)]
         return result.get(timeout=60)
@@ -210,7 +230,7 @@ def main() -> None:
     last = runs[-1]["dump"]
     record = {
         "pairs": pairs, "steps": steps, "collectives_per_step": collectives,
-        "buffer_entries": flight_recorder.BUFFER_ENTRIES,
+        "buffer_entries": runs[-1]["dump"]["buffer_entries"],
         "off_step_ms": off_step_ms,
         "on_step_ms": statistics.median(r["on_step_ms"] for r in runs),
         "overhead": overhead, "overheads": [r["overhead"] for r in runs],
