@@ -18,7 +18,7 @@ steps, rank 0 of each `on` job dumps its buffer (full: 2,000 entries) twice thro
 the second is what later dumps cost.
 
 `--quick` (the suite's smoke run): one pair of 100 steps after 10 warm-up steps, the processes
-spawned as in a full run (forked from this one, which has imported torch, a job hung in CI
+spawned as in a full run (forked from this one when it imported torch, a job hung in CI
 twice); rank 0 of each job times the per-collective micro-run after its job (a world of 1 made
 after the job's group is gone), so the quick mode starts 4 processes, not 6 (each ~3 s of CPU,
 importing torch mostly). The ranks meet through a file in the job's temporary folder, not a
@@ -51,7 +51,7 @@ WARMUP = 100
 WORLD = 2
 JOIN_TIMEOUT_S = 180.0  # a job of a full run takes ~30 s
 # (steps, warm-up steps, start method) of --quick
-# Spawned, not forked, in the quick mode too: a fork of this process (torch imported, its threads
+# Spawned, not forked, in the quick mode too: a fork of this process (then torch imported, threads
 # started) hung one job in CI twice, at 4 s of CPU (a child deadlocked at birth)
 QUICK = (100, 10, "spawn")
 
