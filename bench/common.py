@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,16 +20,33 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def machine() -> dict[str, Any]:
-    import torch
-
+    torch_version, gpu = _torch_facts()
     return {
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch_version,
+        "gpu": gpu,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
+
+
+# A GPU's device files (NVIDIA's; AMD's for ROCm; WSL's): without any, torch sees no GPU
+GPU_DEVICE_FILES = ("/dev/nvidia*", "/dev/kfd", "/dev/dxg")
+
+
+def _torch_facts() -> tuple[str, str | None]:
+    """torch's version and GPU 0's name, as torch says them. Importing torch costs ~2.5 s of CPU,
+    which a bench whose own process never needs it (one that launches runs) would pay for its
+    record alone; so where torch is not imported yet and the machine has no GPU device file, the
+    version comes from the package's metadata (the same string) and the GPU is None."""
+    if "torch" not in sys.modules and not any(glob.glob(p) for p in GPU_DEVICE_FILES):
+        from importlib.metadata import version
+
+        return version("torch"), None
+    import torch
+
+    return torch.__version__, (torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
 
 
 def results_dir() -> Path:
@@ -74,15 +93,15 @@ def synthetic_shards(
 def tarwriter_shards(root: Path, shards: int, per_shard: int, dim: int = 64) -> list[str]:
     """`shards` tar files of `per_shard` 64-dim float32 `.npy` vectors written by WebDataset's
     own `TarWriter`, each with the index sidecar `ae-shards index` writes. Cached."""
-    import webdataset as wds
-
-    from ae.data.shards.index import write_index
-    from ae.data.shards.tar_header_count import scan_shard
-
     out = root / f"vec-{shards}x{per_shard}"
     urls = [str(out / f"shard-{i:06d}.tar") for i in range(shards)]
     if all(Path(u + ".idx").exists() for u in urls):
         return urls
+    import webdataset as wds  # imports torch (~2 s of CPU): only to write the shards
+
+    from ae.data.shards.index import write_index
+    from ae.data.shards.tar_header_count import scan_shard
+
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     for i, url in enumerate(urls):

@@ -40,12 +40,12 @@ DATA = Path("/tmp/ae-bench-data")
 
 def tarwriter_shards(root: Path, shards: int, per_shard: int, dim: int) -> list[str]:
     """`shards` shards written by WebDataset's TarWriter, no sidecars (cached on disk)."""
-    import webdataset as wds
-
     out = root / f"tarwriter-{shards}x{per_shard}x{dim}"
     urls = [str(out / f"shard-{i:06d}.tar") for i in range(shards)]
     if all(Path(u).exists() for u in urls):
         return urls
+    import webdataset as wds  # imports torch (~2 s of CPU): only to write the shards
+
     out.mkdir(parents=True, exist_ok=True)
     rows = np.random.default_rng(0).random((per_shard, dim), dtype=np.float32)
     for i, url in enumerate(urls):

@@ -18,10 +18,13 @@ steps, rank 0 of each `on` job dumps its buffer (full: 2,000 entries) twice thro
 the second is what later dumps cost.
 
 `--quick` (the suite's smoke run): one pair of 100 steps after 10 warm-up steps, the processes
-spawned as in a full run (forked from this one, which has imported torch, a job hung in CI
-twice). The ranks meet through a file in the job's temporary folder, not a free port picked
-beforehand (another process could take it first), and a job not done in JOIN_TIMEOUT_S is
-stopped and fails naming itself (the quick mode once hung in CI until the test's 900 s).
+spawned as in a full run (forked from this one when it imported torch, a job hung in CI
+twice); rank 0 of each job times the per-collective micro-run after its job (a world of 1 made
+after the job's group is gone), so the quick mode starts 4 processes, not 6 (each ~3 s of CPU,
+importing torch mostly). The ranks meet through a file in the job's temporary folder, not a
+free port picked beforehand (another process could take it first), and a job not done in
+JOIN_TIMEOUT_S is stopped and fails naming itself (the quick mode once hung in CI until the
+test's 900 s).
 
 Writes bench/results/flight_recorder.json (`_quick` with --quick).
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -38,23 +42,29 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
-from ae.forensics import flight_recorder
 from bench.common import write_record
+
+# torch (and ae.forensics.flight_recorder, which imports it) only in the jobs' processes, which
+# import it themselves: this one starts them and reads their results (~2.5 s of CPU less)
 
 WARMUP = 100
 WORLD = 2
 JOIN_TIMEOUT_S = 180.0  # a job of a full run takes ~30 s
 # (steps, warm-up steps, start method) of --quick
-# Spawned, not forked, in the quick mode too: a fork of this process (torch imported, its threads
+# Spawned, not forked, in the quick mode too: a fork of this process (then torch imported, threads
 # started) hung one job in CI twice, at 4 s of CPU (a child deadlocked at birth)
 QUICK = (100, 10, "spawn")
 
 
-def _job(rank: int, on: bool, steps: int, warmup: int, logs: str, result: Any) -> None:
+def _job(rank: int, on: bool, steps: int, warmup: int, logs: str, result: Any,
+         micro: int = 0) -> None:  # fmt: skip
+    """One rank of a job; rank 0 puts its figures in `result`. With `micro` (--quick), rank 0
+    then also runs `_micro`'s timing of `micro` all-reduces and puts it next."""
+    import torch
+    import torch.distributed as dist
+
+    from ae.forensics import flight_recorder
+
     if on:
         flight_recorder.enable(Path(logs), rank, "bench")
     else:
@@ -92,21 +102,37 @@ def _job(rank: int, on: bool, steps: int, warmup: int, logs: str, result: Any) -
         assert path is not None
         entries = len(json.loads(path.read_text())["entries"])
         result.put({"step_s": step_s, "cpu_s": cpu_s, "dumps_s": dumps, "entries": entries,
-                    "bytes": path.stat().st_size})  # fmt: skip
+                    "bytes": path.stat().st_size,
+                    "buffer_entries": flight_recorder.BUFFER_ENTRIES})  # fmt: skip
     elif rank == 0:
         result.put({"step_s": step_s, "cpu_s": cpu_s})
     dist.barrier()  # rank 1 waits for rank 0's dumps: a peer gone mid-dump aborts gloo
     dist.destroy_process_group()
+    if micro and rank == 0:  # the recorder stays as this process set it (on or off)
+        result.put(_micro_timing(micro, warmup, f"{logs}/micro"))
 
 
 def _micro(_index: int, on: bool, n: int, warmup: int, logs: str, result: Any) -> None:
     """One process, world size 1: `n` all-reduces of one number issued from 40 frames deep
     (a Lightning step's depth); CPU time per collective."""
+    import torch
+
+    from ae.forensics import flight_recorder
+
     if on:
         flight_recorder.enable(Path(logs), 0, "bench")
     else:
         os.environ["TORCH_FR_BUFFER_SIZE"] = "0"
     torch.set_num_threads(1)
+    result.put(_micro_timing(n, warmup, logs))
+
+
+def _micro_timing(n: int, warmup: int, logs: str) -> float:
+    """`_micro`'s timing in this process, the recorder already on or off."""
+    import torch
+    import torch.distributed as dist
+
+    Path(logs).mkdir(exist_ok=True)
     dist.init_process_group("gloo", init_method=f"file://{logs}/store", rank=0, world_size=1)
     x = torch.zeros(1)
 
@@ -120,25 +146,37 @@ def _micro(_index: int, on: bool, n: int, warmup: int, logs: str, result: Any) -
             dist.all_reduce(x)
         return (time.process_time() - t0) / n
 
-    result.put(deep(40))
+    timing = deep(40)
     dist.destroy_process_group()
+    return timing
 
 
-def _run(fn: Any, nprocs: int, on: bool, n: int, warmup: int, start: str) -> Any:
-    """`fn` in `nprocs` processes; what rank 0 put in the result queue. Processes not done
-    after JOIN_TIMEOUT_S are killed, and the bench fails saying which job hung."""
-    ctx = mp.get_context(start)
+def _run(fn: Any, nprocs: int, on: bool, n: int, warmup: int, start: str, *more: Any) -> Any:
+    """`fn` in `nprocs` processes; what rank 0 put in the result queue (a list of the two
+    things it put, given a micro-run count in `more`). Processes not done after JOIN_TIMEOUT_S
+    are killed, and the bench fails saying which job hung; so does a process that failed (its
+    traceback is on stderr), the others killed."""
+    ctx = multiprocessing.get_context(start)
     result = ctx.Queue()
     with tempfile.TemporaryDirectory() as logs:
-        args = (on, n, warmup, logs, result)
-        procs = mp.start_processes(fn, args=args, nprocs=nprocs, start_method=start, join=False)
+        args = (on, n, warmup, logs, result, *more)
+        procs = [ctx.Process(target=fn, args=(i, *args)) for i in range(nprocs)]
+        for proc in procs:
+            proc.start()
         deadline = time.monotonic() + JOIN_TIMEOUT_S
-        while not procs.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for proc in procs.processes:
+        while (codes := [proc.exitcode for proc in procs]).count(0) < nprocs:
+            failed = any(code not in (0, None) for code in codes)
+            if failed or time.monotonic() > deadline:
+                for proc in procs:
                     proc.kill()
-                raise TimeoutError(f"{fn.__name__} (recorder on: {on}) not done in "
-                                   f"{JOIN_TIMEOUT_S:.0f}s: hung")  # fmt: skip
+                    proc.join()
+                how = f"failed (exit codes {codes})" if failed else (
+                    f"not done in {JOIN_TIMEOUT_S:.0f}s: hung")  # fmt: skip
+                error = RuntimeError if failed else TimeoutError
+                raise error(f"{fn.__name__} (recorder on: {on}) {how}")
+            next(proc for proc in procs if proc.exitcode is None).join(timeout=1.0)
+        if more and more[0]:
+            return [result.get(timeout=60), result.get(timeout=60)]
         return result.get(timeout=60)
 
 
@@ -148,6 +186,14 @@ def run_micro(on: bool, n: int, warmup: int = WARMUP, start: str = "spawn") -> f
 
 def run_job(on: bool, steps: int, warmup: int = WARMUP, start: str = "spawn") -> dict[str, Any]:
     return _run(_job, WORLD, on, steps, warmup, start)
+
+
+def run_job_and_micro(
+    on: bool, steps: int, n: int, warmup: int, start: str
+) -> tuple[dict[str, Any], float]:
+    """--quick: a job whose rank 0 then times `n` all-reduces (run_job, then run_micro)."""
+    job, micro = _run(_job, WORLD, on, steps, warmup, start, n)
+    return job, float(micro)
 
 
 def main() -> None:
@@ -161,13 +207,22 @@ def main() -> None:
     )
     runs, micro = [], []
     for _ in range(pairs):
-        off, on = run_job(False, steps, warmup, start), run_job(True, steps, warmup, start)
+        n = steps * 4
+        if args.quick:  # each job's rank 0 times the micro-run after it: 4 processes, not 6
+            (off, micro_off), (on, micro_on) = (
+                run_job_and_micro(False, steps, n, warmup, start),
+                run_job_and_micro(True, steps, n, warmup, start),
+            )
+        else:
+            off, on = run_job(False, steps, warmup, start), run_job(True, steps, warmup, start)
         runs.append({"off_step_ms": off["step_s"] * 1e3, "on_step_ms": on["step_s"] * 1e3,
                      "overhead": on["step_s"] / off["step_s"] - 1,
                      "off_cpu_ms": off["cpu_s"] * 1e3, "on_cpu_ms": on["cpu_s"] * 1e3,
                      "cpu_overhead": on["cpu_s"] / off["cpu_s"] - 1, "dump": on})  # fmt: skip
-        n = steps * 4
-        micro.append(run_micro(True, n, warmup, start) - run_micro(False, n, warmup, start))
+        if not args.quick:
+            micro_on = run_micro(True, n, warmup, start)
+            micro_off = run_micro(False, n, warmup, start)
+        micro.append(micro_on - micro_off)
     collectives = 4  # per step
     overhead = statistics.median(r["overhead"] for r in runs)
     us_per_collective = statistics.median(micro) * 1e6
@@ -175,7 +230,7 @@ def main() -> None:
     last = runs[-1]["dump"]
     record = {
         "pairs": pairs, "steps": steps, "collectives_per_step": collectives,
-        "buffer_entries": flight_recorder.BUFFER_ENTRIES,
+        "buffer_entries": runs[-1]["dump"]["buffer_entries"],
         "off_step_ms": off_step_ms,
         "on_step_ms": statistics.median(r["on_step_ms"] for r in runs),
         "overhead": overhead, "overheads": [r["overhead"] for r in runs],

@@ -156,9 +156,20 @@ def part_resume(p: Proof, z: SimpleNamespace, prefix: str, extra: list[str], slo
 
 def part_nccl_stall(p: Proof, z: SimpleNamespace, slot: float) -> None:
     """NCCL at world size 1 (forced), its init lines, a kernel that stalls the rank, the STALL
-    report, the Flight Recorder dump asked for by ae-diagnose --dump, and the verdicts."""
+    report, the Flight Recorder dump asked for by ae-diagnose --dump, and the verdicts. --quick:
+    the run is the throughput launch, if it carried the stall (`nccl_stall_run`)."""
+    s = p.stall_run
+    if s is None:
+        s = nccl_stall_run(p, z)
+        s.res = p.launch("nccl_stall", s.args, slot, probe=s.probe, env=s.env, watch=s.watch)
+    _nccl_stall_report(p, z, s)
+
+
+def nccl_stall_run(p: Proof, z: SimpleNamespace) -> SimpleNamespace:
+    """The stall run's flags, probe settings, environment and watcher (its clock starts here)."""
     a = p.a
     step, secs = z.stall_step, z.stall_secs
+    extra = ["--debug=true", f"--stall_timeout={z.stall_timeout}"]  # a throughput run has neither
     args = [
         f"--train_shards={p.specs.vec}",
         "--val_shards=none",
@@ -167,8 +178,7 @@ def part_nccl_stall(p: Proof, z: SimpleNamespace, slot: float) -> None:
         "--max_epochs=-1",
         f"--max_steps={step + 25}",
         "--num_workers=2",
-        "--debug=true",
-        f"--stall_timeout={z.stall_timeout}",
+        *extra,
         "--checkpointing_period=0",
         "--save_best=false",
     ]
@@ -207,7 +217,14 @@ def part_nccl_stall(p: Proof, z: SimpleNamespace, slot: float) -> None:
         )
 
     t0 = time.monotonic()
-    res = p.launch("nccl_stall", args, slot, probe=probe, env=env, watch=watch)
+    return SimpleNamespace(
+        args=args, extra=extra, probe=probe, env=env, watch=watch, via=via, live=live
+    )
+
+
+def _nccl_stall_report(p: Proof, z: SimpleNamespace, s: SimpleNamespace) -> None:
+    a, res, live, via = p.a, s.res, s.live, s.via
+    step, secs = z.stall_step, z.stall_secs
     logs = Path(res["out"]) / "logs"
     debug = read_logs(logs, "debug_rank0_*.log")
     native = read_logs(logs, "native_rank0_*.log")
@@ -238,6 +255,7 @@ def part_nccl_stall(p: Proof, z: SimpleNamespace, slot: float) -> None:
         "gpu_stall",
         {
             "via": via,
+            "run": Path(res["out"]).name,  # --quick: the throughput launch's (tp-...)
             "fault_step": step,
             "kernel_secs": secs,
             "rc": res["rc"],

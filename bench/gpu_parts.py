@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from bench.gpu_correctness import nccl_stall_run
 from bench.gpu_runner import ROOT, Proof, read_logs
 
 
@@ -151,7 +152,18 @@ def part_ae_throughput(p: Proof, z: SimpleNamespace, configs: list[dict]) -> Non
         name = c["name"]
         probe = {"windows": z.windows, "stop": True, "cadences": [500]}  # progress lines
         want = 150 if "resnet" in name else 90
-        res = p.launch(f"tp-{name}", c["flags"], p.budget.slot(want, 150), probe=probe)
+        flags, env, watch = c["flags"], None, None
+        stall = None
+        if p.stall_in_throughput and p.stall_run is None:  # --quick: the stall rides here
+            stall = nccl_stall_run(p, z)  # a stall in the timed window, the probe forcing DDP
+            flags, env, watch = [*flags, *stall.extra], stall.env, stall.watch
+            probe |= {k: v for k, v in stall.probe.items() if k != "stop"}
+            want += z.stall_secs + 60  # the stall, and ae-diagnose --dump and --json meanwhile
+        res = p.launch(
+            f"tp-{name}", flags, p.budget.slot(want, 150), probe=probe, env=env, watch=watch
+        )
+        if stall is not None:
+            stall.res, p.stall_run = dict(res), stall
         pr = res.pop("probe") or {}
         row = pr.get("throughput") or {}
         if row:

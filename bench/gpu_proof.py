@@ -5,8 +5,10 @@ sync in a step, bf16 / compile / NCCL correctness, and GPU faults with their ver
                                               # gpu_proof.json and --artifacts (logs, grids)
     python -m bench.gpu_proof --quick         # CPU smoke run, ~1 min: one throughput config
                                               # (hand and ae, with the sync check) and the
-                                              # nccl_stall chain; the rest `skipped: --quick`,
-                                              # CUDA-only checks `skipped: no CUDA`
+                                              # nccl_stall chain, whose stall rides in ae's
+                                              # throughput launch (one launch, not two); the
+                                              # rest `skipped: --quick`, CUDA-only checks
+                                              # `skipped: no CUDA`
     python -m bench.gpu_proof --parts data,hand,ae,correctness --chains nccl_stall
                                               # a second run of some parts (data always runs)
 
@@ -46,7 +48,9 @@ bench.gpu_correctness (the chains), bench.gpu_probe and bench.gpu_timing (inside
   the native log; a CUDA kernel that spins ~16 s at step 15 (`AE_FAULT=gpusleep@train` where ae
   has it, else the probe) -> the STALL report (phase, main thread's stack), `ae-diagnose --dump`
   (Flight Recorder through the NCCL path) and `ae-diagnose --json` live, then the run resolves
-  and finishes. On the CPU: gloo and `AE_FAULT=sleep@train`.
+  and finishes. On the CPU: gloo and `AE_FAULT=sleep@train`. `--quick`: the stall (6 s at step
+  6) rides in `ae`'s throughput run (its timed window; the record's `faults.gpu_stall.run` names
+  the run), so the smoke run launches once, not twice.
 
 Writes `gpu_proof.json` (`--quick`: gpu_proof_quick.json) where bench records go
 (`$AE_BENCH_RESULTS`), and into --artifacts: `gpu_proof_logs.tar.gz` (every run's logs, metrics,
@@ -76,7 +80,8 @@ from bench.gpu_parts import (
 from bench.gpu_runner import NAME, Proof, ae_names, say
 
 PARTS = ("data", "hand", "ae", "oom", "correctness")
-# --quick (the suite's smoke run): every measure once, in three launches (hand, ae, nccl_stall)
+# --quick (the suite's smoke run): every measure once, in a hand loop's process and one launch
+# (ae's throughput run carries the nccl_stall chain's stall)
 QUICK_PARTS = ("data", "hand", "ae", "correctness")
 QUICK_CHAINS = ("nccl_stall",)
 
@@ -134,6 +139,9 @@ def main() -> None:
     )
     args.budget_s = args.budget_s or (600.0 if args.quick else 430.0)
     p = Proof(args, a)
+    p.stall_in_throughput = (
+        args.quick and {"ae", "correctness"} <= set(parts) and ("nccl_stall" in chains)
+    )
     if not p.cuda and not args.quick:
         sys.exit("bench.gpu_proof needs a CUDA GPU (nvidia-smi sees none); --quick runs on the CPU")
     z = sizes(args.quick)

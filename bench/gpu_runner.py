@@ -115,6 +115,10 @@ class Proof:
         self.nvml = Utilisation(self.cuda)
         self.site_dir = self.work / "probe_site"
         self.specs: SimpleNamespace | None = None
+        # --quick: the nccl_stall chain's stall rides in the throughput launch (one launch less,
+        # ~9 s of CPU); that run, for the chain's report
+        self.stall_in_throughput = False
+        self.stall_run: SimpleNamespace | None = None
 
     # --- bookkeeping -------------------------------------------------------------------------
     def save(self) -> None:

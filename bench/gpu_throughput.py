@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ae.data.datamodule import PREFETCH_FACTOR
+from ae.config import PREFETCH_FACTOR
 from ae.data.decoding.decode import SampleDecoder
 from ae.data.planning.counts import count_shards
 from ae.data.stream.resume import ResumableLoader

@@ -40,7 +40,7 @@ import webdataset as wds
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ae.data.datamodule import PREFETCH_FACTOR
+from ae.config import PREFETCH_FACTOR
 from ae.data.decoding.decode import SampleDecoder
 from ae.data.decoding.images import decode_image, fit, to_array
 from ae.data.planning.counts import count_shards

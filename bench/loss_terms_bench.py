@@ -31,8 +31,6 @@ from ae.training.adversarial import (
     hinge_d_loss,
     surrogate,
 )
-from ae.training.frechet import FrechetDistance
-from ae.training.inception import FIDInception
 from ae.training.models.conv import conv_autoencoder
 from ae.training.models.resnet import resnet_autoencoder
 from ae.training.perceptual import LPIPS
@@ -168,6 +166,10 @@ def fid_cost(
     """rFID's work at validation, as `QualityMetrics` does it: the Inception on the batch and
     its clamped reconstruction (ms per validation image, the pair), and the distance from the
     sums (ms, once per validation)."""
+    # here, not at the top: torchmetrics (and matplotlib) cost ~1 s of CPU to import, for --fid only
+    from ae.training.frechet import FrechetDistance
+    from ae.training.inception import FIDInception
+
     inception = FIDInception().to(dev)  # random weights: the cost does not depend on them
     metric = FrechetDistance().to(dev)
     per_image = []

@@ -28,10 +28,11 @@ medians of the rounds' own ratios (each a pair measured in the same seconds); th
 medians of each side's. Then each side runs once more, alone, to count its Python function calls
 a step in the same window (`calls_per_step`): a figure no load moves.
 
-`--quick`, a smoke run whose figures mean nothing, runs 60 steps in one round and counts the calls
-in it; its sides' processes are forked from the bench's (which imports what they import first),
-the 2 ranks of a side with the environment torchrun gives its ranks: the same workers, without
-the ~6 s of CPU that an interpreter importing torch and Lightning costs each of 12 processes.
+`--quick`, a smoke run whose figures mean nothing, runs 40 steps in one round (19 timed after the
+20 warm-up steps: two turns of each side) and counts the calls in it; its sides' processes are
+forked from the bench's (which imports what they import first), the 2 ranks of a side with the
+environment torchrun gives its ranks: the same workers, without the ~6 s of CPU that an
+interpreter importing torch and Lightning costs each of 12 processes.
 
 Usage: python -m bench.trainer_overhead [--steps 600] [--repeats 5] [--worlds 1,2]
            [--variants no_vote,old_stop_check,...|all] [--quick]
@@ -248,7 +249,7 @@ def main() -> None:
     ap.add_argument("--worlds", default="1,2", help="process counts, comma-separated")
     ap.add_argument("--variants", default="", help=f"'all' or some of: {', '.join(VARIANTS)}")
     ap.add_argument(
-        "--quick", action="store_true", help="60 steps, one round, calls counted in it: a smoke run"
+        "--quick", action="store_true", help="40 steps, one round, calls counted in it: a smoke run"
     )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--side")
@@ -257,7 +258,8 @@ def main() -> None:
     if args.worker:
         _worker(args)
         return
-    steps, repeats = (60, 1) if args.quick else (args.steps, args.repeats)
+    # quick: the fewest steps that pass the turn within the window (at step 30) and end it
+    steps, repeats = (40, 1) if args.quick else (args.steps, args.repeats)
     variants = (
         list(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
     )

@@ -1,8 +1,9 @@
 """Training throughput with the stall watchdog + debug logging on, versus both off.
 
     .venv/bin/python -m bench.watchdog_overhead [--pairs 2] [--batches 1500] [--segments 200]
-    .venv/bin/python -m bench.watchdog_overhead --quick   # 20 warm-up batches (not 300), then
-                                                          # 1 pair of 40 batches, 2 segments
+    .venv/bin/python -m bench.watchdog_overhead --quick   # 5 warm-up batches (not 300), then
+                                                          # 2 segments of 7 batches (not 37),
+                                                          # 1 pair of 14 batches
 
 On: `--debug=true --stall_timeout=300`: the watchdog thread and its heartbeat file, and a
 `Training step` line per batch (loss, LR, samples/s, RSS of rank and workers).
@@ -54,10 +55,11 @@ from bench.common import synthetic_shards, write_record
 
 BATCH = 16
 SKIP = 300  # warm-up batches, excluded
-QUICK_SKIP = 20
+QUICK_SKIP = 5
 # Batches per interleaved segment: prime, so that periodic work (Lightning's metrics every 10
 # steps, the CSV flush every 100, progress lines every 500) falls on on and off segments alike.
 SEGMENT = 37
+QUICK_SEGMENT = 7  # --quick: every path runs; the figures mean nothing anyway
 MODES = {
     "off": ["--debug=false", "--stall_timeout=0"],
     "on": ["--debug=true", "--stall_timeout=300"],
@@ -85,11 +87,13 @@ class Stopwatch(L.Callback):
 
 
 class Toggle(L.Callback):
-    """Switches the per-batch forensics off and on every SEGMENT batches, timing each segment.
-    With switch=False it only labels the segments (the control: measures the noise)."""
+    """Switches the per-batch forensics off and on every `segment` batches, timing each
+    segment. With switch=False it only labels the segments (the control: measures the noise)."""
 
-    def __init__(self, trainer: L.Trainer, switch: bool = True, skip: int = SKIP) -> None:
-        self.switch, self.skip = switch, skip
+    def __init__(
+        self, trainer: L.Trainer, switch: bool = True, skip: int = SKIP, segment: int = SEGMENT
+    ) -> None:
+        self.switch, self.skip, self.segment = switch, skip, segment
         self.debug_cb = next(c for c in trainer.callbacks if isinstance(c, DebugCallback))
         self.on = True
         self.last = -1
@@ -98,7 +102,7 @@ class Toggle(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         done = trainer.global_step
-        if done < self.skip or (done - self.skip) % SEGMENT or done == self.last:
+        if done < self.skip or (done - self.skip) % self.segment or done == self.last:
             return
         self.last = done
         now = (time.perf_counter(), time.process_time())
@@ -161,19 +165,23 @@ def main() -> int:
     parser.add_argument("--segments", type=int, default=200, help="interleaved segments")
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes")
     args = parser.parse_args()
-    skip = QUICK_SKIP if args.quick else SKIP
+    skip, segment = (QUICK_SKIP, QUICK_SEGMENT) if args.quick else (SKIP, SEGMENT)
     if args.quick:
         # 2 segments: 3 timed (off, on, off), so both orders of an adjacent pair
-        args.pairs, args.batches, args.segments = 1, skip + 40, 2
+        args.pairs, args.batches, args.segments = 1, skip + 2 * segment, 2
     torch.set_num_threads(1)  # as the launcher does for 2 ranks on 2 cores: no spinning threads
     t_start = time.monotonic()
     rate: dict[str, list[float]] = {m: [] for m in MODES}
     cpu: dict[str, list[float]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        long_urls = make_shards(folder / "long", skip + (args.segments + 1) * SEGMENT)
-        switched = fit("on", long_urls, folder / "interleaved", lambda t: Toggle(t, True, skip))
-        labelled = fit("on", long_urls, folder / "control", lambda t: Toggle(t, False, skip))
+        long_urls = make_shards(folder / "long", skip + (args.segments + 1) * segment)
+        switched = fit(
+            "on", long_urls, folder / "interleaved", lambda t: Toggle(t, True, skip, segment)
+        )
+        labelled = fit(
+            "on", long_urls, folder / "control", lambda t: Toggle(t, False, skip, segment)
+        )
         segments, control = switched.segments, labelled.segments
         urls = make_shards(folder / "short", args.batches)
         for i in range(args.pairs):
@@ -185,13 +193,14 @@ def main() -> int:
     result = {
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "interleaved_segments": len(segments),
+        "segment_batches": segment,
         "overhead_percent": round(interleaved(segments, 1), 2),
         "overhead_cpu_percent": round(interleaved(segments, 2), 2),
         # the same run and statistic with nothing switched: the noise of the measurement
         "control_percent": round(interleaved(control, 1), 2),
         "control_cpu_percent": round(interleaved(control, 2), 2),
         "segment_ms_per_batch": {  # medians
-            mode: round(1000 * statistics.median(s[1] for s in segments if s[0] == on) / SEGMENT, 3)
+            mode: round(1000 * statistics.median(s[1] for s in segments if s[0] == on) / segment, 3)
             for mode, on in (("off", False), ("on", True))
         },
         "whole_runs_batches_per_s": rate,

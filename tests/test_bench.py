@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,32 @@ def test_every_bench_is_listed() -> None:
     assert modules == set(BENCHES), "list a new bench (and give it --quick) in BENCHES"
 
 
+# Benches whose own process needs no torch (they launch runs, or read logs), and benches that
+# use torch but not Lightning nor torchmetrics: importing torch costs a process ~2.5 s of CPU,
+# Lightning ~2 s more, and the suite runs every quick mode.
+NO_TORCH = ("count_bench", "diagnose_bench", "flight_recorder", "goodput", "gpu_proof", "memory")
+NO_TORCH += ("models_bench", "plan_bench", "startup")
+NO_LIGHTNING = ("gpu_throughput", "input_pipeline", "loss_terms_bench")
+
+
+def test_a_bench_process_imports_only_what_it_uses() -> None:
+    """Importing the benches above and writing a record's machine leaves torch unimported (where
+    no GPU device file is: there torch names the GPU); the others import no Lightning."""
+    code = (
+        "import sys, glob, importlib, bench.common as c\n"
+        f"for b in {NO_TORCH!r}: importlib.import_module('bench.' + b)\n"
+        "c.machine()\n"
+        "gpu = any(glob.glob(p) for p in c.GPU_DEVICE_FILES)\n"
+        "print(gpu or 'torch' not in sys.modules)\n"
+        f"for b in {NO_LIGHTNING!r}: importlib.import_module('bench.' + b)\n"
+        "print(not {'lightning', 'torchmetrics'} & set(sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr[-3000:]
+
+
 # bench.goodput runs two namespace hosts: one at a time with the two-host tests.
 RESOURCE_GROUPS = {"goodput": TWO_HOSTS}
 
@@ -86,7 +113,8 @@ def test_quick_mode_runs_and_writes_its_record(bench: str, tmp_path: Path) -> No
     env = {**os.environ, "AE_BENCH_RESULTS": str(tmp_path)}  # not the full runs' records
     # A few seconds to a minute each (6-8 min in all at a load of 5-9 on 2 cores, trainer_overhead
     # aside); a launch of the real launcher is most of a quick mode's cost (~8 s of CPU a rank),
-    # so they launch once where they can, one rank on one thread.
+    # so they launch once where they can, one rank on one thread; and a bench's own process
+    # imports torch (~2.5 s of CPU) only where it uses it.
     out = subprocess.run(
         [sys.executable, "-m", f"bench.{bench}", "--quick"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
@@ -94,7 +122,15 @@ def test_quick_mode_runs_and_writes_its_record(bench: str, tmp_path: Path) -> No
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     record = json.loads((tmp_path / f"{name}_quick.json").read_text())
     assert record["bench"] == name and record["quick"] is True
+    # the machine, as torch says it (bench.common reads the version from the package's metadata
+    # where importing torch only for the record would cost its process ~2.5 s of CPU)
+    assert record["machine"]["torch"] == version("torch"), record["machine"]
+    assert {"host", "cpus", "python", "gpu", "date"} <= set(record["machine"])
     assert keys <= set(record), sorted(keys - set(record))
+    if bench == "gpu_proof":  # every part ran; the stall (in the throughput launch) was seen
+        assert not record["errors"], record["errors"]
+        assert record["throughput"] and record["sync_check"], record["skipped"]
+        assert record["faults"]["gpu_stall"]["stall_lines"], record["faults"]["gpu_stall"]
     if bench == "trainer_overhead":  # the three figures, for 1 and 2 processes
         assert [row["processes"] for row in record["rows"]] == [1, 2]
         for row in record["rows"]:
