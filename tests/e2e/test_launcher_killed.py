@@ -2,9 +2,11 @@
 -- takes its job with it: torchrun follows it (PR_SET_PDEATHSIG), its ranks save and stop, and
 the folder stays locked until the last of them is gone, so no second job starts beside them.
 
-One launch per case. Every rank sleeps 8 s in training step 3 (`AE_FAULT`); the launcher is
+One launch per case. Every rank sleeps 6 s in training step 3 (`AE_FAULT`); the launcher is
 killed in that sleep, so the job's processes are known to live while a second launch tries the
-folder. With two nodes, node 1's launcher is the one killed: node 0 ends with a verdict.
+folder (which it does within ~2 s: a launcher's start, 0.6 s of CPU). With two nodes, node 1's
+launcher is the one killed: node 0 ends with a verdict; no second launch races the sleep there,
+so it is 3 s, the kill's moment (and the job's processes known) and no more.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ pytestmark = [
     TWO_HOSTS,
 ]  # network namespaces; a second launch refused while the job lives
 
-SLEEP = "sleep@train:step=3:secs=8"  # every rank, in its step 3: the launcher dies meanwhile
+SLEEP = "sleep@train:step=3:secs=6"  # every rank, in its step 3: the launcher dies meanwhile
+SLEEP_TWO_NODES = "sleep@train:step=3:secs=3"  # no second launch to race it there
 KILLS = [signal.SIGKILL, signal.SIGHUP]
 
 
@@ -183,7 +186,8 @@ def test_node_1s_killed_launcher_ends_the_job_with_a_verdict_on_node_0(
         nodes = []
         for node in (0, 1):
             env = {**base_env(tmp_path), "NNODES": "2", "NODE_RANK": str(node),
-                   "MASTER_ADDR": hosts.addrs[0], "MASTER_PORT": str(port)}  # fmt: skip
+                   "MASTER_ADDR": hosts.addrs[0], "MASTER_PORT": str(port),
+                   "AE_FAULT": SLEEP_TWO_NODES}  # fmt: skip
             env = {k: v for k, v in env.items() if not k.endswith("_SOCKET_IFNAME")}
             sink = (tmp_path / f"console_node{node}.txt").open("w")
             nodes.append(hosts.popen(node, [sys.executable, "-m", "ae.cli.launch", *args],
