@@ -20,7 +20,6 @@ import pytest
 from ae.job.same_job import TELL_WAIT_S
 from bench.two_hosts import TwoHosts, available, cleanup_stale
 from tests.support.runs import ROOT, TWO_HOSTS
-from tests.support.shards import write_test_shards
 
 pytestmark = [pytest.mark.slow, TWO_HOSTS]  # network namespaces, pg timeouts
 
@@ -120,89 +119,41 @@ def test_unreachable_master_is_refused_at_once(tmp_path: Path) -> None:
     assert "Traceback" not in text and not (out / "logs").exists()
 
 
-def _start_training(tmp_path: Path, hosts: TwoHosts, port: int,
-                    extra: list[str]) -> tuple[Path, list[subprocess.Popen]]:  # fmt: skip
-    """Both nodes starting a long run (the run in <tmp_path>/run, consoles beside it)."""
-    train = write_test_shards(tmp_path / "shards", [400, 400, 400, 400], name="train")
-    val = write_test_shards(tmp_path / "shards", [32], name="val")
+def _train_until_stepping(tmp_path: Path, make_shards, hosts: TwoHosts, port: int,
+                          extra: list[str]) -> tuple[Path, list[subprocess.Popen]]:  # fmt: skip
+    """Both nodes training a long run; returns once rank 1 has logged training steps."""
+    train = make_shards([400, 400, 400, 400], name="train")
+    val = make_shards([32], name="val")
     out = tmp_path / "run"
     args = [f"--train_shards={train}", f"--val_shards={val}", "--devices=1", "--max_epochs=100",
             "--batch_size=8", "--num_workers=0", "--log_every_n_train_batches=5",
             *extra]  # fmt: skip
-    return out, [start_node(hosts, i, args, node_env(i, port, tmp_path), out) for i in (0, 1)]
-
-
-def _wait_stepping(out: Path, procs: list[subprocess.Popen]) -> None:
-    """Returns once rank 1 has logged training steps."""
+    procs = [start_node(hosts, i, args, node_env(i, port, tmp_path), out) for i in (0, 1)]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         logs = list((out / "logs").glob("debug_rank1_*.log")) if (out / "logs").exists() else []
         if logs and len(re.findall("Processed", logs[0].read_text())) >= 2:
-            return
+            return out, procs
         assert all(p.poll() is None for p in procs), console(out, 0) + console(out, 1)
         time.sleep(0.5)
     pytest.fail("training did not start within 120 s")
 
 
-def _end_times(procs: dict[str, subprocess.Popen], timeout: float) -> dict[str, float]:
-    """When each process ended (time.monotonic), polled every 0.1 s; fails past `timeout`."""
-    ended: dict[str, float] = {}
-    deadline = time.monotonic() + timeout
-    while len(ended) < len(procs):
-        for name, p in procs.items():
-            if name not in ended and p.poll() is not None:
-                ended[name] = time.monotonic()
-        assert time.monotonic() < deadline, (
-            f"still running after {timeout} s: {procs.keys() - ended.keys()}"
-        )
-        time.sleep(0.1)
-    return ended
-
-
-LINK_PG_TIMEOUT = 8  # the link-down job's --pg_timeout
-
-
-@pytest.fixture(scope="module")
-def faults(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Two two-node jobs at once, each on its own pair of hosts, their faults and ends awaited
-    together (each mostly waits: for its heartbeats to go silent 20 s, for --pg_timeout):
-    `killed`, host 1 loses power mid-training; `link`, host 1's interface goes down."""
-    killed_tmp, link_tmp = tmp_path_factory.mktemp("killed"), tmp_path_factory.mktemp("link")
-    # The STALL comes --stall_timeout (3 s) after the last step began, noticed within 0.75 s (the
-    # watchdog's poll): --pg_timeout 8 s leaves it 4 s of margin (12 s was 4 s more wait).
-    link_flags = ["--stall_timeout=3", f"--pg_timeout={LINK_PG_TIMEOUT}"]
-    with TwoHosts() as killed_hosts, TwoHosts() as link_hosts:
-        k_out, (k0, k1) = _start_training(killed_tmp, killed_hosts, 29613, [])
-        l_out, (l0, l1) = _start_training(link_tmp, link_hosts, 29614, link_flags)
-        _wait_stepping(k_out, [k0, k1])
-        _wait_stepping(l_out, [l0, l1])
-        killed_at = time.monotonic()
-        killed_hosts.link_down(1)
-        killed_hosts.kill_host(1)
-        down_at = time.monotonic()
-        link_hosts.link_down(1)
-        ended = _end_times({"k0": k0, "l0": l0, "l1": l1}, timeout=90)
-        k1.wait(timeout=10)
-        killed = {
-            "out": k_out,
-            "code": k0.returncode,
-            "took": ended["k0"] - killed_at,
-            "json": diagnose_json(k_out / "logs", killed_hosts),
-        }  # on node0, as its user
-        link = {"out": l_out, "codes": [l0.returncode, l1.returncode],
-                "took": max(ended["l0"], ended["l1"]) - down_at}  # fmt: skip
-    return {"killed": killed, "link": link}
-
-
-def test_host_killed_mid_training_is_named(faults: dict) -> None:
+def test_host_killed_mid_training_is_named(tmp_path: Path, make_shards) -> None:
     """Host 1 loses power: every process killed, and not one packet more (its link goes down
     first, so no connection is closed: rank 0 alone would wait until --pg_timeout, 600 s).
     Host 0's launcher notices the silent heartbeats and ends within 60 s; its console verdict
     names rank 1 on node1 (rank 0 only lost its peer)."""
-    out, doc = faults["killed"]["out"], faults["killed"]["json"]
-    assert faults["killed"]["code"] == 1, console(out, 0)
-    took = faults["killed"]["took"]
-    assert took < 60, took
+    with TwoHosts() as hosts:
+        out, (node0, node1) = _train_until_stepping(tmp_path, make_shards, hosts, 29613, [])
+        killed_at = time.monotonic()
+        hosts.link_down(1)
+        hosts.kill_host(1)
+        assert node0.wait(timeout=90) == 1
+        took = time.monotonic() - killed_at
+        assert took < 60, took
+        node1.wait(timeout=10)
+        doc = diagnose_json(out / "logs", hosts)  # on node0, as its user would
     text = console(out, 0)
     assert "Node lost: no heartbeat for 20 s from host node1: rank 1" in text, text
     assert re.search(r"Training failed: rank 1 on node1, phase [^:]+: killed without trace", text)
@@ -213,11 +164,21 @@ def test_host_killed_mid_training_is_named(faults: dict) -> None:
     assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(0, "stopped after rank 1 died")]
 
 
-def test_link_down_is_a_network_verdict(faults: dict) -> None:
+def test_link_down_is_a_network_verdict(tmp_path: Path, make_shards) -> None:
     """Host 1's interface goes down: both ranks report STALLs in a collective, both launchers end
     by --pg_timeout, and the verdict names the link between the hosts, no rank."""
-    out, codes, took = faults["link"]["out"], faults["link"]["codes"], faults["link"]["took"]
-    assert codes[0] != 0 and codes[1] != 0 and took < LINK_PG_TIMEOUT + 30, (codes, took)
+    # The STALL comes --stall_timeout (3 s) after the last step began, noticed within 0.75 s (the
+    # watchdog's poll): 8 s leaves it 4 s of margin (12 s was 4 s more wait for nothing).
+    pg_timeout = 8
+    with TwoHosts() as hosts:
+        out, procs = _train_until_stepping(
+            tmp_path, make_shards, hosts, 29614, ["--stall_timeout=3", f"--pg_timeout={pg_timeout}"]
+        )
+        down_at = time.monotonic()
+        hosts.link_down(1)
+        codes = [p.wait(timeout=pg_timeout + 60) for p in procs]
+        took = time.monotonic() - down_at
+    assert codes[0] != 0 and codes[1] != 0 and took < pg_timeout + 30, (codes, took)
     for rank in (0, 1):
         (log,) = (out / "logs").glob(f"debug_rank{rank}_*.log")
         assert re.search(r"STALL detected: .* collective wait: yes", log.read_text())
