@@ -2,9 +2,9 @@
 -- takes its job with it: torchrun follows it (PR_SET_PDEATHSIG), its ranks save and stop, and
 the folder stays locked until the last of them is gone, so no second job starts beside them.
 
-One launch per case. Every rank sleeps 6 s in training step 3 (`AE_FAULT`); the launcher is
+One launch per case. Every rank sleeps 8 s in training step 3 (`AE_FAULT`); the launcher is
 killed in that sleep, so the job's processes are known to live while a second launch tries the
-folder (which it does within ~2 s: a launcher's start, 0.6 s of CPU). With two nodes, node 1's
+folder (6 s measured no faster: kept at 8, the margin of that race). With two nodes, node 1's
 launcher is the one killed: node 0 ends with a verdict; no second launch races the sleep there,
 so it is 3 s, the kill's moment (and the job's processes known) and no more. The two kills'
 two-node jobs run at once, each on its own pair of hosts (the second one's kill may land just
@@ -39,7 +39,7 @@ pytestmark = [
     TWO_HOSTS,
 ]  # network namespaces; a second launch refused while the job lives
 
-SLEEP = "sleep@train:step=3:secs=6"  # every rank, in its step 3: the launcher dies meanwhile
+SLEEP = "sleep@train:step=3:secs=8"  # every rank, in its step 3: the launcher dies meanwhile
 SLEEP_TWO_NODES = "sleep@train:step=3:secs=3"  # no second launch to race it there
 KILLS = [signal.SIGKILL, signal.SIGHUP]
 
