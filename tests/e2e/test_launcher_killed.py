@@ -4,11 +4,16 @@ the folder stays locked until the last of them is gone, so no second job starts 
 
 One launch per case. Every rank sleeps 8 s in training step 3 (`AE_FAULT`); the launcher is
 killed in that sleep, so the job's processes are known to live while a second launch tries the
-folder. With two nodes, node 1's launcher is the one killed: node 0 ends with a verdict.
+folder (6 s measured no faster: kept at 8, the margin of that race). With two nodes, node 1's
+launcher is the one killed: node 0 ends with a verdict; no second launch races the sleep there,
+so it is 3 s, the kill's moment (and the job's processes known) and no more. The two kills'
+two-node jobs run at once, each on its own pair of hosts (the second one's kill may land just
+after its sleep, mid-training: the same case).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -27,6 +32,7 @@ from bench.two_hosts import TwoHosts, available, cleanup_stale
 from tests.support.encode_checkpoint import encode_checkpoint
 from tests.support.live import wait_for
 from tests.support.runs import ROOT, TWO_HOSTS, run_processes
+from tests.support.shards import write_test_shards
 
 pytestmark = [
     pytest.mark.slow,
@@ -34,6 +40,7 @@ pytestmark = [
 ]  # network namespaces; a second launch refused while the job lives
 
 SLEEP = "sleep@train:step=3:secs=8"  # every rank, in its step 3: the launcher dies meanwhile
+SLEEP_TWO_NODES = "sleep@train:step=3:secs=3"  # no second launch to race it there
 KILLS = [signal.SIGKILL, signal.SIGHUP]
 
 
@@ -171,35 +178,70 @@ def two_hosts_possible() -> None:
     cleanup_stale()
 
 
+def _start_two_nodes(tmp: Path, hosts: TwoHosts, port: int) -> tuple[Path, list[subprocess.Popen]]:
+    """Both nodes' launchers, each in a session of its own as from a terminal."""
+    train = write_test_shards(tmp / "shards", [200, 200], name="train")
+    val = write_test_shards(tmp / "shards", [16], name="val")
+    out = tmp / "run"
+    args = [f"--output_dir={out}", f"--train_shards={train}", f"--val_shards={val}",
+            "--batch_size=8", "--max_epochs=50", "--num_workers=1", "--checkpointing_period=2",
+            "--devices=1"]  # fmt: skip
+    nodes = []
+    for node in (0, 1):
+        env = {**base_env(tmp), "NNODES": "2", "NODE_RANK": str(node),
+               "MASTER_ADDR": hosts.addrs[0], "MASTER_PORT": str(port),
+               "AE_FAULT": SLEEP_TWO_NODES}  # fmt: skip
+        env = {k: v for k, v in env.items() if not k.endswith("_SOCKET_IFNAME")}
+        sink = (tmp / f"console_node{node}.txt").open("w")
+        nodes.append(hosts.popen(node, [sys.executable, "-m", "ae.cli.launch", *args],
+                                 env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+                                 start_new_session=True,
+                                 preexec_fn=_sighup_as_from_a_terminal))  # fmt: skip
+    return out, nodes
+
+
+@pytest.fixture(scope="module")
+def node_1_killed(tmp_path_factory: pytest.TempPathFactory, two_hosts_possible) -> dict:
+    """Both kills' two-node jobs at once, each on its own pair of hosts: node 1's launcher killed
+    (SIGKILL in one, SIGHUP in the other) while every rank sleeps in its step 3; each job's node 0
+    awaited. Per signal: node 0's exit code, how long after the kill it ended, its folder."""
+    found: dict = {}
+    with contextlib.ExitStack() as stack:
+        jobs = {}
+        for sig in KILLS:
+            tmp = tmp_path_factory.mktemp(f"node_1_{sig.name}")
+            hosts = stack.enter_context(TwoHosts())
+            jobs[sig] = (tmp, *_start_two_nodes(tmp, hosts, 29620 + KILLS.index(sig)))
+        for sig, (tmp, out, (node0, node1)) in jobs.items():
+            wait_for(f"every rank in its sleeping step ({sig.name})",
+                     lambda out=out: fault_fired(out / "logs", 2), timeout=180)  # fmt: skip
+            family = job_family(node0.pid) + job_family(node1.pid)
+            killed_at = time.monotonic()
+            os.killpg(node1.pid, sig)
+            assert node1.wait(timeout=10) == -sig
+            found[sig] = {"tmp": tmp, "out": out, "family": family, "killed_at": killed_at}
+        pending = {sig: node0 for sig, (_, _, (node0, _)) in jobs.items()}
+        deadline = time.monotonic() + 120
+        while pending:  # each node 0's end, timed as it comes
+            for sig, node0 in list(pending.items()):
+                if (code := node0.poll()) is not None:
+                    found[sig] |= {"code": code, "took": time.monotonic() - found[sig]["killed_at"]}
+                    del pending[sig]
+            assert time.monotonic() < deadline, f"node 0 still running 120 s after: {pending}"
+            time.sleep(0.1)
+        for job in found.values():
+            all_gone(job["out"], job["family"])
+    return found
+
+
 @pytest.mark.parametrize("sig", KILLS, ids=lambda s: s.name)
 def test_node_1s_killed_launcher_ends_the_job_with_a_verdict_on_node_0(
-    tmp_path: Path, make_shards, two_hosts_possible, sig
+    node_1_killed: dict, sig
 ) -> None:
-    out = tmp_path / "run"
+    job = node_1_killed[sig]
+    out, code, took = job["out"], job["code"], job["took"]
     logs = out / "logs"
-    port = 29620 + KILLS.index(sig)
-    args = [f"--output_dir={out}", *shard_args(make_shards), "--devices=1"]
-    with TwoHosts() as hosts:
-        nodes = []
-        for node in (0, 1):
-            env = {**base_env(tmp_path), "NNODES": "2", "NODE_RANK": str(node),
-                   "MASTER_ADDR": hosts.addrs[0], "MASTER_PORT": str(port)}  # fmt: skip
-            env = {k: v for k, v in env.items() if not k.endswith("_SOCKET_IFNAME")}
-            sink = (tmp_path / f"console_node{node}.txt").open("w")
-            nodes.append(hosts.popen(node, [sys.executable, "-m", "ae.cli.launch", *args],
-                                     env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
-                                     start_new_session=True,
-                                     preexec_fn=_sighup_as_from_a_terminal))  # fmt: skip
-        node0, node1 = nodes
-        wait_for("every rank in its sleeping step", lambda: fault_fired(logs, 2), timeout=180)
-        family = job_family(node0.pid) + job_family(node1.pid)
-        killed_at = time.monotonic()
-        os.killpg(node1.pid, sig)
-        assert node1.wait(timeout=10) == -sig
-        code = node0.wait(timeout=120)
-        took = time.monotonic() - killed_at
-        all_gone(out, family)
-    text = (tmp_path / "console_node0.txt").read_text()
+    text = (job["tmp"] / "console_node0.txt").read_text()
     assert code == 128 + signal.SIGTERM, text  # a stop: every rank saved
     assert took < 60, (took, text)  # not torchrun's 300 s exit barrier
     assert "Traceback" not in text, text

@@ -167,7 +167,9 @@ def test_host_killed_mid_training_is_named(tmp_path: Path, make_shards) -> None:
 def test_link_down_is_a_network_verdict(tmp_path: Path, make_shards) -> None:
     """Host 1's interface goes down: both ranks report STALLs in a collective, both launchers end
     by --pg_timeout, and the verdict names the link between the hosts, no rank."""
-    pg_timeout = 12
+    # The STALL comes --stall_timeout (3 s) after the last step began, noticed within 0.75 s (the
+    # watchdog's poll): 8 s leaves it 4 s of margin (12 s was 4 s more wait for nothing).
+    pg_timeout = 8
     with TwoHosts() as hosts:
         out, procs = _train_until_stepping(
             tmp_path, make_shards, hosts, 29614, ["--stall_timeout=3", f"--pg_timeout={pg_timeout}"]

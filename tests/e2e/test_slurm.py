@@ -181,8 +181,8 @@ def test_usr1_saves_requeues_and_the_requeued_job_resumes_and_finishes(
             assert time.monotonic() < end, "the sbatch job never reached step 6"
             time.sleep(0.2)
         subprocess.run(["scancel", "--signal=USR1", job_id], timeout=60, check=True)
-        # The requeued job starts again once its old credential expires (15 s on the test
-        # cluster: `cred_expire` in slurm_cluster.sh).
+        # The requeued job starts again once its old credential expires (10 s on the test
+        # cluster: `cred_expire` in slurm_cluster.sh, scheduled within a second of it).
         state = wait_for_job_end(job_id, timeout=240)
     finally:
         subprocess.run(["scancel", job_id], timeout=60)

@@ -137,8 +137,9 @@ SlurmdPort=$SLURMD_PORT
 AuthType=auth/munge
 CredType=cred/munge
 # cred_expire: also how long SLURM holds a requeued job (default 120 s) before it may start again
-# (slurmd refuses the job until its revoked credential expires); short, for the requeue test.
-AuthInfo=socket=$MUNGE_SOCK,cred_expire=15
+# (slurmd refuses the job until its revoked credential expires); short, for the requeue test,
+# and still ample for a credential, which slurmd checks within a second of its making.
+AuthInfo=socket=$MUNGE_SOCK,cred_expire=10
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
 SlurmctldPidFile=$DIR/run/slurmctld.pid
@@ -154,6 +155,12 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+# A requeued job becomes eligible once its credential expires (EligibleTime), but starts only at
+# the next scheduling pass that looks at it: the main scheduler's, every 60 s by default (the
+# backfill pass, every 30 s, runs only after a change of state, and time passing is none): the
+# requeue test waited up to ~45 s instead of cred_expire. One node, a few jobs: a pass a second
+# costs nothing.
+SchedulerParameters=sched_interval=1,bf_interval=1
 ReturnToService=2
 # Reject at submit time what can never run here (e.g. -n3 on 2 CPUs) instead of pending forever
 # with Reason=PartitionConfig.
