@@ -121,6 +121,7 @@ class RankLog:
     warnings: int = 0
     stall_reports: int = 0
     open_stall: Stall | None = None
+    resolved_stall: Stall | None = None  # the newest stall that ended in progress (not teardown)
     crashes: list[Crash] = field(default_factory=list)
     exit: Record | None = None
     exit_code: int | None = None
@@ -292,6 +293,7 @@ class _Scanner:
                 # progress: the stall stays what the rank was doing.
                 m = STALL_RESOLVED.parse(log.text(start))
                 if m is None or not m["now"].startswith(_TEARDOWN):
+                    s.resolved_stall = self._stall_state or s.resolved_stall
                     self._stall_state = None
                 continue
             rec = log.record(start)

@@ -72,6 +72,21 @@ def open_stall(r: RankLog) -> Stall | None:
     return None if any(t >= s.time for t in ends) else s
 
 
+def network_stall(r: RankLog) -> Stall | None:
+    """The collective wait a dropped link left the rank in: its open stall, or one that ended
+    without a step's progress in a peer failure (gloo's broadcast can return at its timeout as
+    the link drops, and the next collective fails on the closed pair: `STALL RESOLVED`, then
+    `Application timeout caused pair closure` in the same step)."""
+    if (s := open_stall(r)) is not None:
+        return s
+    s = r.resolved_stall
+    if s is None or not s.waiting or not r.crashes or primary_crash(r) is not None:
+        return None
+    if r.step is not None and r.step > s.step:
+        return None  # a step went by after the wait: that stall was over
+    return s if r.crashes[0].time >= s.time else None
+
+
 def current_phase(r: RankLog) -> str:
     # Its fit returned (TRAINING_FINISHED): the markers before it name training phases it left.
     if finished(r) or (r.training_finished is not None and not r.crashes):

@@ -4,10 +4,12 @@ docstring says what it finds), then names the resource that ran out (`ae.diagnos
 
 Before the rules: if every rank, on two or more hosts, stalled in a collective at the same step
 (or one step on: a link that drops mid-collective can let one side finish it and wait in the
-next) and none failed of its own, no rank is stuck in its own work: the hosts cannot reach each
-other (`network`), and no rank is a culprit. A run where every rank wrote its exit line with code
-0 and nothing failed has no culprits, and so has one whose ranks died only after training finished
-(`ae.diagnose.teardown`: their ends are its `teardown`, the run `finished`).
+next; or a wait that ended at the collective's timeout, then a failure on the closed pair in the
+same step: `rank_status.network_stall`) and none failed of its own, no rank is stuck in its own
+work: the hosts cannot reach each other (`network`), and no rank is a culprit. A run where every
+rank wrote its exit line with code 0 and nothing failed has no culprits, and so has one whose
+ranks died only after training finished (`ae.diagnose.teardown`: their ends are its `teardown`,
+the run `finished`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ae.diagnose.deaths import deaths
 from ae.diagnose.evidence import RunState
 from ae.diagnose.findings import Finding, Findings
 from ae.diagnose.logscan import Evidence
-from ae.diagnose.rank_status import current_phase, finished, open_stall, primary_crash
+from ae.diagnose.rank_status import current_phase, finished, network_stall, primary_crash
 from ae.diagnose.resources import name_resources
 from ae.diagnose.teardown import Finished, after_training, training_finished
 from ae.diagnose.verdict_rules import (
@@ -81,7 +83,7 @@ def network_partition(run: RunState) -> Network | None:
     ranks = [r for r in run.ranks.values() if r.files]
     if len(ranks) < 2 or run.missing or any(primary_crash(r) for r in ranks):
         return None
-    stalled = [open_stall(r) for r in ranks]
+    stalled = [network_stall(r) for r in ranks]
     if not all(s is not None and s.waiting for s in stalled):
         return None
     steps = {s.step for s in stalled if s is not None}
@@ -97,7 +99,7 @@ def _network_verdict(run: RunState, net: Network) -> Verdict:
     victims = [
         Finding(r.rank, current_phase(r), "collective wait (network)", "", s.evidence[:1])
         for r in run.ranks.values()
-        if (s := open_stall(r)) is not None
+        if (s := network_stall(r)) is not None
     ]
     status = "failed" if any(r.crashes for r in run.ranks.values()) else "hung"
     return Verdict(status, [], sorted(victims, key=lambda f: f.rank), states, net)

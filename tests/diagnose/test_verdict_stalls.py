@@ -315,3 +315,39 @@ def test_a_link_that_drops_mid_collective_leaves_one_rank_a_step_on(
         assert doc["culprits"] == [] and doc["network"]["step"] == 29
     else:
         assert doc["network"] is None
+
+
+@pytest.mark.parametrize("progress", [False, True], ids=["same_step", "a_step_later"])
+def test_a_broadcast_that_returns_at_its_timeout_then_a_closed_pair_is_the_network(
+    tmp_path: Path, progress: bool
+) -> None:
+    """Seen in test_link_down: the link dropped while both ranks waited in step 11's broadcast.
+    Rank 1's broadcast returned at --pg_timeout (`STALL RESOLVED ... now phase training step,
+    step 11`), and its all-reduce of the same step failed on the closed pair; rank 0's stall
+    stayed open. The verdict blamed rank 1 (`exited 1`): it is the network. A rank that made a
+    step's progress after its wait ended (step 12) has no such excuse."""
+    w0, w1 = writers(tmp_path)
+    closed = "Application timeout caused pair closure"
+    for w, host in ((w0, "node0"), (w1, "node1")):
+        w.stall("data loading", 11, 3.5, collective="yes (broadcast)")
+        w.t += 5
+        step = 11
+        if w is w1:
+            step = 12 if progress else 11
+            w.resolved("data loading", 11, 8.0, now=f"phase training step, step {step}")
+        w.t += 0.2
+        w.fatal("RuntimeError", closed, BACKWARD_FRAMES)
+        w.flush()
+        write_heartbeat(tmp_path, w.rank, 2, pid=99999990 + w.rank, t=w.t, host=host,
+                        phase="training step", step=step, state="failed",
+                        stalled=w is w0)  # fmt: skip
+    doc = run_diagnose(tmp_path)
+    if progress:
+        assert doc["network"] is None
+        return
+    assert doc["culprits"] == [] and doc["status"] == "failed", doc["culprits"]
+    assert doc["network"]["hosts"] == ["node0", "node1"] and doc["network"]["step"] == 11
+    assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [
+        (0, "collective wait (network)"),
+        (1, "collective wait (network)"),
+    ]
