@@ -48,6 +48,11 @@ def level_needle(level: str) -> bytes:
     return f" | {level:<8} | ".encode()
 
 
+def message_needle(prefix: str) -> bytes:
+    """A message prefix as it appears after the `[Rank r/W]` tag: what `find_records` seeks."""
+    return b"] " + prefix.encode()
+
+
 def parse_time(text: str) -> float:
     return datetime.strptime(text, _TIME_FORMAT).timestamp()
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ae.diagnose.heartbeats import Heartbeat
-from ae.diagnose.logscan import Evidence, LogBytes, Record
+from ae.diagnose.logscan import Evidence, LogBytes, Record, message_needle
 from ae.diagnose.phases import phase_after_marker
 from ae.diagnose.tracebacks import (
     FAULTHANDLER_TIMEOUT,
@@ -61,11 +61,6 @@ ERROR_LINES = 20  # continuation lines of an ERROR record kept (a user error's w
 SPIKES_KEPT = 20
 
 
-def _needle(prefix: str) -> bytes:
-    """A message prefix as it appears after the `[Rank r/W]` tag."""
-    return b"] " + prefix.encode()
-
-
 # The lines that name the optimizer step the rank was at: its step is the newest of them (or the
 # heartbeat's, when newer). The training step lines come only every few batches; a checkpoint, a
 # sampling, a stall or a stop signal since then says the step too.
@@ -75,8 +70,8 @@ _STEP_LINES = (TRAIN_STEP, CHECKPOINT_START, CHECKPOINT_END, SAMPLING_START, SAM
 # The rank got a stop signal (torchrun stopping a failed job, preemption): ae's own lines, and
 # Lightning's (its handler is the one in place before training starts).
 _STOP_SIGNAL_NEEDLES = (
-    _needle(STOP_SIGNAL.prefix),
-    _needle(STOP_SIGNAL_STUCK.prefix),
+    message_needle(STOP_SIGNAL.prefix),
+    message_needle(STOP_SIGNAL_STUCK.prefix),
     b"Received SIGTERM",
 )
 # STOP_SIGNAL_STUCK's own words (its text after the last field; its prefix is STOP_SIGNAL's)
@@ -238,7 +233,7 @@ class _Scanner:
 
     @staticmethod
     def _last(log: LogBytes, prefix: str) -> Record | None:
-        start = log.rfind_record(_needle(prefix))
+        start = log.rfind_record(message_needle(prefix))
         return None if start is None else log.record(start)
 
     def _last_state(self, log: LogBytes) -> None:
@@ -264,7 +259,7 @@ class _Scanner:
             s.exit, s.exit_code = rec, int(m["code"])
         if rec := self._last(log, TRAINING_FINISHED.prefix):
             s.training_finished = rec
-        for start in log.find_records(_needle(CHECKPOINT_END.prefix)):
+        for start in log.find_records(message_needle(CHECKPOINT_END.prefix)):
             rec = log.record(start)
             if rec is not None and (m := CHECKPOINT_END.parse(rec.message)) and saves_step_file(m):
                 s.saved = rec
@@ -284,8 +279,8 @@ class _Scanner:
     def _stalls(self, log: LogBytes) -> None:
         s = self.s
         hits = sorted(
-            [(p, True) for p in log.find_records(_needle(STALL.prefix))]
-            + [(p, False) for p in log.find_records(_needle(STALL_RESOLVED.prefix))]
+            [(p, True) for p in log.find_records(message_needle(STALL.prefix))]
+            + [(p, False) for p in log.find_records(message_needle(STALL_RESOLVED.prefix))]
         )
         for start, detected in hits:
             if not detected:
@@ -319,29 +314,31 @@ class _Scanner:
     @staticmethod
     def _worker_frames(log: LogBytes, stall_start: int) -> list[Evidence]:
         """The busy workers' frames from the stall report after the STALL line at `stall_start`."""
-        report = log.find_records(_needle(STALL_REPORT.prefix), log.line_end(stall_start))
+        report = log.find_records(message_needle(STALL_REPORT.prefix), log.line_end(stall_start))
         start = next(report, None)
         return [] if start is None else busy_worker_frames(log, start)
 
     def _once_per_run(self, log: LogBytes) -> None:
         s = self.s
         if s.header_host is None:
-            for start in log.find_records(_needle(RANK_PROCESS.prefix)):
+            for start in log.find_records(message_needle(RANK_PROCESS.prefix)):
                 rec = log.record(start)
                 if rec is not None and (m := RANK_PROCESS.parse(rec.message)):
                     s.header_host = m["host"]
                     break
         if s.nonfinite is None:
-            start = next(log.find_records(_needle(NONFINITE.prefix)), None)
+            start = next(log.find_records(message_needle(NONFINITE.prefix)), None)
             s.nonfinite = None if start is None else log.record(start)
         if (last := self._last(log, NONFINITE.prefix)) is not None:
             s.nonfinite_last = last
-        s.skipped_steps += sum(1 for _ in log.find_records(_needle(NONFINITE_SKIPPED.prefix)))
-        s.rollbacks += sum(1 for _ in log.find_records(_needle(ROLLBACK.prefix)))
-        for start in log.find_records(_needle(LOSS_SPIKE.prefix)):
+        s.skipped_steps += sum(
+            1 for _ in log.find_records(message_needle(NONFINITE_SKIPPED.prefix))
+        )
+        s.rollbacks += sum(1 for _ in log.find_records(message_needle(ROLLBACK.prefix)))
+        for start in log.find_records(message_needle(LOSS_SPIKE.prefix)):
             if len(s.spikes) < SPIKES_KEPT and (rec := log.record(start)) is not None:
                 s.spikes.append(rec)
-        for start in log.find_records(_needle(SHARD_PLAN.prefix)):
+        for start in log.find_records(message_needle(SHARD_PLAN.prefix)):
             rec = log.record(start)
             if rec is not None and (m := SHARD_PLAN.parse(rec.message)):
                 s.shard_plans[m["split"]] = m
@@ -357,7 +354,7 @@ class _Scanner:
 def _blames_no_shard(line: bytes) -> bool:
     """A NONFINITE line of finite inputs (an injected fault, an LR too high, an overflow): it
     names the batch's shards, but a data error is a non-finite input (NONFINITE_INPUT)."""
-    return _needle(NONFINITE.prefix) in line and _NONFINITE_INPUT not in line
+    return message_needle(NONFINITE.prefix) in line and _NONFINITE_INPUT not in line
 
 
 def read_rank(
@@ -390,7 +387,7 @@ def read_rank(
 
 def clock_offset(log: LogBytes) -> float:
     """The rank's CLOCK_OFFSET against rank 0 (0 when it has none: one process, older runs)."""
-    start = next(log.find_records(_needle(CLOCK_OFFSET.prefix)), None)
+    start = next(log.find_records(message_needle(CLOCK_OFFSET.prefix)), None)
     rec = None if start is None else log.record(start)
     m = CLOCK_OFFSET.parse(rec.message) if rec is not None else None
     return float(m["offset"]) if m else 0.0

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ae.diagnose.evidence import read_run
 from ae.diagnose.log_files import DiagnoseError, RunFiles
-from ae.diagnose.logscan import LogBytes, Record
+from ae.diagnose.logscan import LogBytes, Record, message_needle
 from ae.diagnose.phases import marker_stage
 from ae.diagnose.rank_log import clock_offset
 from ae.diagnose.verdict import Verdict, judge
@@ -96,18 +96,14 @@ class Timeline:
     verdict: str = ""
 
 
-def _needle(prefix: str) -> bytes:
-    return b"] " + prefix.encode()
-
-
 _NEEDLES = {
-    "marker": _needle(MARKER.prefix),
-    "stall": _needle(STALL.prefix),
-    "resolved": _needle(STALL_RESOLVED.prefix),
-    "process": _needle(RANK_PROCESS.prefix),
-    "fatal": _needle(FATAL.prefix),
-    "nonfinite": _needle(NONFINITE.prefix),
-    "spike": _needle(LOSS_SPIKE.prefix),
+    "marker": message_needle(MARKER.prefix),
+    "stall": message_needle(STALL.prefix),
+    "resolved": message_needle(STALL_RESOLVED.prefix),
+    "process": message_needle(RANK_PROCESS.prefix),
+    "fatal": message_needle(FATAL.prefix),
+    "nonfinite": message_needle(NONFINITE.prefix),
+    "spike": message_needle(LOSS_SPIKE.prefix),
 }
 
 
