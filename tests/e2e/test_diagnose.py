@@ -112,21 +112,12 @@ def test_live_hangs_in_data_loading_a_checkpoint_save_then_a_training_step(
             mine = [s for s in s0 if s and s["phase"] == phase and s["collective"] == "no"]
             return bool(mine) and None in s1 and s1[-1] is not None and s1[-1]["phase"] == phase
 
-        wait_for("rank 0's checkpoint save STALL and rank 1's wait", lambda: hung_in(
-            "checkpoint save"
-        ))  # fmt: skip
-        doc, elapsed = diagnose_json(logs)
-        assert culprits(doc) == [(0, "checkpoint save", "checkpoint save")], doc
-        assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(1, "collective wait")]
-        assert elapsed < LIVE_ANSWER_S
-
-        wait_for("rank 0's training step STALL and rank 1's wait", lambda: hung_in(
-            "training step"
-        ))  # fmt: skip
-        doc, elapsed = diagnose_json(logs)
-        assert culprits(doc) == [(0, "training step", "training step")], doc
-        assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(1, "collective wait")]
-        assert elapsed < LIVE_ANSWER_S
+        for phase in ("checkpoint save", "training step"):  # its second hang, then its third
+            wait_for(f"rank 0's {phase} STALL and rank 1's wait", lambda p=phase: hung_in(p))
+            doc, elapsed = diagnose_json(logs)
+            assert culprits(doc) == [(0, phase, phase)], doc
+            assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(1, "collective wait")]
+            assert elapsed < LIVE_ANSWER_S
         ranks = {r["rank"]: r for r in doc["ranks"]}
         assert ranks[0]["alive"] is True and ranks[0]["state"] == "stalled"
         assert ranks[1]["state"] == "waiting" and ranks[1]["stall_reports"] >= 2
