@@ -15,6 +15,20 @@ import pytest
 from ae.job.supervise import GRACE_S, KILL_WAIT_S, start_child, stop_signals, wait
 
 
+def ready_child(on_sigterm: str) -> subprocess.Popen:
+    """A child process with `on_sigterm` (Python source) as its SIGTERM handler, once it said it
+    is ready (its handler set), then sleeping a minute."""
+    code = (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, {on_sigterm})\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "ready\n"
+    return child
+
+
 @pytest.mark.parametrize(
     ("on_stop", "line"),
     [
@@ -29,14 +43,7 @@ def test_a_stop_is_passed_on_and_said_as_the_job_does_it(
     on_stop: str | None, line: str, said: list[str]
 ) -> None:
     # A child that takes its time to stop, as torchrun does (the console speaks meanwhile)
-    code = (
-        "import signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), sys.exit(7)))\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(30)\n"
-    )
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert child.stdout is not None and child.stdout.readline() == "ready\n"
+    child = ready_child("lambda *a: (time.sleep(0.5), sys.exit(7))")
     threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
     rc, stops = wait(child, on_stop=on_stop)
     assert stops.first == signal.SIGTERM and rc == 7  # passed on
@@ -76,14 +83,7 @@ def test_a_stop_elsewhere_ends_a_child_that_its_sigterm_cannot_reach() -> None:
     """Was: a torchrun already in its exit barrier when its node's ranks had all stopped on
     another node's stop signal (a wait in C++, where its SIGTERM handler cannot run) kept the
     launcher waiting for its 300 s: the launcher now kills it after GRACE_S."""
-    code = (
-        "import signal, time\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(60)\n"
-    )
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert child.stdout is not None and child.stdout.readline() == "ready\n"
+    child = ready_child("signal.SIG_IGN")
     said = "Stopped on another node: rank 1 on node1 (SIGTERM) got a stop signal"
     started = time.monotonic()
     rc, stops = wait(child, stopped_elsewhere=lambda: said)
