@@ -1,4 +1,5 @@
-"""The process started for each rank (by torchrun, or by the launcher as one SLURM task).
+"""The process started for each rank: by torchrun, or by the launcher itself (one process on one
+node, one SLURM task), which it then follows (`ae.job.rank_env.follow_launcher`).
 
 Its native output -- C++ code writing to file descriptors 1 and 2: c10d, gloo, NCCL -- goes to
 the rank's native log from the first line, before torch is imported: importing torch.distributed
@@ -22,6 +23,7 @@ if __name__ == "__main__":
 import logging_cfg
 from ae.config import help_text, parse_config
 from ae.errors import UserError
+from ae.job.rank_env import follow_launcher
 from ae.process_end import run_then_exit
 from logging_cfg import RankContext
 
@@ -30,6 +32,7 @@ def main(argv: list[str]) -> int:
     # Until training starts (`ae.training.preemption` then takes over), Ctrl-C ends the rank
     # the way SIGTERM does: at once, without a KeyboardInterrupt traceback from wherever it was.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    follow_launcher()
     if "--help" in argv or "-h" in argv:
         # Before torch and Lightning are imported: `python train_ae.py --help` answers in half a
         # second, not the ~7 s (of CPU, on 2 cores) that a rank's imports take.

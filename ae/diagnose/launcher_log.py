@@ -1,5 +1,5 @@
 """Reader: how each rank process ended, in torchrun's own words (`launcher_<TS>.log`, which
-`ae.job.torchrun` writes).
+`ae.job.torchrun` writes), or in the launcher's, for a rank it started itself (`RANK_ENDED`).
 
 A rank killed by a signal (SIGKILL from the OOM killer or a user's `kill -9`) writes nothing: its
 log just stops. torchrun, its parent, saw it end and says how, in two places:
@@ -11,7 +11,10 @@ log just stops. torchrun, its parent, saw it end and says how, in two places:
 
 A negative exit code is the signal that ended the process. The report's rank is the global rank;
 the pid ties a line to a rank's heartbeat. The block under `Root Cause (first observed failure)`
-is the rank torchrun saw end first, before it stopped the others.
+is the rank torchrun saw end first, before it stopped the others. A rank with no torchrun above
+it (one process on one node, a SLURM task) has the launcher's line instead, the same facts:
+
+    Rank 0 (pid 25913) ended with exit code -9
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ae.diagnose.logscan import Evidence
-from ae.log_lines import LAUNCHER_GONE
+from ae.log_lines import LAUNCHER_GONE, RANK_ENDED, RANK_LAUNCHER_GONE
 
 _FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: \d+ \(pid: (?P<pid>\d+)\)")
 _BLOCK_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+) \(local_rank: \d+\)")
@@ -92,6 +95,15 @@ def read_launcher_logs(paths: list[Path]) -> LauncherReport:
                 out.stopped = StopSignal(_signal_name(int(m["sig"])), Evidence(path, n, line))
             elif (m := LAUNCHER_GONE.parse(line)) and out.stopped is not None:
                 out.stopped = replace(out.stopped, launcher_gone=int(m["pid"]))
+            elif (m := RANK_LAUNCHER_GONE.parse(line)) and out.stopped is None:
+                # A rank the launcher started itself, sent SIGTERM by the kernel at its death
+                ev = Evidence(path, n, line)
+                out.stopped = StopSignal("SIGTERM", ev, launcher_gone=int(m["pid"]))
+            elif m := RANK_ENDED.parse(line):
+                pid, code = int(m["pid"]), int(m["code"])
+                # Its only rank on this node, or (SLURM tasks sharing the file) the first to end
+                end = _end(pid, code, Evidence(path, n, line), first=not out.by_rank)
+                out.by_pid[pid] = out.by_rank.setdefault(int(m["rank"]), end)
             elif m := _FAILED.search(line):
                 pid = int(m["pid"])
                 out.by_pid.setdefault(pid, _end(pid, int(m["code"]), Evidence(path, n, line)))

@@ -344,7 +344,7 @@ def render(doc: dict[str, Any], console: Console) -> None:
         slowed = ", ".join(f"rank {s['rank']}: {s['cause']}" for s in stragglers)
         console.print(Text(f"Verdict: {status}, slowed by {slowed}", style="bold yellow"))
     elif not culprits and (stop := doc.get("stopped_by")):
-        why = (f", which torchrun passed on as its launcher (pid {stop['launcher_gone']}) died"
+        why = (f", sent as its launcher (pid {stop['launcher_gone']}) died"
                if stop.get("launcher_gone") else "")  # fmt: skip
         console.print(Text(
             f"Verdict: no rank holds the job back (stopped by {stop['signal']} at step "

@@ -5,8 +5,9 @@ Everything a user can get wrong is checked here, in about a second and before an
 exists: flags, the config file, shard specs, the job's layout (`ae.job.topology`: environment
 variables or SLURM), a run folder in use or holding an earlier run's checkpoints
 (`ae.job.folder_lock`). Then one torchrun per node starts the ranks: `--nproc_per_node` from
-`--devices` (auto: all GPUs, else 2 CPU processes); under SLURM's one-task-per-process layout the
-launcher of each task runs its one rank itself. Stop signals are passed on (`ae.job.supervise`);
+`--devices` (auto: all GPUs, else 2 CPU processes); the launcher runs a node's one rank itself
+where there is nothing for torchrun to coordinate (one process on one node; a SLURM task's rank:
+`rank_is_child`). Stop signals are passed on (`ae.job.supervise`);
 the end is reported by `ae.job.outcome`: the checkpoint after a stop, the diagnosis after a
 failure. With `--max_restarts`, a failed job starts again from its newest checkpoint, one torchrun
 per attempt, while the stop rules of `ae.job.restarts` allow.
@@ -20,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from functools import partial
 from pathlib import Path
 
@@ -55,7 +56,13 @@ from ae.job.processes import (
     shared_cores_note,
     static_nodes,
 )
-from ae.job.rank_env import LAUNCHER_ENV, RESTART_ENV, RESUME_NOTE_ENV
+from ae.job.rank_env import (
+    LAUNCHER_ENV,
+    LAUNCHER_LOG_ENV,
+    LAUNCHER_PID_ENV,
+    RESTART_ENV,
+    RESUME_NOTE_ENV,
+)
 from ae.job.rank_lines import rank_lines
 from ae.job.restarts import (
     Restart,
@@ -67,7 +74,7 @@ from ae.job.restarts import (
 from ae.job.same_job import check_same_job, job_settings, tell_node_0
 from ae.job.supervise import Stops, start_child, stop_signals, wait
 from ae.job.topology import Topology, topology
-from ae.log_lines import LAUNCHER_LOG_FILE, TRAIN_LOG_FILE
+from ae.log_lines import LAUNCHER_LOG_FILE, RANK_ENDED, TRAIN_LOG_FILE
 
 RANK_MODULE = "ae.cli.rank_process"  # what runs in every rank (train_ae.py runs the same)
 
@@ -103,23 +110,36 @@ def claim_run_folder(cfg: Config, topo: Topology, nproc: int) -> tuple[RunLock |
     return lock, ts
 
 
+def rank_is_child(topo: Topology, nproc: int) -> bool:
+    """Whether the launcher starts this node's one rank itself, with no torchrun between them: a
+    SLURM task's rank (SLURM started the job's processes), and one process on one node, where
+    torchrun has nothing to coordinate and cost the most common run, a single GPU's, ~1.7 s of
+    CPU and as much of its start. Restarts stay the launcher's (`ae.job.restarts`)."""
+    return topo.task is not None or (topo.nnodes == 1 and nproc == 1)
+
+
 def child_command(
     cfg: Config, topo: Topology, nproc: int, argv: list[str], extra: list[str], launcher_log: Path
 ) -> tuple[list[str], dict[str, str]]:
-    """torchrun over this node's ranks; or, for a SLURM task that is one rank, that rank."""
+    """torchrun over this node's ranks; or the one rank the launcher starts itself."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    if (task := topo.task) is not None:
-        # What torchrun would set, from SLURM's variables (Lightning reads them the same way).
+    port = topo.master_port or str(free_port())
+    if rank_is_child(topo, nproc):
+        # What torchrun would set: from SLURM's variables for a task (Lightning reads them the
+        # same way); rank 0 of 1 otherwise.
+        task = topo.task
         env.update(
-            RANK=str(task.rank), WORLD_SIZE=str(task.world_size), LOCAL_RANK=str(task.local_rank),
-            LOCAL_WORLD_SIZE=str(task.per_node), GROUP_RANK=str(topo.node_rank),
-            MASTER_ADDR=topo.master_addr, MASTER_PORT=str(topo.master_port),
+            RANK=str(task.rank if task else 0), WORLD_SIZE=str(task.world_size if task else 1),
+            LOCAL_RANK=str(task.local_rank if task else 0),
+            LOCAL_WORLD_SIZE=str(task.per_node if task else 1), GROUP_RANK=str(topo.node_rank),
+            MASTER_ADDR=topo.master_addr, MASTER_PORT=str(port),
         )  # fmt: skip
+        # It follows this launcher, as torchrun's wrapper does (`ae.job.rank_env`).
+        env.update({LAUNCHER_PID_ENV: str(os.getpid()), LAUNCHER_LOG_ENV: str(launcher_log)})
         if cfg.obs.debug:
             env.update({k: v for k, v in DEBUG_ENV.items() if k not in os.environ})
         return [sys.executable, "-u", "-m", RANK_MODULE, *argv, *extra], env
-    port = topo.master_port or str(free_port())
     if elastic(cfg, topo):
         # torchrun's elastic agent restarts every node's workers together (`ae.job.elastic`).
         nodes = agent_args(cfg.run, topo, port, route_to(topo.master_addr, int(port)).source_ip)
@@ -293,7 +313,8 @@ def attempt(
     if topo.leader and restart is None:
         where = f"node {topo.node_rank}/{topo.nnodes}, " if topo.nnodes > 1 else ""
         how = "one process per SLURM task" if topo.task else f"{nproc} process(es) per node"
-        torchrun = "" if topo.task else f"\n  launcher  : {launcher_log} (torchrun's own output)"
+        torchrun = "" if rank_is_child(topo, nproc) else (
+            f"\n  launcher  : {launcher_log} (torchrun's own output)")  # fmt: skip
         logger.info(
             f"Training on {where}{how}, {n_train} train shards ({topo.job})"
             f"\n  train log : {logs}/train_{ts}.log"
@@ -315,7 +336,16 @@ def attempt(
         proc = start_child(cmd, env, stops, lock.descriptors() if lock is not None else ())
         if proc is None:  # a stop came before it: no rank to stop, nothing to save
             return stop_exit_code(stops.first), stops, None  # type: ignore[arg-type]
-        return _watch(cfg, topo, logs, ts, restart, proc, stops)
+        rc, stops, said = _watch(cfg, topo, logs, ts, restart, proc, stops)
+    if rc != 0 and rank_is_child(topo, nproc):
+        # What torchrun's report says of a rank, for ae-diagnose: how it ended (the signal that
+        # killed it leaves no line of its own).
+        with suppress(OSError), launcher_log.open("a", encoding="utf-8") as f:
+            f.write(RANK_ENDED.format(rank=topo.task.rank if topo.task else 0, pid=proc.pid,
+                                      code=rc) + "\n")  # fmt: skip
+        if topo.task is None:
+            rc = 1  # torchrun's code for a failed rank: the launcher ends the same either way
+    return rc, stops, said
 
 
 def _watch(

@@ -31,6 +31,7 @@ from ae.errors import UserError
 from ae.log_lines import (
     LAUNCHER_LOG_FILE,
     PREEMPTED,
+    RANK_ENDED,
     RECORD_PATTERN,
     TRAIN_LOG_FILE,
     TRAINING_FINISHED,
@@ -171,7 +172,10 @@ def report_failure(
     launcher_log = logs / LAUNCHER_LOG_FILE.format(ts=ts)
     more = f"More: ae-diagnose {logs} --run {ts}"
     if launcher_log.is_file():
-        more += f"  (torchrun's own report: {launcher_log})"
+        # torchrun's, or the launcher's own line on the rank it started itself
+        ours = RANK_ENDED.regex.search(launcher_log.read_text(errors="replace"))
+        what = "how the rank ended" if ours else "torchrun's own report"
+        more += f"  ({what}: {launcher_log})"
     try:
         run = read_run(find_run(logs, ts))
     except UserError:

@@ -45,6 +45,9 @@ from ae.log_lines.health import NONFINITE_SKIPPED as NONFINITE_SKIPPED
 from ae.log_lines.health import NONFINITE_STOP as NONFINITE_STOP
 from ae.log_lines.health import NONFINITE_SUMMARY as NONFINITE_SUMMARY
 from ae.log_lines.health import ROLLBACK as ROLLBACK
+from ae.log_lines.launcher import LAUNCHER_GONE as LAUNCHER_GONE
+from ae.log_lines.launcher import RANK_ENDED as RANK_ENDED
+from ae.log_lines.launcher import RANK_LAUNCHER_GONE as RANK_LAUNCHER_GONE
 from logging_cfg.formats import DEBUG_LOG_FILE as DEBUG_LOG_FILE
 from logging_cfg.formats import FATAL as FATAL
 from logging_cfg.formats import HEARTBEAT_FILE as HEARTBEAT_FILE
@@ -231,14 +234,6 @@ VAL_NONFINITE = LineFormat(
     "output is not finite",
     {"step": "int", "value": "word", "best": "text"},
 )
-# torchrun's log (`launcher_<TS>.log`, a plain line of `ae.job.torchrun`): its launcher died
-# (killed, its terminal closed), so the kernel sent it SIGTERM, which it passed on to the ranks.
-LAUNCHER_GONE = LineFormat(
-    "The launcher (pid {pid}) is gone: the kernel sent torchrun SIGTERM, which it passed on to "
-    "the ranks",
-    {"pid": "int"},
-)
-
 # The record whose continuation lines are the resolved config as YAML (train log, rank 0).
 RESOLVED_CONFIG = "Resolved config:"
 # The rank header's first line: where the rank runs (a rank that dies before its first heartbeat

@@ -6,9 +6,9 @@ rank's debug log only); a write that found its filesystem full is one
 torchrun's error file). Then, always, with SIGTERM recorded rather than fatal (torchrun's, when a
 peer failed, must not cut this short): the `teardown` phase, the rank's collectives dumped if it
 failed or was stopped (`ae.forensics.flight_recorder`, before the process group goes), the
-process group destroyed, the
-watchdog stopped, and `Rank exiting with code N`: the last line of a rank that ends on its own,
-which is how ae-diagnose tells it from a killed one.
+process group destroyed, the watchdog stopped, a note in the launcher log if the launcher that
+started this rank died meanwhile, and `Rank exiting with code N`: the last line of a rank that
+ends on its own, which is how ae-diagnose tells it from a killed one.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ae.errors import DiskFullError, UserError
 from ae.forensics import flight_recorder
 from ae.forensics.progress import progress
 from ae.forensics.watchdog import stop_watchdog
+from ae.job.rank_env import note_launcher_gone
 from ae.log_lines import DISK_FULL, RANK_EXIT, main_log
 from ae.training.preemption import SigtermWhileStuck, on_stop_signal
 
@@ -70,6 +71,7 @@ def run_to_exit(work: Callable[[], str]) -> int:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         stop_watchdog()
+        note_launcher_gone(logging_cfg.RankContext.from_env().rank)
     logger.info(RANK_EXIT.format(code=code, why=why))
     return code
 

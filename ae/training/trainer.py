@@ -131,11 +131,12 @@ def build_trainer(
         )
     callbacks = build_callbacks(cfg, ctx, run_ts)
     plugins: list = [AtomicCheckpointIO()]
-    if ctx.world_size > 1 and "RANK" in os.environ:
+    if "RANK" in os.environ:
         # The process is described by RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (torchrun,
-        # or the launcher for a SLURM task): said explicitly, so that Lightning does not take a
-        # SLURM task for its own SLURM layout (which rejects `srun -n2` without
-        # --ntasks-per-node) when no torchrun is in between.
+        # or the launcher for the rank it starts itself): said explicitly, so that Lightning does
+        # not take a SLURM job for its own SLURM layout when no torchrun is in between (which
+        # rejects `srun -n2` without --ntasks-per-node, and would install its own SIGUSR1
+        # requeue handler in a one-process job's rank).
         plugins.append(TorchElasticEnvironment())
     return L.Trainer(
         accelerator=accelerator,

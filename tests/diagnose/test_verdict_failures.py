@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from ae.diagnose.report import render
-from ae.log_lines import LAUNCHER_GONE, LAUNCHER_LOG_FILE, PREEMPTED
+from ae.log_lines import LAUNCHER_GONE, LAUNCHER_LOG_FILE, PREEMPTED, RANK_LAUNCHER_GONE
 from bench.synthetic_logs import TS, write_heartbeat
 from tests.diagnose.synthetic_runs import (
     BACKWARD_FRAMES,
@@ -64,27 +65,35 @@ def test_a_run_stopped_by_a_signal_after_its_save_is_stopped_not_finished(tmp_pa
     assert f"(stopped by SIGINT at step 20; checkpoint {ckpt} saved; resume with" in said
 
 
-def test_a_run_stopped_as_its_launcher_died_says_so(tmp_path, capsys):
+# What the launcher log holds when the launcher died: torchrun's words and its wrapper's line;
+# or, for the one rank of a one-process job, which the launcher started itself, the rank's line
+TORCHRUN_TOLD = (
+    "W1128 04:35:40.452000 17339 api.py:753] Received 15 death signal, shutting down workers\n"
+    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 17339 got "
+    "signal: 15\n" + LAUNCHER_GONE.format(pid=17336) + "\n"
+)
+RANK_TOLD = RANK_LAUNCHER_GONE.format(pid=17336, rank=0) + "\n"
+
+
+@pytest.mark.parametrize(("world", "told"), [(2, TORCHRUN_TOLD), (1, RANK_TOLD)])
+def test_a_run_stopped_as_its_launcher_died_says_so(tmp_path, capsys, world, told):
     """The launcher killed (`kill -9`, a closed terminal): the kernel's SIGTERM to torchrun,
-    passed on, stopped the ranks. Was: `stopped by SIGTERM`, which no one had sent."""
+    passed on, stopped the ranks (or, with no torchrun, the kernel's SIGTERM to the rank). Was:
+    `stopped by SIGTERM`, which no one had sent."""
     ckpt = "/runs/ae/checkpoints/step-00000020.ckpt"
-    for w in writers(tmp_path):
+    for w in writers(tmp_path, world):
         w.steps(1, 20)
         w.log(PREEMPTED.format(signal="SIGTERM", step=20, path=ckpt, lr=0.001), "WARNING")
         w.exit(why="preempted at step 20; resume with --resume_from_checkpoint=last")
         w.flush()
-    (tmp_path / LAUNCHER_LOG_FILE.format(ts=TS)).write_text(
-        "W1128 04:35:40.452000 17339 api.py:753] Received 15 death signal, shutting down workers\n"
-        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 17339 got "
-        "signal: 15\n" + LAUNCHER_GONE.format(pid=17336) + "\n"
-    )
+    (tmp_path / LAUNCHER_LOG_FILE.format(ts=TS)).write_text(told)
     doc = run_diagnose(tmp_path)
     assert doc["status"] == "stopped" and doc["culprits"] == []
     assert doc["stopped_by"]["launcher_gone"] == 17336
     render(doc, Console(width=300))
     assert (
-        "(stopped by SIGTERM at step 20, which torchrun passed on as its launcher (pid 17336) "
-        f"died; checkpoint {ckpt} saved;"
+        f"(stopped by SIGTERM at step 20, sent as its launcher (pid 17336) died; checkpoint "
+        f"{ckpt} saved;"
     ) in capsys.readouterr().out
 
 

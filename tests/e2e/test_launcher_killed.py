@@ -1,6 +1,7 @@
 """A launcher killed from outside -- SIGKILL to its process group, the SIGHUP of a closed terminal
--- takes its job with it: torchrun follows it (PR_SET_PDEATHSIG), its ranks save and stop, and
-the folder stays locked until the last of them is gone, so no second job starts beside them.
+-- takes its job with it: torchrun follows it (PR_SET_PDEATHSIG), or the one rank it started
+itself does (one process on one node), the ranks save and stop, and the folder stays locked
+until the last of them is gone, so no second job starts beside them.
 
 One launch per case. Every rank sleeps 8 s in training step 3 (`AE_FAULT`); the launcher is
 killed in that sleep, so the job's processes are known to live while a second launch tries the
@@ -14,6 +15,7 @@ after its sleep, mid-training: the same case).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -27,7 +29,7 @@ import pytest
 
 from ae.data.decoding.decode import InputSpec
 from ae.job.restarts import newest_checkpoint
-from ae.log_lines import LAUNCHER_GONE
+from ae.log_lines import LAUNCHER_GONE, RANK_LAUNCHER_GONE
 from bench.two_hosts import TwoHosts, available, cleanup_stale
 from tests.support.encode_checkpoint import encode_checkpoint
 from tests.support.live import wait_for
@@ -42,6 +44,8 @@ pytestmark = [
 SLEEP = "sleep@train:step=3:secs=8"  # every rank, in its step 3: the launcher dies meanwhile
 SLEEP_TWO_NODES = "sleep@train:step=3:secs=3"  # no second launch to race it there
 KILLS = [signal.SIGKILL, signal.SIGHUP]
+# On one node, each kill once: torchrun over 2 ranks; the one rank that the launcher starts itself
+ONE_NODE_KILLS = [(signal.SIGKILL, 2), (signal.SIGHUP, 1)]
 
 
 def _sighup_as_from_a_terminal() -> None:
@@ -96,20 +100,26 @@ def run_timestamps(logs: Path) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("sig", KILLS, ids=lambda s: s.name)
-def test_one_node_job_follows_its_killed_launcher(tmp_path: Path, make_shards, sig) -> None:
+@pytest.mark.parametrize(("sig", "ranks"), ONE_NODE_KILLS, ids=lambda k: getattr(k, "name", f"{k}rank"))
+def test_one_node_job_follows_its_killed_launcher(
+    tmp_path: Path, make_shards, sig: signal.Signals, ranks: int
+) -> None:
     out, env = tmp_path / "run", base_env(tmp_path)
     logs = out / "logs"
     console = (tmp_path / "console.txt").open("w")
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out}", *shard_args(make_shards)],
+        [sys.executable, "-m", "ae.cli.launch", f"--output_dir={out}", *shard_args(make_shards),
+         f"--devices={ranks}"],
         cwd=ROOT, env=env, stdout=console, stderr=subprocess.STDOUT, start_new_session=True,
         preexec_fn=_sighup_as_from_a_terminal,
     )  # fmt: skip
     try:
-        wait_for("every rank in its sleeping step", lambda: fault_fired(logs, 2), timeout=180)
+        wait_for("every rank in its sleeping step", lambda: fault_fired(logs, ranks), timeout=180)
         family = job_family(launcher.pid)
-        assert len(family) >= 3, family  # torchrun and two ranks (and their workers)
+        # torchrun and two ranks, or the one rank (and their dataloader workers)
+        assert len(family) >= (1 if ranks == 2 else 0) + ranks, family
+        names = " ".join(" ".join(p.cmdline()) for p in family)
+        assert ("ae.job.torchrun" in names) == (ranks == 2), names
         os.killpg(launcher.pid, sig)
         assert launcher.wait(timeout=10) == -sig
         second = second_launch(out, env)
@@ -124,9 +134,18 @@ def test_one_node_job_follows_its_killed_launcher(tmp_path: Path, make_shards, s
     train_log = next(logs.glob("train_*.log")).read_text()
     assert "Stop signal SIGTERM received" in train_log
     assert re.search(r"PREEMPTED by SIGTERM at step \d+: checkpoint \S+ saved", train_log)
-    # torchrun's log says where that SIGTERM came from (its wrapper saw itself reparented)
+    # The launcher log says where that SIGTERM came from: torchrun's wrapper, or the rank, saw
+    # itself reparented; and so does ae-diagnose's verdict.
     (launcher_log,) = logs.glob("launcher_*.log")
-    assert LAUNCHER_GONE.format(pid=launcher.pid) in launcher_log.read_text()
+    gone = LAUNCHER_GONE.format(pid=launcher.pid) if ranks == 2 else (
+        RANK_LAUNCHER_GONE.format(pid=launcher.pid, rank=0))  # fmt: skip
+    assert gone in launcher_log.read_text()
+    diagnosis = subprocess.run(
+        [sys.executable, "-m", "ae.diagnose", str(logs), "--json"], cwd=ROOT, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    stopped = json.loads(diagnosis.stdout)["stopped_by"]
+    assert stopped["signal"] == "SIGTERM" and stopped["launcher_gone"] == launcher.pid, stopped
     # All gone, the folder is free: the next launch takes the lock file over.
     third = second_launch(out, env)
     assert "Took over" in third.stdout + third.stderr, third.stdout + third.stderr
