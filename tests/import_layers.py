@@ -5,6 +5,7 @@ rule), each module's package, the imports that break the rule, and import cycles
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from tests.support.runs import ROOT
@@ -57,16 +58,25 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
+def parse(path: Path) -> ast.Module:
+    """A source file's tree, parsed once per test process: the architecture tests walk the same
+    ~150 files many times over (the job rule once per module it follows), and parsing them again
+    each time was most of their CPU. The tree is only read, never changed."""
+    return ast.parse(path.read_text())
+
+
 def import_graph(at_import: bool = False) -> dict[str, set[str]]:
     """Module -> the project modules it imports (any import statement, lazy ones included; with
-    `at_import`, only those that run when the module is imported)."""
+    `at_import`, only those that run when the module is imported). A new dict each call: tests
+    add edges to it."""
     files = [*ROOT.joinpath("ae").rglob("*.py"), *ROOT.joinpath("logging_cfg").rglob("*.py")]
     names = {module_name(f) for f in files}
     graph: dict[str, set[str]] = {}
     for f in files:
         mod = module_name(f)
         deps: set[str] = set()
-        tree = ast.parse(f.read_text())
+        tree = parse(f)
         for node in top_level_statements(tree) if at_import else ast.walk(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):

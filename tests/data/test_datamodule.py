@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ae.config import DataConfig
 from ae.data import input_probe, rank_agreement
@@ -20,7 +17,7 @@ from ae.data.rank_agreement import same_on_all_ranks
 from ae.data.shards.errors import DataError
 from ae.data.shards.writer import write_shard
 from ae.forensics.step_times import StepTimes
-from ae.job.processes import free_port
+from tests.support.forked_ranks import run_ranks
 from tests.support.shards import vector_samples
 
 
@@ -109,19 +106,13 @@ def test_the_heartbeat_reports_the_train_workers_the_rank_configured(tmp_path: P
     assert worker["worker"] == 0 and worker["shard"] == str(train) and worker["batches"] == 1
 
 
-def _agree(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        cpu = torch.device("cpu")
-        same = same_on_all_ranks([5, 7], cpu, [])
-        differ = same_on_all_ranks([5, 7 + rank], cpu, [])  # rank 1 counted another shard size
-        Path(out, f"rank{rank}").write_text(f"{same} {differ}")
-    finally:
-        dist.destroy_process_group()
+def _agree(rank: int) -> str:
+    cpu = torch.device("cpu")
+    same = same_on_all_ranks([5, 7], cpu, [])
+    differ = same_on_all_ranks([5, 7 + rank], cpu, [])  # rank 1 counted another shard size
+    return f"{same} {differ}"
 
 
 @pytest.mark.slow  # two processes
-def test_every_rank_finds_out_when_counts_differ(tmp_path: Path) -> None:
-    mp.spawn(_agree, args=(free_port(), str(tmp_path)), nprocs=2)
-    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["True False"] * 2
+def test_every_rank_finds_out_when_counts_differ() -> None:
+    assert run_ranks(_agree) == ["True False"] * 2

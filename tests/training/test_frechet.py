@@ -4,19 +4,14 @@ the vectors together, also through a real 2-process gloo group."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from ae.training import frechet
 from ae.training.frechet import FrechetDistance, frechet_distance, moments
-from tests.support.runs import ROOT
+from tests.support.forked_ranks import run_ranks
 
 
 def test_diagonal_covariances_by_hand() -> None:
@@ -134,44 +129,23 @@ def test_a_decomposition_that_fails_is_nan_not_a_crash(monkeypatch: pytest.Monke
 # Each rank updates with its own share of the same two sets; compute() must sync the sums over
 # the gloo group (torchmetrics' own path, as Lightning's epoch-end compute takes it), and only
 # rank 0 computes the distance (seconds of eigen-decomposition), which the others receive.
-SCRIPT = """
-import json, sys
-import torch, torch.distributed as dist
-import torch.multiprocessing as mp
-from ae.training import frechet
-from ae.training.frechet import FrechetDistance
-from tests.training.test_frechet import _gaussian_sets
-
-def rank_main(rank, store_file, out):
-    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+def _rank_fid(rank: int) -> dict:
     calls = []
     distance = frechet.frechet_distance
+    # the rank is a forked process of its own: this patch is its alone
     frechet.frechet_distance = lambda *a, **k: calls.append(1) or distance(*a, **k)
     real, fake = _gaussian_sets()
     share = slice(0, 120) if rank == 0 else slice(120, None)
     m = FrechetDistance(8)
     m.update(real[share], fake[share])
-    fid = float(m.compute())
-    json.dump({"fid": fid, "computed": len(calls)}, open(f"{out}/rank{rank}.json", "w"))
-    dist.destroy_process_group()
-
-if __name__ == "__main__":
-    mp.spawn(rank_main, args=(sys.argv[1], sys.argv[2]), nprocs=2)
-"""
+    return {"fid": float(m.compute()), "computed": len(calls)}
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_compute_the_distance_of_all_vectors(tmp_path: Path) -> None:
-    script = tmp_path / "fid_ranks.py"
-    script.write_text(SCRIPT)
-    res = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "store"), str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},  # the script imports the sets from here
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
+def test_two_gloo_ranks_compute_the_distance_of_all_vectors() -> None:
+    ranks = run_ranks(_rank_fid)
     expected = _direct(*_gaussian_sets())
     for rank in (0, 1):
-        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        got = ranks[rank]
         assert got["fid"] == pytest.approx(expected, rel=1e-9), rank
         assert got["computed"] == (1 if rank == 0 else 0), rank

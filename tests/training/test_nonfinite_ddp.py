@@ -4,9 +4,6 @@ comm hook reduces as DDP does and starts the all-reduce clock."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,44 +11,27 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
+from loguru import logger
 from torch.nn.parallel import DistributedDataParallel
 
 from ae.config import CheckpointConfig, OptimConfig
 from ae.log_lines import NONFINITE_RECEIVED
 from ae.training.checkpoint_files import CheckpointStore
-from ae.training.nonfinite import NonFiniteGuard
-from tests.support.runs import ROOT
+from ae.training.nonfinite import NonFiniteError, NonFiniteGuard
+from tests.support.forked_ranks import run_ranks
 from tests.training.tiny_linear_module import Tiny
 
+
 # Two ranks in a real gloo group, the guard's DDP comm hook on a DDP-wrapped model; the trainer
-# is reduced to what the guard reads of it. Forked from one interpreter that imported torch.
-DDP_SCRIPT = """
-import json, sys, types
-import torch, torch.distributed as dist
-import torch.multiprocessing as mp
-import lightning as L
-from loguru import logger
-from torch.nn.parallel import DistributedDataParallel
-from ae.config import CheckpointConfig, OptimConfig
-from ae.training.checkpoint_files import CheckpointStore
-from ae.training.nonfinite import NonFiniteError, NonFiniteGuard
-
-class Tiny(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Linear(4, 4)
-
-    def forward(self, x):
-        return self.net(x)
-
-def case(rank, bad_grad_rank, nan_loss_rank):
+# is reduced to what the guard reads of it. Each rank a process forked from this one.
+def _case(rank: int, store: str, bad_grad_rank: int, nan_loss_rank: int) -> str:
     torch.manual_seed(0)
     module = Tiny()
     ddp = DistributedDataParallel(module)
-    guard = NonFiniteGuard(OptimConfig(), CheckpointConfig(), CheckpointStore(sys.argv[2], 3), "32")
-    trainer = types.SimpleNamespace(
-        strategy=types.SimpleNamespace(model=ddp), log_every_n_steps=10, global_step=0,
-        is_global_zero=rank == 0, global_rank=rank, current_epoch=0, datamodule=None)
+    guard = NonFiniteGuard(OptimConfig(), CheckpointConfig(), CheckpointStore(store, 3), "32")
+    trainer = SimpleNamespace(
+        strategy=SimpleNamespace(model=ddp), log_every_n_steps=10, global_step=0,
+        is_global_zero=rank == 0, global_rank=rank, current_epoch=0, datamodule=None)  # fmt: skip
     guard.on_train_start(trainer, module)
     if rank == bad_grad_rank:  # this rank's own gradient turns NaN; its loss stays finite
         module.net.weight.register_hook(lambda g: g * float("nan"))
@@ -65,34 +45,22 @@ def case(rank, bad_grad_rank, nan_loss_rank):
     except NonFiniteError:
         return "stopped"
 
-def rank_main(rank, store, out):
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    lines = []
-    logger.remove()
+
+def _rank_cases(rank: int, store: str) -> dict[str, list]:
+    lines: list[str] = []
+    logger.remove()  # the rank's own logger (a forked process): the test process's is untouched
     logger.add(lambda m: lines.append(m.record["message"].split(" (")[0]), level="INFO")
     result = {}
     for name, bad_grad, nan_loss in (("fine", -1, -1), ("grad", 1, -1), ("loss", -1, 0)):
         lines.clear()
-        result[name] = [case(rank, bad_grad, nan_loss), list(lines)]
-    json.dump(result, open(f"{out}/rank{rank}.json", "w"))
+        result[name] = [_case(rank, store, bad_grad, nan_loss), list(lines)]
     dist.barrier()
-    dist.destroy_process_group()
-
-if __name__ == "__main__":
-    mp.start_processes(rank_main, args=(sys.argv[1], sys.argv[3]), nprocs=2, start_method="fork")
-"""
+    return result
 
 
 @pytest.mark.slow
 def test_the_rank_whose_own_gradient_or_loss_turned_nan_is_named_under_ddp(tmp_path: Path) -> None:
-    script = tmp_path / "guard_ranks.py"
-    script.write_text(DDP_SCRIPT)
-    res = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "store"), str(tmp_path), str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    r0, r1 = run_ranks(_rank_cases, str(tmp_path))
     RECEIVED = NONFINITE_RECEIVED.format(step=1).split(" (")[0]
     assert r0["fine"] == r1["fine"] == ["went on", []]
     # Rank 1's own gradient: it names itself (the gradient), rank 0 only received the NaN.

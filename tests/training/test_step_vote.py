@@ -4,27 +4,20 @@ rather than cast every step."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+import time
+from datetime import timedelta
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from ae.training.step_vote import NOTHING, Decision, StepVote
-from tests.support.runs import ROOT
+from tests.support.forked_ranks import run_ranks
+
 
 # Each rank: 80 "steps" of a training-group all-reduce and ~5 ms of work; rank 1 raises the
 # stop flag from step 20 on. The vote's spacing is 25 ms, so about every 5 steps.
-SCRIPT = """
-import json, sys, time
-from datetime import timedelta
-import torch, torch.distributed as dist
-import torch.multiprocessing as mp
-from ae.training.step_vote import Decision, StepVote
-
-def rank_main(rank, store_file, out):
-    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+def _rank_steps(rank: int) -> dict:
     # ~20 steps of 5 ms between votes; still several when a loaded machine makes a step 25 ms
     vote = StepVote(every_s=0.1)
     vote.start(2, timedelta(seconds=60))
@@ -39,34 +32,23 @@ def rank_main(rank, store_file, out):
         if agreed.stop:
             stop_at = step
             break
-        if vote.cast(step, lambda: Decision(stop=rank == 1 and step >= 20)):
+        if vote.cast(step, lambda step=step: Decision(stop=rank == 1 and step >= 20)):
             cast.append(step)
     vote.finish()
-    json.dump({"cast": cast, "acted": acted, "stop_at": stop_at,
-               "vote_backend": str(dist.get_backend(vote.group))},
-              open(f"{out}/rank{rank}.json", "w"))
+    said = {"cast": cast, "acted": acted, "stop_at": stop_at,
+            "vote_backend": str(dist.get_backend(vote.group))}  # fmt: skip
     dist.barrier()
-    dist.destroy_process_group()
-
-if __name__ == "__main__":
-    mp.spawn(rank_main, args=(sys.argv[1], sys.argv[2]), nprocs=2)
-"""
+    return said
 
 
-def _run(tmp_path: Path) -> dict[int, dict]:
-    script = tmp_path / "vote_ranks.py"
-    script.write_text(SCRIPT)
-    res = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "store"), str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    return {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
+def _run() -> dict[int, dict]:
+    """The two ranks, each a process forked from this one, in one gloo group."""
+    return dict(enumerate(run_ranks(_rank_steps)))
 
 
 @pytest.mark.slow
-def test_both_ranks_stop_at_the_same_step_on_one_ranks_flag(tmp_path: Path) -> None:
-    ranks = _run(tmp_path)
+def test_both_ranks_stop_at_the_same_step_on_one_ranks_flag() -> None:
+    ranks = _run()
     r0, r1 = ranks[0], ranks[1]
     assert r0["vote_backend"] == "gloo"
     assert r0["stop_at"] == r1["stop_at"] is not None  # rank 0 never raised the flag

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import webdataset as wds
 from PIL import Image
 
@@ -144,19 +145,27 @@ def test_write_names_an_output_that_is_a_file_and_a_key_for_a_npy(tmp_path: Path
     assert not (tmp_path / "o").exists()
 
 
-def test_bad_input_is_one_line_without_traceback(tmp_path: Path) -> None:
+def test_bad_input_is_one_line_without_traceback(tmp_path: Path, capfd) -> None:
+    """The first case through `python -m ae.cli.shards` (a real process's exit code and stderr),
+    the others through `main` here, which is all that process runs (`sys.exit(main())`): an
+    interpreter each was ~0.7 s of CPU. Here an uncaught exception would fail the test itself."""
+    first = ["write", str(tmp_path / "missing.npy"), str(tmp_path / "o")]
+    res = subprocess.run(
+        [sys.executable, "-m", "ae.cli.shards", *first], cwd=ROOT, capture_output=True, text=True
+    )
+    assert res.returncode == 2, res
+    assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    npy_shards = _npy_shards(tmp_path)
+    capfd.readouterr()
     for args in (
-        ["write", str(tmp_path / "missing.npy"), str(tmp_path / "o")],
         ["inspect", str(tmp_path / "none-*.tar")],
         ["index", "pipe:cat a.tar"],
         ["index", str(tmp_path), "--jobs", "0"],
-        ["inspect", str(_npy_shards(tmp_path)), "--input_key", "cls"],  # no decoder for cls
+        ["inspect", str(npy_shards), "--input_key", "cls"],  # no decoder for cls
     ):
-        res = subprocess.run(
-            [sys.executable, "-m", "ae.cli.shards", *args], cwd=ROOT, capture_output=True, text=True
-        )
-        assert res.returncode == 2, res
-        assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1, res.stderr
+        assert main(args) == 2, args
+        err = capfd.readouterr().err
+        assert "Traceback" not in err and err.count("\n") == 1, (args, err)
 
 
 def test_inspect_photos_reports_sizes_modes_and_the_flags_a_run_needs(
@@ -200,32 +209,34 @@ def test_inspect_integer_arrays_suggests_a_scale(tmp_path: Path, capsys) -> None
     assert "--npy_scale=0.00392156863" in text
 
 
-def test_a_failing_pipe_is_named_plainly_by_bench_and_inspect(tmp_path: Path) -> None:
+def test_a_failing_pipe_is_named_plainly_by_bench_and_inspect(tmp_path: Path, capfd) -> None:
     """`pipe:cat` of a mistyped path: bench names the command and its exit (was WebDataset's
     `(('cat ...',), {'shell': True, ...}): exit 1 (read) {}`), and inspect says nothing could
-    be read (was a hint to pick the field with --input_key)."""
+    be read (was a hint to pick the field with --input_key). Through `main`, what
+    `python -m ae.cli.shards` runs; capfd holds what `cat` and any worker write to the fds too."""
     spec = f"pipe:cat {tmp_path}/trian-000000.tar"
-    run = [sys.executable, "-m", "ae.cli.shards"]
-    bench = subprocess.run([*run, "bench", spec], cwd=ROOT, capture_output=True, text=True)
-    assert bench.returncode == 2, bench
-    assert f"the command `cat {tmp_path}/trian-000000.tar` exited 1" in bench.stderr
-    assert "shell" not in bench.stderr and "Traceback" not in bench.stderr
-    inspect = subprocess.run([*run, "inspect", spec], cwd=ROOT, capture_output=True, text=True)
-    assert "no sample could be read" in inspect.stdout, inspect.stdout
-    assert "--input_key" not in inspect.stdout
+    assert main(["bench", spec]) == 2
+    err = capfd.readouterr().err
+    assert f"the command `cat {tmp_path}/trian-000000.tar` exited 1" in err, err
+    assert "shell" not in err and "Traceback" not in err
+    main(["inspect", spec])
+    out = capfd.readouterr().out
+    assert "no sample could be read" in out, out
+    assert "--input_key" not in out
 
 
-def test_shard_files_the_shell_split_out_of_a_pattern_are_named(tmp_path: Path) -> None:
+def test_shard_files_the_shell_split_out_of_a_pattern_are_named(tmp_path: Path, capfd) -> None:
     """`ae-shards inspect data/train-{000000..000002}.tar`, unquoted: argparse's usage and
-    `unrecognized arguments: data/train-000001.tar ...`; now what happened, and to quote it."""
-    run = [sys.executable, "-m", "ae.cli.shards", "inspect"]
+    `unrecognized arguments: data/train-000001.tar ...`; now what happened, and to quote it.
+    Through `main`, what `python -m ae.cli.shards` runs."""
     files = [str(tmp_path / f"train-{i:06d}.tar") for i in range(3)]
-    res = subprocess.run([*run, *files], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2, res
-    assert "ae-shards inspect: SPEC: several shard files came as separate arguments" in res.stderr
-    assert "usage:" not in res.stderr and res.stderr.count("\n") == 1, res.stderr
-    other = subprocess.run([*run, files[0], "stray"], cwd=ROOT, capture_output=True, text=True)
-    assert other.returncode == 2 and "unrecognized arguments: stray" in other.stderr
+    assert main(["inspect", *files]) == 2
+    err = capfd.readouterr().err
+    assert "ae-shards inspect: SPEC: several shard files came as separate arguments" in err
+    assert "usage:" not in err and err.count("\n") == 1, err
+    with pytest.raises(SystemExit) as other:  # argparse's own exit
+        main(["inspect", files[0], "stray"])
+    assert other.value.code == 2 and "unrecognized arguments: stray" in capfd.readouterr().err
 
 
 def test_bench_times_the_training_pipeline_and_names_its_path(tmp_path: Path, capsys) -> None:
