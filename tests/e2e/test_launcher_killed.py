@@ -100,7 +100,9 @@ def run_timestamps(logs: Path) -> set[str]:
     }
 
 
-@pytest.mark.parametrize(("sig", "ranks"), ONE_NODE_KILLS, ids=lambda k: getattr(k, "name", f"{k}rank"))
+@pytest.mark.parametrize(
+    ("sig", "ranks"), ONE_NODE_KILLS, ids=lambda k: getattr(k, "name", f"{k}rank")
+)
 def test_one_node_job_follows_its_killed_launcher(
     tmp_path: Path, make_shards, sig: signal.Signals, ranks: int
 ) -> None:
