@@ -1,4 +1,5 @@
-"""The process torchrun starts for each rank of ae-encode: one rank's flow, `ae.rank.encode`.
+"""The process started for each rank of ae-encode (by torchrun, or by the launcher itself for one
+process on one node): one rank's flow, `ae.rank.encode`.
 
 As for a training rank (`ae.cli.rank_process`): Ctrl-C ends it at once, as SIGTERM does (torchrun
 passes the launcher's SIGINT on to its ranks), not with a KeyboardInterrupt traceback from the
@@ -21,6 +22,7 @@ if __name__ == "__main__":
 
 import logging_cfg
 from ae.errors import UserError
+from ae.job.rank_env import follow_launcher
 from ae.job.encode_args import parse_args
 from ae.process_end import run_then_exit
 from logging_cfg import RankContext
@@ -28,6 +30,7 @@ from logging_cfg import RankContext
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    follow_launcher()  # the launcher's own child (one process): it stops when the launcher dies
     try:
         logs = parse_args(argv).logs
     except UserError:

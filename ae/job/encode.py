@@ -1,6 +1,6 @@
 """The ae-encode job on this node: check everything that can be checked without the model (the
 arguments and output names: `ae.job.encode_args`), then torchrun over `ae.cli.encode_rank` (the
-ranks: `ae.rank.encode`). No torch here.
+ranks: `ae.rank.encode`; one process, the launcher starts itself). No torch here.
 
 What ae-encode does and its flags: `ae/cli/encode.py`.
 """
@@ -39,7 +39,7 @@ from ae.job.folder_lock import (
     unused_run_ts,
 )
 from ae.job.outcome import report_failure, stop_exit_code
-from ae.job.processes import processes_per_node, rank_command, run_torchrun
+from ae.job.processes import processes_per_node, rank_is_child, run_ranks
 from ae.job.topology import Topology, topology
 from ae.log_lines import LAUNCHER_LOG_FILE
 from ae.run_paths import RunDir
@@ -201,14 +201,15 @@ def _launch(argv: list[str], held: contextlib.ExitStack) -> int:
         return 0
     ts = env["AE_RUN_TS"]
     launcher_log = Path(args.logs) / LAUNCHER_LOG_FILE.format(ts=ts)
+    torchrun = "" if rank_is_child(topo, nproc) else (
+        f"\n  launcher  : {launcher_log} (torchrun's own output)")  # fmt: skip
     logger.info(
         f"Encoding {todo} shards{resumed} on {nproc} process(es) per node into {args.out_dir}"
         f"\n  summary   : {args.logs}/train_{ts}.log"
-        f"\n  rank logs : {args.logs}/debug_rank*_{ts}.log"
-        f"\n  launcher  : {launcher_log} (torchrun's own output)"
+        f"\n  rank logs : {args.logs}/debug_rank*_{ts}.log{torchrun}"
     )
-    rc, stopped = run_torchrun(
-        rank_command(args.debug, RANK_MODULE), [*argv, f"--devices={nproc}"], nproc=nproc,
+    rc, stopped = run_ranks(
+        RANK_MODULE, args.debug, [*argv, f"--devices={nproc}"], nproc=nproc,
         topo=topo, env=env, launcher_log=launcher_log, keep_fds=lock.descriptors() if lock else (),
         on_stop="every rank stops now; the output shards it finished stay in place",
     )  # fmt: skip

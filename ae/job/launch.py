@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import nullcontext, suppress
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -48,21 +48,17 @@ from ae.job.outcome import RESUME, report_failure, say_goodput, stop_exit_code
 from ae.job.peer_nodes import PeerNodes
 from ae.job.preflight import check, launcher_needs, weights_problems
 from ae.job.processes import (
-    DEBUG_ENV,
     TORCHRUN_MODULE,
+    child_rank_env,
     free_port,
+    note_rank_end,
     processes_per_node,
     rank_command,
+    rank_is_child,
     shared_cores_note,
     static_nodes,
 )
-from ae.job.rank_env import (
-    LAUNCHER_ENV,
-    LAUNCHER_LOG_ENV,
-    LAUNCHER_PID_ENV,
-    RESTART_ENV,
-    RESUME_NOTE_ENV,
-)
+from ae.job.rank_env import LAUNCHER_ENV, RESTART_ENV, RESUME_NOTE_ENV
 from ae.job.rank_lines import rank_lines
 from ae.job.restarts import (
     Restart,
@@ -74,7 +70,7 @@ from ae.job.restarts import (
 from ae.job.same_job import check_same_job, job_settings, tell_node_0
 from ae.job.supervise import Stops, start_child, stop_signals, wait
 from ae.job.topology import Topology, topology
-from ae.log_lines import LAUNCHER_LOG_FILE, RANK_ENDED, TRAIN_LOG_FILE
+from ae.log_lines import LAUNCHER_LOG_FILE, TRAIN_LOG_FILE
 
 RANK_MODULE = "ae.cli.rank_process"  # what runs in every rank (train_ae.py runs the same)
 
@@ -110,14 +106,6 @@ def claim_run_folder(cfg: Config, topo: Topology, nproc: int) -> tuple[RunLock |
     return lock, ts
 
 
-def rank_is_child(topo: Topology, nproc: int) -> bool:
-    """Whether the launcher starts this node's one rank itself, with no torchrun between them: a
-    SLURM task's rank (SLURM started the job's processes), and one process on one node, where
-    torchrun has nothing to coordinate and cost the most common run, a single GPU's, ~1.7 s of
-    CPU and as much of its start. Restarts stay the launcher's (`ae.job.restarts`)."""
-    return topo.task is not None or (topo.nnodes == 1 and nproc == 1)
-
-
 def child_command(
     cfg: Config, topo: Topology, nproc: int, argv: list[str], extra: list[str], launcher_log: Path
 ) -> tuple[list[str], dict[str, str]]:
@@ -126,19 +114,7 @@ def child_command(
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     port = topo.master_port or str(free_port())
     if rank_is_child(topo, nproc):
-        # What torchrun would set: from SLURM's variables for a task (Lightning reads them the
-        # same way); rank 0 of 1 otherwise.
-        task = topo.task
-        env.update(
-            RANK=str(task.rank if task else 0), WORLD_SIZE=str(task.world_size if task else 1),
-            LOCAL_RANK=str(task.local_rank if task else 0),
-            LOCAL_WORLD_SIZE=str(task.per_node if task else 1), GROUP_RANK=str(topo.node_rank),
-            MASTER_ADDR=topo.master_addr, MASTER_PORT=str(port),
-        )  # fmt: skip
-        # It follows this launcher, as torchrun's wrapper does (`ae.job.rank_env`).
-        env.update({LAUNCHER_PID_ENV: str(os.getpid()), LAUNCHER_LOG_ENV: str(launcher_log)})
-        if cfg.obs.debug:
-            env.update({k: v for k, v in DEBUG_ENV.items() if k not in os.environ})
+        env.update(child_rank_env(topo, port, launcher_log, cfg.obs.debug))
         return [sys.executable, "-u", "-m", RANK_MODULE, *argv, *extra], env
     if elastic(cfg, topo):
         # torchrun's elastic agent restarts every node's workers together (`ae.job.elastic`).
@@ -338,13 +314,7 @@ def attempt(
             return stop_exit_code(stops.first), stops, None  # type: ignore[arg-type]
         rc, stops, said = _watch(cfg, topo, logs, ts, restart, proc, stops)
     if rc != 0 and rank_is_child(topo, nproc):
-        # What torchrun's report says of a rank, for ae-diagnose: how it ended (the signal that
-        # killed it leaves no line of its own).
-        with suppress(OSError), launcher_log.open("a", encoding="utf-8") as f:
-            f.write(RANK_ENDED.format(rank=topo.task.rank if topo.task else 0, pid=proc.pid,
-                                      code=rc) + "\n")  # fmt: skip
-        if topo.task is None:
-            rc = 1  # torchrun's code for a failed rank: the launcher ends the same either way
+        rc = note_rank_end(launcher_log, topo, proc.pid, rc)
     return rc, stops, said
 
 

@@ -5,11 +5,15 @@ same way (`processes_per_node`: `--devices`, else every visible GPU, else 2 CPU 
 SLURM's one-task-per-process layout, SLURM's count) and name what each rank runs the same way
 (`rank_command`). Both start torchrun through `ae.job.torchrun` (TORCHRUN_MODULE), which keeps
 torchrun's own words in the run's launcher log and ends it with the launcher; `run_torchrun` is
-ae-encode's. No torch here: the GPU count comes from CUDA_VISIBLE_DEVICES or `nvidia-smi -L`.
+ae-encode's. One process on one node has nothing for torchrun to coordinate: both start that
+rank themselves (`rank_is_child`, `child_rank_env`) and say how it ended in the launcher log
+(`note_rank_end`), as torchrun would. No torch here: the GPU count comes from
+CUDA_VISIBLE_DEVICES or `nvidia-smi -L`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -20,8 +24,10 @@ from pathlib import Path
 
 from ae.config import RunConfig
 from ae.config.checks import CPU_16_MIXED
+from ae.job.rank_env import LAUNCHER_LOG_ENV, LAUNCHER_PID_ENV
 from ae.job.supervise import start_child, stop_signals, wait
 from ae.job.topology import Topology
+from ae.log_lines import RANK_ENDED
 
 CPU_PROCESSES = 2
 # torchrun waits this long for every node to join before it starts any rank, then fails. Passed
@@ -126,14 +132,50 @@ def static_nodes(topo: Topology, port: str) -> list[str]:
     ]  # fmt: skip
 
 
+def rank_is_child(topo: Topology, nproc: int) -> bool:
+    """Whether the launcher starts this node's one rank itself, with no torchrun between them: a
+    SLURM task's rank (SLURM started the job's processes), and one process on one node, where
+    torchrun has nothing to coordinate and cost the most common run, a single GPU's, ~1.7 s of
+    CPU and as much of its start. Restarts stay the launcher's (`ae.job.restarts`)."""
+    return topo.task is not None or (topo.nnodes == 1 and nproc == 1)
+
+
+def child_rank_env(topo: Topology, port: str, launcher_log: Path, debug: bool) -> dict[str, str]:
+    """What the rank the launcher starts itself gets in its environment: what torchrun would set
+    (from SLURM's variables for a task, as Lightning reads them; else rank 0 of 1), the debug
+    variables with `debug`, and what it needs to follow this launcher (`ae.job.rank_env`)."""
+    task = topo.task
+    env = {
+        "RANK": str(task.rank if task else 0), "WORLD_SIZE": str(task.world_size if task else 1),
+        "LOCAL_RANK": str(task.local_rank if task else 0),
+        "LOCAL_WORLD_SIZE": str(task.per_node if task else 1), "GROUP_RANK": str(topo.node_rank),
+        "MASTER_ADDR": topo.master_addr, "MASTER_PORT": str(port),
+        LAUNCHER_PID_ENV: str(os.getpid()), LAUNCHER_LOG_ENV: str(launcher_log),
+    }  # fmt: skip
+    if debug:
+        env.update({k: v for k, v in DEBUG_ENV.items() if k not in os.environ})
+    return env
+
+
+def note_rank_end(launcher_log: Path, topo: Topology, pid: int, rc: int) -> int:
+    """A rank this launcher started itself ended with `rc` (not 0): what torchrun's report says
+    of a rank, in the launcher log, for ae-diagnose (the signal that killed it leaves no line of
+    its own). Returns the launcher's code for it: a SLURM task's own; else torchrun's for a
+    failed rank, 1, so that the launcher ends the same either way."""
+    with contextlib.suppress(OSError), launcher_log.open("a", encoding="utf-8") as f:
+        f.write(RANK_ENDED.format(rank=topo.task.rank if topo.task else 0, pid=pid, code=rc) + "\n")
+    return rc if topo.task is not None else 1
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def run_torchrun(
-    command: list[str],
+def run_ranks(
+    module: str,
+    debug: bool,
     args: list[str],
     *,
     nproc: int,
@@ -143,21 +185,28 @@ def run_torchrun(
     keep_fds: tuple[int, ...] = (),
     on_stop: str | None = None,
 ) -> tuple[int, signal.Signals | None]:
-    """torchrun for this node over `command` (`rank_command(...)`) with `args`, passing stop
-    signals on (ae-encode's launcher), its own output in `launcher_log`; it and its ranks stop
-    when this process dies, however it dies. `keep_fds` (the folder's lock) stay open in it.
-    `on_stop`: what the ranks do on a stop signal (said on the console). Returns its exit code
-    and the stop signal, if any."""
+    """This node's ranks of `python -m module` with `args` (ae-encode's launcher): torchrun over
+    them, its own output in `launcher_log`, or the one rank itself (`rank_is_child`); stop
+    signals passed on; they stop when this process dies, however it dies. `keep_fds` (the
+    folder's lock) stay open in the child. `on_stop`: what the ranks do on a stop signal (said on
+    the console). Returns the exit code and the stop signal, if any."""
     port = topo.master_port or str(free_port())
     launcher_log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", TORCHRUN_MODULE, str(launcher_log), str(os.getpid()),
-        *static_nodes(topo, port), f"--nproc_per_node={nproc}", *command, *args,
-    ]  # fmt: skip
+    if child := rank_is_child(topo, nproc):
+        cmd = [sys.executable, "-u", "-m", module, *args]
+        env.update(child_rank_env(topo, port, launcher_log, debug))
+    else:
+        cmd = [
+            sys.executable, "-m", TORCHRUN_MODULE, str(launcher_log), str(os.getpid()),
+            *static_nodes(topo, port), f"--nproc_per_node={nproc}", *rank_command(debug, module),
+            *args,
+        ]  # fmt: skip
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     with stop_signals() as stops:  # before the child starts: `ae.job.supervise`
         proc = start_child(cmd, env, stops, keep_fds)
         if proc is None:  # a stop came before it: no rank to stop
             return 128 + int(stops.first), stops.first  # type: ignore[arg-type]
         rc, stops = wait(proc, on_stop=on_stop, stops=stops)
+    if rc != 0 and child:
+        rc = note_rank_end(launcher_log, topo, proc.pid, rc)
     return rc, stops.first

@@ -279,7 +279,7 @@ def test_one_encode_per_out_dir_and_a_training_run_kept_out(
         seen["training"] = err.value.render()
         return 0, None
 
-    monkeypatch.setattr(job_encode, "run_torchrun", ranks_run)
+    monkeypatch.setattr(job_encode, "run_ranks", ranks_run)
     monkeypatch.setattr(
         job_encode, "check_checkpoint", lambda args: None
     )  # a process: tested above
@@ -370,6 +370,6 @@ def test_ranks_that_failed_are_reported_by_their_own_words(
             w.flush()
         return 1, None
 
-    monkeypatch.setattr(job_encode, "run_torchrun", ranks_fail)
+    monkeypatch.setattr(job_encode, "run_ranks", ranks_fail)
     assert job_encode.launch([str(ckpt), str(shard), str(out), "--devices=2"]) == 2
     assert not any("Encoding failed" in line for line in said), said  # one message, said by rank 0

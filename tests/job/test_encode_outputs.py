@@ -125,7 +125,7 @@ def test_a_run_again_encodes_only_what_is_missing(
     argv = [ckpt, str(tmp_path / "in"), out, "--devices=1"]
     started: list[list[int]] = []
 
-    def ranks_run(command: object, args: list[str], **kwargs: object) -> tuple[int, None]:
+    def ranks_run(module: str, debug: bool, args: list[str], **kwargs: object) -> tuple[int, None]:
         outs = output_paths(urls, out)
         todo = skipped_outputs(urls, outs, out, overwrite="--overwrite" in args)
         started.append([i for i in range(3) if i not in todo])
@@ -133,7 +133,7 @@ def test_a_run_again_encodes_only_what_is_missing(
             write_shard(outs[i], vector_samples(4, 3, 4 * i))
         return 0, None
 
-    monkeypatch.setattr(job_encode, "run_torchrun", ranks_run)
+    monkeypatch.setattr(job_encode, "run_ranks", ranks_run)
     monkeypatch.setattr(job_encode, "check_checkpoint", lambda args: None)  # a process
 
     def launch(*extra: str) -> int:

@@ -13,7 +13,7 @@ import pytest
 
 from ae.cli.launch import main
 from ae.config import parse_config
-from ae.job import launch
+from ae.job import launch, processes
 from ae.job.rank_env import LAUNCHER_LOG_ENV, LAUNCHER_PID_ENV
 from ae.job.topology import Topology
 from ae.log_lines import LAUNCHER_LOG_FILE, RANK_ENDED
@@ -79,3 +79,21 @@ def test_a_failed_rank_is_recorded_as_torchrun_would_and_the_launcher_exits_1(
     log = (cfg.run.dir.logs / LAUNCHER_LOG_FILE.format(ts=TS)).read_text()
     m = RANK_ENDED.parse(log)
     assert m is not None and (m["rank"], m["code"]) == ("0", str(said)), log
+
+
+def test_ae_encodes_one_process_is_its_launchers_own_child_too(tmp_path: Path) -> None:
+    """ae-encode's launcher shares the rule (`processes.run_ranks`): one process on one node is
+    started without torchrun, with torchrun's variables, and a failed one is recorded."""
+    topo = Topology(nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=None, job="j")
+    log = tmp_path / "logs" / LAUNCHER_LOG_FILE.format(ts=TS)
+    seen = tmp_path / "env.txt"
+    code = f"import os; open({str(seen)!r}, 'w').write(os.environ['WORLD_SIZE']); os._exit(3)"
+    # `python -u -m MODULE ARGS`: a module that runs `code`, where the rank module would be
+    (tmp_path / "fake_rank.py").write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    rc, stopped = processes.run_ranks(
+        "fake_rank", False, [], nproc=1, topo=topo, env=env, launcher_log=log
+    )
+    assert (rc, stopped) == (1, None) and seen.read_text() == "1"
+    m = RANK_ENDED.parse(log.read_text())
+    assert m is not None and m["code"] == "3", log.read_text()
