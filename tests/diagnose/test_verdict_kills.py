@@ -1,6 +1,7 @@
 """ae-diagnose verdict rules for ranks that ended without a trace: killed (its log just stops,
 its process gone), stopped by torchrun or a SIGTERM after another rank's end, and torchrun's
-report of who ended first (launcher_<TS>.log); synthetic logs in the real line formats
+report of who ended first (launcher_<TS>.log; or the launcher's own line, for a rank it started
+itself); synthetic logs in the real line formats
 (bench/synthetic_logs.py)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ae.log_lines import (
     DEBUG_LOG_FILE,
     LAUNCHER_LOG_FILE,
     MARKER,
+    RANK_ENDED,
     STOP_SIGNAL,
     STOP_SIGNAL_STUCK,
 )
@@ -47,6 +49,23 @@ def test_killed_rank_whose_process_is_gone(tmp_path: Path) -> None:
     assert doc["ranks"][0]["alive"] is False and doc["ranks"][0]["state"] == "killed"
     assert doc["ranks"][0]["memory"] == "rss=400MB workers=1x300MB"
     assert [(v["rank"], v["cause"]) for v in doc["victims"]] == [(1, "peer failure: RuntimeError")]
+
+
+def test_a_one_process_jobs_killed_rank_is_named_from_the_launchers_line(tmp_path: Path) -> None:
+    """One process on one node has no torchrun: the launcher, its parent, says how it ended
+    (`RANK_ENDED`), and the verdict names the signal, as from torchrun's report."""
+    (w0,) = writers(tmp_path, world=1)
+    w0.log("========== EPOCH 0 TRAINING START ==========")
+    w0.steps(1, 5)
+    pid = dead_pid()
+    write_heartbeat(tmp_path, 0, 1, pid=pid, t=w0.t, phase="training step", step=5)
+    w0.flush()
+    line = RANK_ENDED.format(rank=0, pid=pid, code=-9)
+    (tmp_path / LAUNCHER_LOG_FILE.format(ts=TS)).write_text(line + "\n")
+    doc = run_diagnose(tmp_path)
+    assert culprits(doc) == [(0, "training step", "killed (SIGKILL)")]
+    assert doc["culprits"][0]["evidence"][-1]["text"] == line
+    assert (doc["ranks"][0]["signal"], doc["status"]) == ("SIGKILL", "failed")
 
 
 def test_killed_without_heartbeat_while_the_peer_failed(tmp_path: Path) -> None:
