@@ -22,7 +22,10 @@ torchrun's own handlers were up: the job trained to its end, after the console h
 would save and stop.
 
 Signal handlers only record and forward (`os.kill`); what the user reads is logged from the wait
-loop, never from a handler.
+loop, never from a handler. While the wait loop runs, a handler only records, and the loop passes
+the signal on once it has said what the job does with it (within POLL_S): a rank the launcher
+starts itself saves within milliseconds, and its own lines on the console came before the
+launcher's announcement of them.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class Stops:
     requeue: bool = False  # REQUEUE_SIGNAL came: save, then requeue the job
     elsewhere: str | None = None  # the job saved and stopped on a stop signal to another node
     refused: str | None = None  # another node refused to join (started otherwise): a user error
+    held: list[signal.Signals] | None = None  # while the wait loop runs: the signals to pass on
 
     def forward(self, sig: signal.Signals) -> None:
         """Pass `sig` on to the child, once, if it runs (a REQUEUE_SIGNAL as SIGTERM)."""
@@ -117,7 +121,10 @@ def stop_signals(proc: subprocess.Popen | None = None) -> Iterator[Stops]:
             stops.requeue = True
         if stops.first is None:
             stops.first = sig
-        stops.forward(sig)
+        if stops.held is not None:
+            stops.held.append(sig)  # the wait loop says it, then passes it on
+        else:
+            stops.forward(sig)
 
     signals = (signal.SIGINT, signal.SIGTERM, REQUEUE_SIGNAL)
     previous = {s: signal.signal(s, handler) for s in signals}
@@ -148,48 +155,68 @@ def wait(
     `stops`: those of the `stop_signals` the child was started in, else its own."""
     with nullcontext(stops) if stops is not None else stop_signals(proc) as stops:
         told, lost_at, elsewhere_at = False, 0.0, 0.0
-        while True:
-            try:
-                return proc.wait(timeout=POLL_S), stops
-            except subprocess.TimeoutExpired:
-                pass
-            if note is not None and (said := note()) is not None:
-                logger.warning(said)
-            if refused is not None and stops.refused is None and (said := refused()):
-                stops.refused = said
-                logger.error(said)
-                kill_tree(proc)
-            watch = stopped_elsewhere is not None and stops.first is stops.elsewhere is None
-            if watch and (said := stopped_elsewhere()) is not None:  # type: ignore[misc]
-                stops.elsewhere, elsewhere_at = said, time.monotonic()
-                proc.send_signal(signal.SIGTERM)
-            elif stops.elsewhere and not stops.killed and time.monotonic() - elsewhere_at > GRACE_S:
-                # torchrun already in its exit barrier, a wait in C++ where its SIGTERM handler
-                # cannot run, would wait out its 300 s for the node that left. Its ranks here
-                # have all ended (what `stopped_elsewhere` waits for): nothing is lost.
-                stops.killed = True
-                kill_tree(proc)
-            if peers_lost is not None and stops.lost is None and (lost := peers_lost()):
-                stops.lost, lost_at = lost, time.monotonic()
-                logger.error(lost)
-                proc.send_signal(signal.SIGTERM)
-            elif stops.lost and not stops.killed and time.monotonic() - lost_at > GRACE_S:
-                # Blocked in a collective with the lost node (where signal handlers cannot run),
-                # the ranks would wait for torchrun's SIGKILL; none can save without that node.
-                stops.killed = True
-                kill_tree(proc)
-            if stops.ctrl_c >= 2 and not stops.killed:
-                stops.killed = True
-                kill_tree(proc)
-            elif stops.first is not None and not told:
-                told = True
-                ctrl_c = stops.first == signal.SIGINT
-                then = ", then the job is requeued" if stops.requeue else ""
-                does = on_stop or (
-                    "every rank saves a checkpoint at its next step, then stops"
-                    f"{' (Ctrl-C again to stop at once)' * ctrl_c}"
-                )
-                # A hung job's ranks save nothing (README: Ctrl-C in a hang): say so up front.
-                stuck = f"; a rank stuck for {STUCK_AFTER_S:.0f} s or more leaves now, without one"
-                stuck = "" if on_stop else stuck
-                logger.warning(f"{'Ctrl-C' if ctrl_c else stops.first.name}: {does}{then}{stuck}")
+        stops.held = []  # the handlers leave passing a stop on to this loop
+        try:
+            while True:
+                try:
+                    return proc.wait(timeout=POLL_S), stops
+                except subprocess.TimeoutExpired:
+                    pass
+                if note is not None and (said := note()) is not None:
+                    logger.warning(said)
+                if refused is not None and stops.refused is None and (said := refused()):
+                    stops.refused = said
+                    logger.error(said)
+                    kill_tree(proc)
+                watch = stopped_elsewhere is not None and stops.first is stops.elsewhere is None
+                if watch and (said := stopped_elsewhere()) is not None:  # type: ignore[misc]
+                    stops.elsewhere, elsewhere_at = said, time.monotonic()
+                    proc.send_signal(signal.SIGTERM)
+                elif (
+                    stops.elsewhere
+                    and not stops.killed
+                    and (time.monotonic() - elsewhere_at > GRACE_S)
+                ):
+                    # torchrun already in its exit barrier, a wait in C++ where its SIGTERM handler
+                    # cannot run, would wait out its 300 s for the node that left. Its ranks here
+                    # have all ended (what `stopped_elsewhere` waits for): nothing is lost.
+                    stops.killed = True
+                    kill_tree(proc)
+                if peers_lost is not None and stops.lost is None and (lost := peers_lost()):
+                    stops.lost, lost_at = lost, time.monotonic()
+                    logger.error(lost)
+                    proc.send_signal(signal.SIGTERM)
+                elif stops.lost and not stops.killed and time.monotonic() - lost_at > GRACE_S:
+                    # Blocked in a collective with the lost node (where signal handlers cannot run),
+                    # the ranks would wait for torchrun's SIGKILL; none can save without that node.
+                    stops.killed = True
+                    kill_tree(proc)
+                if stops.ctrl_c >= 2 and not stops.killed:
+                    stops.killed = True
+                    kill_tree(proc)
+                elif stops.first is not None and not told:
+                    told = True
+                    logger.warning(stop_said(stops.first, stops.requeue, on_stop))
+                for sig in stops.held[:]:  # said first, now passed on
+                    stops.held.remove(sig)
+                    stops.forward(sig)
+        finally:
+            stops.held = None  # from here on, a stop is passed on by its handler
+
+
+def stop_said(first: signal.Signals, requeue: bool, on_stop: str | None) -> str:
+    """What the console says of the first stop signal: what the job does with it (`on_stop`:
+    ae-encode's ranks save nothing)."""
+    ctrl_c = first == signal.SIGINT
+    then = ", then the job is requeued" if requeue else ""
+    does = on_stop or (
+        "every rank saves a checkpoint at its next step, then stops"
+        f"{' (Ctrl-C again to stop at once)' * ctrl_c}"
+    )
+    # A hung job's ranks save nothing (README: Ctrl-C in a hang): say so up front.
+    stuck = (
+        ""
+        if on_stop
+        else f"; a rank stuck for {STUCK_AFTER_S:.0f} s or more leaves now, without one"
+    )
+    return f"{'Ctrl-C' if ctrl_c else first.name}: {does}{then}{stuck}"

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
 from ae.job.supervise import GRACE_S, KILL_WAIT_S, start_child, stop_signals, wait
 
@@ -48,6 +49,23 @@ def test_a_stop_is_passed_on_and_said_as_the_job_does_it(
     rc, stops = wait(child, on_stop=on_stop)
     assert stops.first == signal.SIGTERM and rc == 7  # passed on
     assert said == [line]
+
+
+def test_a_stop_is_said_before_it_is_passed_on(tmp_path: Path) -> None:
+    """A rank the launcher starts itself saves within milliseconds of its signal: passed on at
+    once, the rank's own lines (its save, `PREEMPTED`) reached the console before the launcher's
+    announcement of what the job does with the stop."""
+    got = tmp_path / "got"
+    child = ready_child(f"lambda *a: (open({str(got)!r}, 'w').close(), sys.exit(0))")
+    passed_on_before: list[bool] = []
+    handle = logger.add(lambda m: passed_on_before.append(got.exists()), format="{message}")
+    try:
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        rc, stops = wait(child)
+    finally:
+        logger.remove(handle)
+    assert (rc, stops.first) == (0, signal.SIGTERM) and got.exists()  # passed on
+    assert passed_on_before == [False]  # said first
 
 
 def test_the_child_starts_with_sigint_at_its_default_when_the_launcher_ignored_it(
