@@ -21,8 +21,9 @@ From a stop signal to its save therefore takes at most the time to the next vote
 to read it, then the save (docs/RUNS.md). The next vote is a number of steps away counted at the
 pace of the steps before: when the steps turn F times slower at once, it comes F times later (a
 5 ms step turning 600 ms held a Ctrl-C ~15 s with votes a second apart). Hence votes a quarter
-second apart: a vote costs tens of microseconds of the rank's CPU, four a second nothing
-measurable, and a 30-fold slowdown still saves within SLURM's 30 s grace. A rank that makes no
+second apart: a vote costs ~0.6 ms of the process's CPU (gloo's asynchronous all-reduce, measured:
+docs/BENCHMARKS.md), four a second ~0.25% of a core, and a 30-fold slowdown still saves within
+SLURM's 30 s grace. A rank that makes no
 progress at all for 10 s leaves without a save (`ae.training.preemption`). One process has no
 group: its own flags are the answer, at every step.
 """
