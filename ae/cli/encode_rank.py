@@ -22,8 +22,8 @@ if __name__ == "__main__":
 
 import logging_cfg
 from ae.errors import UserError
-from ae.job.rank_env import follow_launcher
 from ae.job.encode_args import parse_args
+from ae.job.rank_env import follow_launcher
 from ae.process_end import run_then_exit
 from logging_cfg import RankContext
 
