@@ -178,8 +178,10 @@ def test_worker_killed_for_memory_is_out_of_memory(make_shards, tmp_path: Path) 
     assert culprit["rank"] == 1 and culprit["cause"] == "out of memory (OOM killer)", culprit
     texts = "\n".join(e["text"] for e in culprit["evidence"])
     # The worker's death as the rank saw it: torch's "killed by signal", or, when the kill came
-    # while the rank took a batch's descriptor from it, the pipe's EOFError (a race of the two)
-    assert re.search(r"killed by signal: Killed|exception EOFError", texts), texts
+    # while the rank took a batch's descriptor from it, the pipe's end: EOFError, or
+    # ConnectionResetError when the kernel reset the socket first (a race of the two; seen in CI)
+    pipe_end = r"exception (EOFError|ConnectionResetError)"
+    assert re.search(rf"killed by signal: Killed|{pipe_end}", texts), texts
     assert re.search(r"heartbeat: cgroup OOM kills 0 -> [1-9]", texts), texts
 
 
