@@ -156,52 +156,46 @@ def wait(
     with nullcontext(stops) if stops is not None else stop_signals(proc) as stops:
         told, lost_at, elsewhere_at = False, 0.0, 0.0
         stops.held = []  # the handlers leave passing a stop on to this loop
-        try:
-            while True:
-                try:
-                    return proc.wait(timeout=POLL_S), stops
-                except subprocess.TimeoutExpired:
-                    pass
-                if note is not None and (said := note()) is not None:
-                    logger.warning(said)
-                if refused is not None and stops.refused is None and (said := refused()):
-                    stops.refused = said
-                    logger.error(said)
-                    kill_tree(proc)
-                watch = stopped_elsewhere is not None and stops.first is stops.elsewhere is None
-                if watch and (said := stopped_elsewhere()) is not None:  # type: ignore[misc]
-                    stops.elsewhere, elsewhere_at = said, time.monotonic()
-                    proc.send_signal(signal.SIGTERM)
-                elif (
-                    stops.elsewhere
-                    and not stops.killed
-                    and (time.monotonic() - elsewhere_at > GRACE_S)
-                ):
-                    # torchrun already in its exit barrier, a wait in C++ where its SIGTERM handler
-                    # cannot run, would wait out its 300 s for the node that left. Its ranks here
-                    # have all ended (what `stopped_elsewhere` waits for): nothing is lost.
-                    stops.killed = True
-                    kill_tree(proc)
-                if peers_lost is not None and stops.lost is None and (lost := peers_lost()):
-                    stops.lost, lost_at = lost, time.monotonic()
-                    logger.error(lost)
-                    proc.send_signal(signal.SIGTERM)
-                elif stops.lost and not stops.killed and time.monotonic() - lost_at > GRACE_S:
-                    # Blocked in a collective with the lost node (where signal handlers cannot run),
-                    # the ranks would wait for torchrun's SIGKILL; none can save without that node.
-                    stops.killed = True
-                    kill_tree(proc)
-                if stops.ctrl_c >= 2 and not stops.killed:
-                    stops.killed = True
-                    kill_tree(proc)
-                elif stops.first is not None and not told:
-                    told = True
-                    logger.warning(stop_said(stops.first, stops.requeue, on_stop))
-                for sig in stops.held[:]:  # said first, now passed on
-                    stops.held.remove(sig)
-                    stops.forward(sig)
-        finally:
-            stops.held = None  # from here on, a stop is passed on by its handler
+        while True:
+            try:
+                rc = proc.wait(timeout=POLL_S)
+                stops.held = None  # from here on, a stop is passed on by its handler
+                return rc, stops
+            except subprocess.TimeoutExpired:
+                pass
+            if note is not None and (said := note()) is not None:
+                logger.warning(said)
+            if refused is not None and stops.refused is None and (said := refused()):
+                stops.refused = said
+                logger.error(said)
+                kill_tree(proc)
+            watch = stopped_elsewhere is not None and stops.first is stops.elsewhere is None
+            if watch and (said := stopped_elsewhere()) is not None:  # type: ignore[misc]
+                stops.elsewhere, elsewhere_at = said, time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+            elif stops.elsewhere and not stops.killed and time.monotonic() - elsewhere_at > GRACE_S:
+                # torchrun already in its exit barrier, a wait in C++ where its SIGTERM handler
+                # cannot run, would wait out its 300 s for the node that left. Its ranks here
+                # have all ended (what `stopped_elsewhere` waits for): nothing is lost.
+                stops.killed = True
+                kill_tree(proc)
+            if peers_lost is not None and stops.lost is None and (lost := peers_lost()):
+                stops.lost, lost_at = lost, time.monotonic()
+                logger.error(lost)
+                proc.send_signal(signal.SIGTERM)
+            elif stops.lost and not stops.killed and time.monotonic() - lost_at > GRACE_S:
+                # Blocked in a collective with the lost node (where signal handlers cannot run),
+                # the ranks would wait for torchrun's SIGKILL; none can save without that node.
+                stops.killed = True
+                kill_tree(proc)
+            if stops.ctrl_c >= 2 and not stops.killed:
+                stops.killed = True
+                kill_tree(proc)
+            elif stops.first is not None and not told:
+                told = True
+                logger.warning(stop_said(stops.first, stops.requeue, on_stop))
+            while stops.held:  # said first, now passed on
+                stops.forward(stops.held.pop(0))
 
 
 def stop_said(first: signal.Signals, requeue: bool, on_stop: str | None) -> str:
