@@ -13,8 +13,8 @@ VARIANTS = {
     " the step clock)",
     "no_step_times": "without the step clock (data / compute / sync per batch, the comm hook's"
     " note of the all-reduce's start): what the straggler scores and rank series read",
-    "no_vote": "without the step vote (stop signal, timed save: a gloo all-reduce about once a"
-    " second)",
+    "no_vote": "without the step vote (stop signal, timed save: three round trips to the job's"
+    " c10d store about four times a second)",
     "old_stop_check": "with the stop check as it was: an all-reduce on the training group after"
     " every optimizer step, the host waiting for its answer",
     "no_rank_series": "without the per-rank series (rank 0 reads the heartbeats at the log"
@@ -78,8 +78,8 @@ def _no_vote(trainer: Any) -> None:
     from ae.training.step_vote import StepVote
 
     class NoVote(StepVote):
-        def start(self, world_size: int, timeout: Any) -> None:  # no group: own flags decide
-            pass
+        def start(self, world_size: int, timeout: Any, store: Any = None) -> None:
+            pass  # no store: the rank's own flags decide
 
     _boundary(trainer).vote = NoVote()
 

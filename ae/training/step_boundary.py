@@ -28,8 +28,8 @@ epoch-end validation; its float interval cannot add a cadence in steps.
 
 Both agreements come from the step vote (`step_vote.py`): the answer of the vote cast a step
 earlier is read before step 2, and after step 4 this rank's flags go into the next vote when one
-is due (about once a second). No collective on the training process group and no host sync: in
-one process the rank's own flags decide, at every step.
+is due (about four times a second), through the job's c10d store: no collective and no host
+sync. In one process the rank's own flags decide, at every step.
 
 The straggler look is not here: rank 0's watchdog thread judges the ranks from their heartbeats
 (`ae.forensics.stragglers`), off the training thread and without a collective; the step clock it
@@ -77,7 +77,7 @@ class StepBoundary(L.Callback):
         self.rank_series = rank_series
         self.val_interval = val_interval
         self.vote = vote if vote is not None else StepVote()
-        self.vote_timeout = vote_timeout  # the vote group's, as the training group's (--pg_timeout)
+        self.vote_timeout = vote_timeout  # how long a vote may wait for a peer: --pg_timeout
         self.val_limit: int | float = 1.0  # the run's limit_val_batches, read at train start
         self.seen_step = -1  # global_step after the previous batch
 
@@ -92,7 +92,6 @@ class StepBoundary(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         trainer.limit_val_batches = self.val_limit  # a later trainer.validate() runs in full
-        self.vote.finish()
 
     def _flags(self) -> Decision:
         """This rank's own: a stop signal received, the timed checkpoint due."""

@@ -1,10 +1,11 @@
 """The hot loop of a 2-rank run, and its stop and resume, from one launch stopped by SIGTERM (as
 `docker stop` sends it) in its second epoch: between two optimizer steps of an epoch the training
 process group carries DDP's gradient all-reduces and Lightning's own per-batch signal broadcast,
-and nothing of ours (counted from the Flight Recorder dumps the ranks write when stopped); the stop
-vote runs in its own group about four times a second; the signal saves the same step on every
-rank, within the documented time, and exits 0 on every rank; `--resume_from_checkpoint=last`
-continues that step, LR and epoch (the one resume launch of the module)."""
+and nothing of ours, on that group or any other (counted from the Flight Recorder dumps the ranks
+write when stopped): the stop vote goes through the job's c10d store; the signal saves the same
+step on every rank, within the documented time, and exits 0 on every rank;
+`--resume_from_checkpoint=last` continues that step, LR and epoch (the one resume launch of the
+module)."""
 
 from __future__ import annotations
 
@@ -215,14 +216,11 @@ def _no_collective_of_ours(entries: list[Entry], training: str, window: list[Ent
     broadcasts = sum(e.lightning_signal_broadcast() for e in window)
     assert abs(broadcasts - len(grads)) <= 1
 
-    # The stop vote: its own gloo group, about every VOTE_EVERY_S over the same stretch.
+    # Nor on any group of its own: the stop vote goes through the job's c10d store, not a
+    # collective (the stop it carries is the SIGTERM tests' own).
     start, end = window[0].created_ns, window[-1].created_ns
-    votes = [e for e in entries if e.pg != training and start <= e.created_ns <= end]
-    assert votes, "no vote during training"
-    assert {e.op for e in votes} == {"all_reduce"}
-    assert all(e.issued_by_ae_within_lightning() for e in votes)
-    seconds = (end - start) / 1e9
-    assert len(votes) <= 2 * seconds / VOTE_EVERY_S + 3, (len(votes), seconds, len(grads))
+    elsewhere = [e for e in entries if e.pg != training and start <= e.created_ns <= end]
+    assert elsewhere == [], [(e.pg, e.op, e.frames[:6]) for e in elsewhere[:3]]
 
 
 def _lrs(text: str) -> dict[int, float]:
