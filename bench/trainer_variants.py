@@ -13,7 +13,7 @@ VARIANTS = {
     " the step clock)",
     "no_step_times": "without the step clock (data / compute / sync per batch, the comm hook's"
     " note of the all-reduce's start): what the straggler scores and rank series read",
-    "no_vote": "without the step vote (stop signal, timed save: three round trips to the job's"
+    "no_vote": "without the step vote (stop signal, timed save: two round trips to the job's"
     " c10d store about four times a second)",
     "old_stop_check": "with the stop check as it was: an all-reduce on the training group after"
     " every optimizer step, the host waiting for its answer",
