@@ -32,6 +32,11 @@ LATE_S = WINDOW + 10  # the bar: named within the window + 10 s of the slowdown'
 # step takes its quiet 4 ms: what names the straggler in time names it while it lasts), and end
 # soon after it (600 made each test wait ~6 s more for the STRAGGLER RESOLVED).
 SLOW_STEPS = 500
+# Every rank's every step 10 ms longer, the slow rank's too: outside the slowdown the run trains
+# at ~70 steps/s instead of flat out. These runs outlast their tests, and their ranks' CPU is
+# the suite's, unseen in the per-test figures: ~44 s a test flat out, ~34 s paced (measured).
+# The straggler is still 4-5x slower than its peer.
+PACE = "slow@train:ms=10"
 
 
 def run_args(make_shards, workers: int = 1) -> list[str]:
@@ -146,7 +151,7 @@ def test_slow_data_on_rank_1_is_named_live_then_resolved(make_shards, tmp_path: 
     """Rank 1's dataloader worker takes 50 ms longer per batch for its first SLOW_STEPS batches."""
     out = tmp_path / "run"
     logs = out / "logs"
-    with live_run(run_args(make_shards), out, f"slow@data:rank=1:ms=50:until={SLOW_STEPS}"):
+    with live_run(run_args(make_shards), out, f"slow@data:rank=1:ms=50:until={SLOW_STEPS},{PACE}"):
         ((named_at, _, line),) = wait_for("STRAGGLER", lambda: nth(logs, "STRAGGLER"))
         assert line["rank"] == "1" and line["cause"] == "data", line
         assert named_at - training_start(logs, 1) <= LATE_S
@@ -190,7 +195,7 @@ def test_slow_step_then_stopped_workers_on_rank_1(make_shards, tmp_path: Path) -
     logs = out / "logs"
     # Two workers a rank: when rank 1 speeds up again, a lone worker of rank 0 that the rest of a
     # loaded machine starves of CPU made rank 0 a (real, brief) data straggler -- not this test's.
-    slow = f"slow@train:rank=1:ms=40:until={SLOW_STEPS}"
+    slow = f"slow@train:rank=1:ms=40:until={SLOW_STEPS},{PACE}"
     with live_run(run_args(make_shards, workers=2), out, slow):
         ((named_at, _, line),) = wait_for("STRAGGLER", lambda: nth(logs, "STRAGGLER"))
         assert line["rank"] == "1" and line["cause"] == "compute", line
